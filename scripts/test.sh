@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds ebb and runs every test: the release suite through CTest, then the
+# GGUF mutation test again under AddressSanitizer + UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+jobs=$(nproc)
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+if [ "${EBB_SKIP_SANITIZE:-0}" != 1 ]; then
+  echo "== sanitizer job: GGUF reader and mutation test under ASan + UBSan =="
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEBB_SANITIZE=ON >/dev/null
+  cmake --build build-asan -j"$jobs" --target test_gguf
+  ctest --test-dir build-asan --output-on-failure -R 'Gguf' -j"$jobs"
+fi

@@ -1,0 +1,2 @@
+#include <cstdio>
+int main() { std::puts("ebb: not yet"); return 0; }

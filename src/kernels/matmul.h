@@ -1,0 +1,65 @@
+// Matrix products against weights in any computable format, through one
+// table of per-format kernels (STYLE habit 3): adding a format is adding a row.
+//
+// Quantized weights pair with activations quantized on the fly (Q8_0 for the
+// 32-blocks, Q8_K for the K-quants) and integer dot products; F16/BF16/F32
+// weights pair with F32 activations.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu.h"
+#include "kernels/tensor.h"
+
+namespace ebb {
+
+class ThreadPool;
+
+// One row of the format table.
+struct FormatKernels {
+  DType weight = DType::kF32;
+  DType act = DType::kF32;  // the activation format vec_dot expects
+  // Dequantizes one row of n elements (n a multiple of the block size).
+  void (*to_float)(const void* src, float* dst, int64_t n) = nullptr;
+  // Converts one activation row of n floats into the `act` format.
+  void (*quantize_act)(const float* src, void* dst, int64_t n) = nullptr;
+  // *out = dot(weight row w, activation row a), both of n elements.
+  void (*vec_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
+};
+
+// All kernels of one instruction-set target.
+class KernelSet {
+ public:
+  // nullptr when the format has no kernels.
+  virtual const FormatKernels* format(DType weight) const = 0;
+  virtual Isa isa() const = 0;
+  virtual ~KernelSet() = default;
+};
+
+// The kernels of a supported target (static lifetime). Checks isa_supported.
+const KernelSet& kernel_set(Isa isa);
+
+// Bytes of scratch matmul() needs for n_tokens activation rows of `cols`.
+size_t matmul_scratch_bytes(DType weight, int64_t cols, int64_t n_tokens);
+
+// y[t][r] = sum_c W[r][c] * x[t][c] for t < n_tokens, r < W.rows.
+//   x:       [n_tokens, W.cols] floats, rows x_stride floats apart
+//   y:       [n_tokens, W.rows] floats, rows y_stride floats apart
+//   scratch: matmul_scratch_bytes(W.type, W.cols, n_tokens), 64-byte aligned
+// Work is split over the pool's threads; nothing is allocated.
+struct MatmulArgs {
+  const WeightView* w = nullptr;
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  int64_t n_tokens = 1;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+  void* scratch = nullptr;
+};
+void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool);
+
+// Dequantizes row r of W into dst[W.cols] (for embedding lookups).
+void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* dst);
+
+}  // namespace ebb

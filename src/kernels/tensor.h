@@ -1,0 +1,63 @@
+// Tensor element formats (numbered as in GGUF) and a view of a 2-D weight.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace ebb {
+
+// Values are the GGUF / ggml type ids, so a file's type field maps directly.
+enum class DType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kI8 = 24,
+  kI16 = 25,
+  kI32 = 26,
+  kI64 = 27,
+  kF64 = 28,
+  kBF16 = 30,
+};
+
+// Storage layout of a format: elements per block and bytes per block.
+struct TypeInfo {
+  DType type;
+  std::string_view name;
+  uint32_t block_size;   // elements per block
+  uint32_t block_bytes;  // bytes per block
+  bool computable;       // ebb has kernels for it (others can be read, not run)
+};
+
+// nullptr when the id is not a format ebb knows the layout of.
+const TypeInfo* type_info(uint32_t ggml_type_id);
+const TypeInfo& type_info(DType t);
+std::string_view dtype_name(DType t);
+std::optional<DType> parse_dtype(std::string_view name);  // "q4_k", "F16", ...
+
+// Bytes of a row of n elements; n must be a multiple of the block size.
+uint64_t row_bytes(DType t, int64_t n);
+
+// A 2-D weight matrix as GGUF stores it: rows of `cols` elements
+// (ne0 = cols, ne1 = rows), each row `row_stride` bytes apart.
+struct WeightView {
+  DType type = DType::kF32;
+  int64_t cols = 0;  // ne0: the reduction dimension
+  int64_t rows = 0;  // ne1: output features
+  const void* data = nullptr;
+  uint64_t row_stride = 0;  // bytes between rows (= row_bytes(type, cols))
+  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_stride; }
+};
+
+}  // namespace ebb

@@ -1,0 +1,162 @@
+// GGUF v2/v3 reader. The file is hostile input (STYLE habit 10): every count,
+// length, offset and size is checked; a bad file throws ebb::Error whose
+// message names the file, the field and the problem. Tensor data is not
+// mapped: callers read the byte ranges they need into their own units.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/tensor.h"
+
+namespace ebb {
+
+enum class GgufType : uint32_t {
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
+};
+std::string_view gguf_type_name(GgufType t);
+
+// A metadata value. Scalars are widened (integers to int64/uint64, floats to
+// double); arrays keep their element type and may nest.
+struct GgufValue {
+  GgufType type = GgufType::kUint8;
+  uint64_t u = 0;     // unsigned integers and bool
+  int64_t i = 0;      // signed integers
+  double f = 0;       // floats
+  std::string str;    // kString
+  GgufType elem_type = GgufType::kUint8;  // kArray: element type
+  std::vector<GgufValue> items;           // kArray of non-strings, nested arrays
+  std::vector<std::string> strings;       // kArray of strings
+
+  bool is_integer() const;
+  bool is_float() const { return type == GgufType::kFloat32 || type == GgufType::kFloat64; }
+  size_t array_size() const { return elem_type == GgufType::kString ? strings.size() : items.size(); }
+  // Numeric value of a scalar integer/float/bool, as double.
+  double as_double() const;
+};
+
+struct GgufTensorInfo {
+  std::string name;
+  std::vector<int64_t> dims;  // ne0 (fastest varying) first
+  DType type = DType::kF32;
+  uint64_t offset = 0;  // relative to the data section
+  uint64_t n_elements = 0;
+  uint64_t n_bytes = 0;
+  uint64_t file_offset = 0;  // absolute offset in the file
+};
+
+// Identity of the file on disk, recorded at open; weights are restored from
+// the file later only if it is unchanged.
+struct FileIdentity {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t inode = 0;
+  uint64_t device = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
+class GgufFile {
+ public:
+  // Parses header, metadata and tensor infos; validates that every tensor lies
+  // inside the file. Throws ebb::Error.
+  static std::unique_ptr<GgufFile> open(const std::string& path);
+  ~GgufFile();
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint32_t version() const { return version_; }
+  uint64_t file_size() const { return identity_.size; }
+  const FileIdentity& identity() const { return identity_; }
+  uint64_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }
+
+  // Metadata in file order.
+  const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return metadata_; }
+  const GgufValue* find(std::string_view key) const;
+
+  // Typed look-ups. Missing key: nullopt. Present with an incompatible type:
+  // throws naming the key and both types. Integers convert between widths
+  // when the value fits.
+  std::optional<uint64_t> get_uint(std::string_view key) const;
+  std::optional<int64_t> get_int(std::string_view key) const;
+  std::optional<double> get_float(std::string_view key) const;  // accepts integer values too
+  std::optional<bool> get_bool(std::string_view key) const;
+  std::optional<std::string> get_string(std::string_view key) const;
+  const std::vector<std::string>* get_string_array(std::string_view key) const;
+  std::optional<std::vector<float>> get_float_array(std::string_view key) const;
+  std::optional<std::vector<int64_t>> get_int_array(std::string_view key) const;
+
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  const GgufTensorInfo* find_tensor(std::string_view name) const;
+
+  // Reads [offset, offset + bytes) of the file (absolute offsets). Throws on
+  // a short read or a range outside the file.
+  void read(uint64_t offset, void* dst, uint64_t bytes) const;
+  int fd() const { return fd_; }
+  // Checks that the file on disk still has the identity recorded at open.
+  bool unchanged_on_disk() const;
+
+ private:
+  GgufFile() = default;
+  std::string path_;
+  int fd_ = -1;
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  FileIdentity identity_;
+  std::vector<std::pair<std::string, GgufValue>> metadata_;
+  std::vector<GgufTensorInfo> tensors_;
+  friend class GgufParser;
+};
+
+// Writes GGUF v3 files (used by `ebb synth`, tests and tools).
+class GgufWriter {
+ public:
+  void set(std::string key, GgufValue value);
+  void set_string(std::string key, std::string v);
+  void set_uint32(std::string key, uint32_t v);
+  void set_int32(std::string key, int32_t v);
+  void set_float32(std::string key, float v);
+  void set_bool(std::string key, bool v);
+  void set_string_array(std::string key, std::vector<std::string> v);
+  void set_float32_array(std::string key, std::vector<float> v);
+  void set_int32_array(std::string key, std::vector<int32_t> v);
+  // Declares a tensor; its bytes are produced later by write()'s callback.
+  void add_tensor(std::string name, std::vector<int64_t> dims, DType type);
+  // Writes the file. fill(i, dst) must write the n_bytes of tensor i into
+  // dst. progress(done_bytes, total_bytes) is called as data is written.
+  void write(const std::string& path,
+             const std::function<void(size_t index, uint8_t* dst)>& fill,
+             const std::function<void(uint64_t, uint64_t)>& progress = nullptr) const;
+  uint64_t alignment = 32;
+
+ private:
+  std::vector<std::pair<std::string, GgufValue>> kv_;
+  struct Pending {
+    std::string name;
+    std::vector<int64_t> dims;
+    DType type;
+  };
+  std::vector<Pending> tensors_;
+};
+
+}  // namespace ebb

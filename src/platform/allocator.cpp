@@ -1,0 +1,93 @@
+#include "platform/allocator.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "platform/error.h"
+
+namespace ebb {
+
+std::string_view mem_category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::kWeights: return "weights";
+    case MemCategory::kGlobals: return "globals";
+    case MemCategory::kKvCache: return "kv";
+    case MemCategory::kScratch: return "scratch";
+    case MemCategory::kIoBuffer: return "io";
+    case MemCategory::kCompressed: return "compressed";
+    case MemCategory::kOther: return "other";
+    case MemCategory::kCount: break;
+  }
+  return "?";
+}
+
+int64_t Ledger::total() const {
+  int64_t t = 0;
+  for (const auto& b : bytes_) t += b.load(std::memory_order_relaxed);
+  return t;
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    mapped_ = std::exchange(o.mapped_, 0);
+    category_ = o.category_;
+    ledger_ = std::exchange(o.ledger_, nullptr);
+  }
+  return *this;
+}
+
+void Buffer::reset() {
+  if (!data_) return;
+  if (mapped_) {
+    munmap(data_, mapped_);
+  } else {
+    ::operator delete(data_, std::align_val_t(Allocator::kDefaultAlignment));
+  }
+  if (ledger_) ledger_->add(category_, -static_cast<int64_t>(size_));
+  data_ = nullptr;
+  size_ = 0;
+  mapped_ = 0;
+  ledger_ = nullptr;
+}
+
+Buffer Allocator::allocate(size_t bytes, MemCategory category, size_t alignment) {
+  EBB_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0 && alignment <= 4096);
+  Buffer b;
+  if (bytes == 0) return b;
+  if (bytes > (size_t{1} << 46)) {
+    throw Error("allocation of " + std::to_string(bytes) + " bytes for " +
+                std::string(mem_category_name(category)) + " is larger than any device memory");
+  }
+  if (bytes >= kMmapThreshold || alignment > kDefaultAlignment) {
+    const size_t len = (bytes + 4095) & ~size_t{4095};
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      throw Error("out of memory: cannot map " + std::to_string(bytes) + " bytes for " +
+                  std::string(mem_category_name(category)) + ": " + std::strerror(errno));
+    }
+    b.data_ = p;
+    b.mapped_ = len;
+  } else {
+    b.data_ = ::operator new(bytes, std::align_val_t(kDefaultAlignment), std::nothrow);
+    if (!b.data_) {
+      throw Error("out of memory: cannot allocate " + std::to_string(bytes) + " bytes for " +
+                  std::string(mem_category_name(category)));
+    }
+  }
+  b.size_ = bytes;
+  b.category_ = category;
+  b.ledger_ = ledger_;
+  if (ledger_) ledger_->add(category, static_cast<int64_t>(bytes));
+  return b;
+}
+
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool add_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add_overflow(a, b, out); }
+
+}  // namespace ebb

@@ -1,0 +1,83 @@
+// A fork-join pool for the compute kernels. The calling thread is worker 0,
+// so a pool of N runs N threads in total. Workers spin briefly after each job
+// (decode issues a job every few microseconds) and then sleep on an atomic
+// wait, so an idle engine costs no CPU. run() allocates nothing.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace ebb {
+
+// A non-owning callable reference (no allocation, unlike std::function).
+template <class Sig>
+class FunctionRef;
+template <class R, class... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef>)
+  FunctionRef(F&& f)  // NOLINT: implicit by design
+      : obj_(const_cast<void*>(static_cast<const void*>(&f))),
+        call_([](void* o, Args... a) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<Args>(a)...);
+        }) {}
+  R operator()(Args... a) const { return call_(obj_, std::forward<Args>(a)...); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*, Args...);
+};
+
+struct ThreadPoolOptions {
+  int n_threads = 0;           // 0: hardware concurrency
+  int spin_iterations = 20000;  // busy-wait polls before sleeping
+};
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(ThreadPoolOptions opts = {});
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Calls fn(thread_index, n_threads) once on every thread and returns when
+  // all have finished. Not reentrant.
+  void run(FunctionRef<void(int, int)> fn);
+
+  // Splits [0, n) into n_threads contiguous ranges aligned to `grain` and
+  // calls fn(begin, end, thread_index) for each non-empty one.
+  template <class F>
+  void parallel_for(int64_t n, int64_t grain, F&& fn) {
+    if (n <= 0) return;
+    if (n_threads_ == 1 || n <= grain) {
+      fn(int64_t{0}, n, 0);
+      return;
+    }
+    run([&](int t, int nt) {
+      const int64_t blocks = (n + grain - 1) / grain;
+      const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+      const int64_t begin = b0 * grain, end = std::min(n, b1 * grain);
+      if (begin < end) fn(begin, end, t);
+    });
+  }
+
+ private:
+  void worker_loop(int index);
+
+  int n_threads_;
+  int spin_iterations_;
+  std::vector<std::thread> workers_;
+  const FunctionRef<void(int, int)>* job_ = nullptr;
+  alignas(64) std::atomic<uint32_t> generation_{0};
+  alignas(64) std::atomic<int> pending_{0};
+  alignas(64) std::atomic<bool> stop_{false};
+};
+
+}  // namespace ebb

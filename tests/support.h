@@ -1,0 +1,27 @@
+// Helpers shared by the test files: where ../shared is, golden JSONL loading.
+#pragma once
+#include <string>
+#include <vector>
+#include <cstdint>
+
+namespace ebb::test {
+
+// Absolute path of a file under ../shared (the read-only reference folder).
+std::string shared_path(const std::string& rel);
+// Path of a file under shared/models/.
+std::string model_path(const std::string& name);
+
+// One prompt of a golden file in shared/golden/models/NAME.jsonl.
+struct GoldenCase {
+  std::string prompt;
+  std::vector<int32_t> prompt_tokens;   // with BOS
+  std::vector<int32_t> greedy_tokens;   // greedy continuation
+  std::string greedy_text;
+  std::vector<std::vector<float>> logits;  // [prompt_tokens + greedy_tokens - 1][n_vocab]
+};
+std::vector<GoldenCase> load_golden(const std::string& model_name);
+
+// A fresh empty directory under the system temp dir, removed by the caller.
+std::string make_temp_dir(const std::string& prefix);
+
+}  // namespace ebb::test
