@@ -1,0 +1,69 @@
+#include "kernels/cpu.h"
+
+namespace ebb {
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+    case Isa::kNeon: return "neon";
+  }
+  return "?";
+}
+
+std::optional<Isa> parse_isa(std::string_view name) {
+  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kNeon})
+    if (isa_name(i) == name) return i;
+  return std::nullopt;
+}
+
+bool isa_compiled(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return true;
+#if defined(EBB_ARCH_X86)
+    case Isa::kAvx2:
+    case Isa::kAvx512: return true;
+#endif
+#if defined(EBB_ARCH_ARM)
+    case Isa::kNeon: return true;
+#endif
+    default: return false;
+  }
+}
+
+bool isa_supported(Isa isa) {
+  if (!isa_compiled(isa)) return false;
+  switch (isa) {
+    case Isa::kScalar: return true;
+#if defined(EBB_ARCH_X86)
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    case Isa::kAvx512:
+      return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("avx512bf16");
+#endif
+#if defined(EBB_ARCH_ARM)
+    case Isa::kNeon: return true;  // armv8.2 dot product is required of Arm targets
+#endif
+    default: return false;
+  }
+}
+
+Isa best_isa() {
+  for (Isa i : {Isa::kAvx512, Isa::kAvx2, Isa::kNeon})
+    if (isa_supported(i)) return i;
+  return Isa::kScalar;
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kNeon})
+    if (isa_supported(i)) out.push_back(i);
+  return out;
+}
+
+}  // namespace ebb
