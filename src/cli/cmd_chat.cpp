@@ -1,0 +1,146 @@
+// ebb chat: an interactive conversation that keeps its KV between turns.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "cli/options.h"
+#include "model/chat_template.h"
+#include "platform/error.h"
+
+namespace ebb::cli {
+namespace {
+
+struct ChatArgs {
+  ModelArgs model;
+  SamplerOptions sampling;
+  std::string system;
+  int64_t n_predict = 512;
+  std::string format;
+};
+
+constexpr const char* kHelp =
+    "commands: /help, /reset (forget the conversation), /save FILE, /load FILE, /memory, /quit\n";
+
+class Chat {
+ public:
+  Chat(Engine& engine, const ChatArgs& a) : engine_(engine), a_(a), session_(engine, session_options(a.model)) {
+    if (a.format.empty()) {
+      fmt_ = detect_chat_format(engine.model().chat_template(), engine.config().arch_name);
+    } else {
+      auto f = parse_chat_format(a.format);
+      if (!f) throw Error("--format '" + a.format + "' is not one of chatml, llama3, llama2, plain");
+      fmt_ = *f;
+    }
+    reset();
+  }
+
+  void reset() {
+    session_.clear();
+    history_.clear();
+    rendered_.clear();
+    if (!a_.system.empty()) history_.push_back({"system", a_.system});
+  }
+
+  // One user turn: feed only what the conversation adds, stream the answer.
+  void turn(const std::string& user) {
+    history_.push_back({"user", user});
+    const std::string full = apply_chat_template(fmt_, history_, true);
+    // The session holds the rendering of everything before this turn, so
+    // only the new suffix is tokenized and run.
+    std::string delta = full;
+    if (full.compare(0, rendered_.size(), rendered_) == 0) {
+      delta = full.substr(rendered_.size());
+    } else {
+      session_.clear();  // the template re-rendered earlier text: start again
+    }
+    EncodeOptions eo;
+    eo.add_bos = session_.tokens().empty() && engine_.tokenizer().add_bos_default();
+    eo.parse_special = true;
+    const std::vector<TokenId> toks = engine_.tokenizer().encode(delta, eo);
+    GenerateOptions go;
+    go.max_tokens = a_.n_predict;
+    go.sampling = a_.sampling;
+    go.stop_strings = chat_stop_strings(fmt_);
+    const GenerateStats st = generate(session_, toks, go, [](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    std::fputc('\n', stdout);
+    history_.push_back({"assistant", st.text});
+    // What the session now holds, as text: the rendered prompt plus every
+    // generated token, end marker included (it is pending in the session).
+    rendered_ = full;
+    for (TokenId t : st.tokens) rendered_ += engine_.tokenizer().token_to_piece(t, true);
+    std::fprintf(stderr, "[%s]\n", summary_line(engine_, st).c_str());
+  }
+
+  void memory() const {
+    const Footprint f = engine_.footprint();
+    std::fprintf(stderr, "context %zu/%lld tokens | weights %s | kv %s | scratch %s | total %s\n",
+                 session_.tokens().size(), static_cast<long long>(session_.n_ctx()),
+                 format_bytes(f.weights() + f.globals).c_str(), format_bytes(f.kv()).c_str(),
+                 format_bytes(f.scratch).c_str(), format_bytes(f.total()).c_str());
+  }
+
+  Session& session() { return session_; }
+
+ private:
+  Engine& engine_;
+  const ChatArgs& a_;
+  Session session_;
+  ChatFormat fmt_;
+  std::vector<ChatMessage> history_;
+  std::string rendered_;
+};
+
+int chat(ChatArgs& a) {
+  std::unique_ptr<Engine> engine = make_engine(a.model);
+  Chat chat(*engine, a);
+  std::fprintf(stderr, "ebb chat: %s (%s). %s", engine->config().name.c_str(), engine->config().arch_name.c_str(),
+               kHelp);
+  std::string line;
+  for (;;) {
+    std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line)) break;
+    if (line.empty()) continue;
+    try {
+      if (line == "/quit" || line == "/exit") break;
+      if (line == "/help") {
+        std::fputs(kHelp, stderr);
+      } else if (line == "/reset") {
+        chat.reset();
+      } else if (line == "/memory") {
+        chat.memory();
+      } else if (line.rfind("/save ", 0) == 0) {
+        chat.session().save(line.substr(6));
+        std::fprintf(stderr, "saved %zu tokens\n", chat.session().tokens().size());
+      } else if (line.rfind("/load ", 0) == 0) {
+        chat.session().load(line.substr(6));
+        std::fprintf(stderr, "loaded %zu tokens (the transcript is not restored, only the model's state)\n",
+                     chat.session().tokens().size());
+      } else {
+        chat.turn(line);
+      }
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ebb: error: %s\n", e.what());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App& app, int* rc) {
+  auto a = std::make_shared<ChatArgs>();
+  CLI::App* sub = app.add_subcommand("chat", "Interactive chat that keeps the conversation's KV between turns");
+  add_model_options(sub, a->model);
+  sub->add_option("--system", a->system, "System message");
+  sub->add_option("-n,--n-predict", a->n_predict, "Tokens per answer at most")->capture_default_str();
+  sub->add_option("--format", a->format, "Chat format: chatml, llama3, llama2, plain (default: from the model)");
+  add_sampling_options(sub, a->sampling);
+  sub->callback([a, rc] { *rc = chat(*a); });
+}
+
+}  // namespace ebb::cli

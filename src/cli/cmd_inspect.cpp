@@ -1,0 +1,87 @@
+// ebb inspect: metadata, tensors, bytes per layer, KV bytes per 1k tokens.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli/options.h"
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/weights.h"
+
+namespace ebb::cli {
+namespace {
+
+struct InspectArgs {
+  std::string model;
+  bool tensors = true;
+};
+
+std::string value_str(const GgufValue& v) {
+  switch (v.type) {
+    case GgufType::kString: return '"' + (v.str.size() > 80 ? v.str.substr(0, 77) + "..." : v.str) + '"';
+    case GgufType::kArray: {
+      std::string s = "[" + std::string(gguf_type_name(v.elem_type)) + " x " + std::to_string(v.array_size()) + "]";
+      if (v.elem_type == GgufType::kString && !v.strings.empty()) s += " \"" + v.strings[0] + "\", ...";
+      return s;
+    }
+    case GgufType::kFloat32:
+    case GgufType::kFloat64: return std::to_string(v.f);
+    case GgufType::kBool: return v.u ? "true" : "false";
+    default: return v.is_integer() && v.type != GgufType::kUint64 && v.type != GgufType::kUint32 &&
+                            v.type != GgufType::kUint16 && v.type != GgufType::kUint8
+                        ? std::to_string(v.i)
+                        : std::to_string(v.u);
+  }
+}
+
+int inspect(const InspectArgs& a) {
+  auto file = GgufFile::open(a.model);
+  std::printf("file: %s\nGGUF v%u, %s, alignment %llu, %zu tensors, %zu metadata keys\n\n", a.model.c_str(),
+              file->version(), format_bytes(file->file_size()).c_str(),
+              static_cast<unsigned long long>(file->alignment()), file->tensors().size(), file->metadata().size());
+  std::printf("metadata:\n");
+  for (const auto& [key, value] : file->metadata()) std::printf("  %-44s %s\n", key.c_str(), value_str(value).c_str());
+
+  if (a.tensors) {
+    std::printf("\ntensors:\n");
+    for (const GgufTensorInfo& t : file->tensors()) {
+      std::string dims;
+      for (size_t i = 0; i < t.dims.size(); ++i) dims += (i ? " x " : "") + std::to_string(t.dims[i]);
+      std::printf("  %-32s %-5s %-18s %12s\n", t.name.c_str(), std::string(dtype_name(t.type)).c_str(), dims.c_str(),
+                  format_bytes(t.n_bytes).c_str());
+    }
+  }
+
+  const ModelConfig c = read_model_config(*file);
+  std::printf("\nmodel: %s, %lld layers, width %lld, heads %lld/%lld (head %lld), FFN %lld, vocab %lld, context %lld\n",
+              c.arch_name.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
+              static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv), static_cast<long long>(c.head_dim),
+              static_cast<long long>(c.n_ff), static_cast<long long>(c.n_vocab), static_cast<long long>(c.n_ctx_train));
+  std::printf("rope: %s, base %.0f, %lld dims, freq scale %.3f; rms eps %g; %s output head%s\n",
+              c.rope_style == RopeStyle::kNeox ? "neox" : "norm", c.rope_base, static_cast<long long>(c.rope_dim),
+              c.rope_freq_scale, c.rms_eps, c.tied_output ? "tied" : "separate", c.qk_norm ? "; Q/K norm" : "");
+  const WeightLayout layout = plan_weights(*file, c);
+  std::printf("\nweight units:\n  %-8s %12s\n", "globals", format_bytes(layout.globals.bytes()).c_str());
+  uint64_t total = layout.globals.bytes();
+  for (const WeightUnit& u : layout.layers) {
+    std::printf("  layer %-2d %12s\n", u.layer(), format_bytes(u.bytes()).c_str());
+    total += u.bytes();
+  }
+  std::printf("  %-8s %12s\n", "total", format_bytes(total).c_str());
+  const uint64_t kv_f16 = 2ull * c.n_layer * c.kv_dim() * 2 * 1000;
+  std::printf("\nKV per 1k tokens: %s (F16), %s (F32)\n", format_bytes(kv_f16).c_str(),
+              format_bytes(kv_f16 * 2).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_inspect_command(CLI::App& app, int* rc) {
+  auto a = std::make_shared<InspectArgs>();
+  CLI::App* sub = app.add_subcommand("inspect", "Show a model's metadata, tensors, bytes per layer and KV size");
+  sub->add_option("model", a->model, "GGUF model file")->required();
+  sub->add_flag("!--no-tensors", a->tensors, "Do not list the tensors");
+  sub->callback([a, rc] { *rc = inspect(*a); });
+}
+
+}  // namespace ebb::cli

@@ -1,0 +1,46 @@
+// A loaded model: its file, config, tokenizer and weight units.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "model/weights.h"
+
+namespace ebb {
+
+class Model {
+ public:
+  // Parses and validates the file and reads every weight unit. Throws
+  // ebb::Error naming the file and the problem.
+  static std::unique_ptr<Model> load(const std::string& path, Allocator& alloc);
+
+  const GgufFile& file() const { return *file_; }
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+
+  int n_layers() const { return static_cast<int>(layout_.layers.size()); }
+  WeightUnit& layer_unit(int l) { return layout_.layers[l]; }
+  const WeightUnit& layer_unit(int l) const { return layout_.layers[l]; }
+  const WeightUnit& globals_unit() const { return layout_.globals; }
+
+  LayerWeights layer(int l) const { return layer_weights(layout_.layers[l], layout_.layer_slots[l]); }
+  GlobalWeights globals() const;
+
+  uint64_t weight_bytes() const;  // all units, resident or not
+  // The chat template text from the file (tokenizer.chat_template), or "".
+  const std::string& chat_template() const { return chat_template_; }
+
+ private:
+  Model() = default;
+  std::unique_ptr<GgufFile> file_;
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  WeightLayout layout_;
+  std::string chat_template_;
+};
+
+}  // namespace ebb

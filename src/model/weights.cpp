@@ -1,0 +1,186 @@
+#include "model/weights.h"
+
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "model/config.h"
+#include "model/gguf.h"
+#include "platform/error.h"
+#include "platform/fp16.h"
+
+namespace ebb {
+
+int WeightUnit::add(const TensorSlot& slot) {
+  TensorSlot s = slot;
+  s.unit_offset = (bytes_ + 63) & ~uint64_t{63};
+  bytes_ = s.unit_offset + s.unit_bytes;
+  slots_.push_back(std::move(s));
+  return static_cast<int>(slots_.size()) - 1;
+}
+
+void WeightUnit::load(const GgufFile& file, Allocator& alloc) {
+  Buffer buf = alloc.allocate(bytes_, category_);
+  auto* base = buf.as<uint8_t>();
+  for (const TensorSlot& s : slots_) {
+    uint8_t* dst = base + s.unit_offset;
+    if (s.type == s.file_type) {
+      file.read(s.file_offset, dst, s.file_bytes);
+      continue;
+    }
+    // A small 1-D tensor stored as F16/BF16: widen to F32 in place, reading
+    // the narrow values into the upper half of the destination first.
+    EBB_CHECK(s.type == DType::kF32 && s.unit_bytes == s.file_bytes * 2);
+    uint8_t* tmp = dst + s.file_bytes;
+    file.read(s.file_offset, tmp, s.file_bytes);
+    const size_t n = s.file_bytes / 2;
+    auto* out = reinterpret_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, tmp + 2 * i, 2);
+      out[i] = s.file_type == DType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+    }
+  }
+  buffer_ = std::move(buf);
+}
+
+const void* WeightUnit::data(int slot) const {
+  EBB_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()));
+  EBB_CHECK_MSG(resident(), "weight unit used while not resident");
+  return buffer_.as<uint8_t>() + slots_[slot].unit_offset;
+}
+
+WeightView WeightUnit::matrix(int slot) const {
+  if (slot < 0) return {};
+  const TensorSlot& s = slots_[slot];
+  WeightView w;
+  w.type = s.type;
+  w.cols = s.dims[0];
+  w.rows = s.dims.size() > 1 ? s.dims[1] : 1;
+  w.data = data(slot);
+  w.row_stride = row_bytes(s.type, w.cols);
+  return w;
+}
+
+const float* WeightUnit::vector(int slot) const {
+  if (slot < 0) return nullptr;
+  return static_cast<const float*>(data(slot));
+}
+
+namespace {
+
+struct Planner {
+  const GgufFile& file;
+  const ModelConfig& cfg;
+  std::set<std::string> used;
+
+  std::string where(const std::string& name) const {
+    return std::filesystem::path(file.path()).filename().string() + ": tensor '" + name + "'";
+  }
+
+  static std::string dims_str(const std::vector<int64_t>& d) {
+    std::string s = "[";
+    for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+    return s + "]";
+  }
+
+  // Adds tensor `name` to `unit` after checking its shape. Returns -1 when the
+  // tensor is optional and absent.
+  int add(WeightUnit& unit, const std::string& name, std::vector<int64_t> shape, bool required) {
+    const GgufTensorInfo* t = file.find_tensor(name);
+    if (!t) {
+      if (required) {
+        throw Error(std::filesystem::path(file.path()).filename().string() + ": missing tensor '" + name +
+                    "' required by architecture " + cfg.arch_name);
+      }
+      return -1;
+    }
+    if (t->dims != shape) {
+      throw Error(where(name) + " has shape " + dims_str(t->dims) + ", expected " + dims_str(shape));
+    }
+    const TypeInfo& info = type_info(t->type);
+    TensorSlot s;
+    s.name = name;
+    s.file_type = t->type;
+    s.type = t->type;
+    s.dims = t->dims;
+    s.file_offset = t->file_offset;
+    s.file_bytes = t->n_bytes;
+    s.unit_bytes = t->n_bytes;
+    if (shape.size() == 1) {
+      // Norm weights and biases are used as F32.
+      if (t->type == DType::kF16 || t->type == DType::kBF16) {
+        s.type = DType::kF32;
+        s.unit_bytes = t->n_bytes * 2;
+      } else if (t->type != DType::kF32) {
+        throw Error(where(name) + " has type " + std::string(info.name) +
+                    "; 1-D tensors must be F32, F16 or BF16");
+      }
+    } else if (!info.computable) {
+      throw Error(where(name) + " has type " + std::string(info.name) +
+                  ", which ebb cannot compute with (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+    }
+    used.insert(name);
+    return unit.add(s);
+  }
+};
+
+}  // namespace
+
+WeightLayout plan_weights(const GgufFile& file, const ModelConfig& c) {
+  Planner p{file, c, {}};
+  WeightLayout out;
+  out.token_embd = p.add(out.globals, "token_embd.weight", {c.n_embd, c.n_vocab}, true);
+  out.output_norm = p.add(out.globals, "output_norm.weight", {c.n_embd}, true);
+  out.output = c.tied_output ? out.token_embd : p.add(out.globals, "output.weight", {c.n_embd, c.n_vocab}, true);
+  const bool bias = c.arch == Arch::kQwen2;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    WeightUnit unit(static_cast<int>(l), MemCategory::kWeights);
+    LayerLayout s;
+    const std::string b = "blk." + std::to_string(l) + ".";
+    s.attn_norm = p.add(unit, b + "attn_norm.weight", {c.n_embd}, true);
+    s.attn_q = p.add(unit, b + "attn_q.weight", {c.n_embd, c.q_dim()}, true);
+    s.attn_k = p.add(unit, b + "attn_k.weight", {c.n_embd, c.kv_dim()}, true);
+    s.attn_v = p.add(unit, b + "attn_v.weight", {c.n_embd, c.kv_dim()}, true);
+    s.attn_output = p.add(unit, b + "attn_output.weight", {c.q_dim(), c.n_embd}, true);
+    s.q_bias = p.add(unit, b + "attn_q.bias", {c.q_dim()}, bias);
+    s.k_bias = p.add(unit, b + "attn_k.bias", {c.kv_dim()}, bias);
+    s.v_bias = p.add(unit, b + "attn_v.bias", {c.kv_dim()}, bias);
+    s.q_norm = p.add(unit, b + "attn_q_norm.weight", {c.head_dim}, c.qk_norm);
+    s.k_norm = p.add(unit, b + "attn_k_norm.weight", {c.head_dim}, c.qk_norm);
+    s.ffn_norm = p.add(unit, b + "ffn_norm.weight", {c.n_embd}, true);
+    s.ffn_gate = p.add(unit, b + "ffn_gate.weight", {c.n_embd, c.n_ff}, true);
+    s.ffn_up = p.add(unit, b + "ffn_up.weight", {c.n_embd, c.n_ff}, true);
+    s.ffn_down = p.add(unit, b + "ffn_down.weight", {c.n_ff, c.n_embd}, true);
+    out.layers.push_back(std::move(unit));
+    out.layer_slots.push_back(s);
+  }
+  // A tensor the architecture does not use means a model ebb would run wrongly.
+  for (const GgufTensorInfo& t : file.tensors()) {
+    if (p.used.count(t.name) == 0) {
+      throw Error(p.where(t.name) + " is not used by architecture " + c.arch_name + " (unsupported tensor)");
+    }
+  }
+  return out;
+}
+
+LayerWeights layer_weights(const WeightUnit& u, const LayerLayout& s) {
+  LayerWeights w;
+  w.q = u.matrix(s.attn_q);
+  w.k = u.matrix(s.attn_k);
+  w.v = u.matrix(s.attn_v);
+  w.o = u.matrix(s.attn_output);
+  w.gate = u.matrix(s.ffn_gate);
+  w.up = u.matrix(s.ffn_up);
+  w.down = u.matrix(s.ffn_down);
+  w.attn_norm = u.vector(s.attn_norm);
+  w.ffn_norm = u.vector(s.ffn_norm);
+  w.q_norm = u.vector(s.q_norm);
+  w.k_norm = u.vector(s.k_norm);
+  w.q_bias = u.vector(s.q_bias);
+  w.k_bias = u.vector(s.k_bias);
+  w.v_bias = u.vector(s.v_bias);
+  return w;
+}
+
+}  // namespace ebb

@@ -1,0 +1,99 @@
+// Weight units (DESIGN.md "The unit of memory"): one per transformer layer,
+// holding all of that layer's tensors in a single aligned allocation, plus a
+// globals unit (token embedding, output norm, output head). A unit knows the
+// byte ranges of its tensors in the GGUF, so it can be dropped and read back.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/tensor.h"
+#include "platform/allocator.h"
+
+namespace ebb {
+
+class GgufFile;
+struct ModelConfig;
+
+// One tensor's place in the file and in its unit.
+struct TensorSlot {
+  std::string name;
+  DType file_type = DType::kF32;  // as stored in the file
+  DType type = DType::kF32;       // as held in the unit (small 1-D tensors become F32)
+  std::vector<int64_t> dims;      // ne0 first
+  uint64_t file_offset = 0;       // absolute offset in the GGUF
+  uint64_t file_bytes = 0;
+  uint64_t unit_offset = 0;  // offset inside the unit's allocation (64-byte aligned)
+  uint64_t unit_bytes = 0;
+};
+
+class WeightUnit {
+ public:
+  WeightUnit(int layer, MemCategory category) : layer_(layer), category_(category) {}
+
+  // Adds a tensor to the unit's layout; returns its slot index.
+  int add(const TensorSlot& slot);
+
+  int layer() const { return layer_; }  // -1 for the globals unit
+  uint64_t bytes() const { return bytes_; }
+  bool resident() const { return !buffer_.empty(); }
+  const std::vector<TensorSlot>& slots() const { return slots_; }
+
+  // Allocates the unit and reads every tensor from the file. Throws on I/O
+  // errors; the unit stays non-resident then.
+  void load(const GgufFile& file, Allocator& alloc);
+  // Frees the unit's memory (its backing store is the GGUF itself).
+  void release() { buffer_.reset(); }
+
+  const void* data(int slot) const;
+  WeightView matrix(int slot) const;  // a 2-D slot as a weight view
+  const float* vector(int slot) const;  // a 1-D F32 slot; nullptr for slot -1
+
+ private:
+  int layer_;
+  MemCategory category_;
+  std::vector<TensorSlot> slots_;
+  uint64_t bytes_ = 0;
+  Buffer buffer_;
+};
+
+// Slot indices of one layer's tensors (-1: absent).
+struct LayerLayout {
+  int attn_norm = -1, attn_q = -1, attn_k = -1, attn_v = -1, attn_output = -1;
+  int q_norm = -1, k_norm = -1, q_bias = -1, k_bias = -1, v_bias = -1;
+  int ffn_norm = -1, ffn_gate = -1, ffn_up = -1, ffn_down = -1;
+};
+
+// Views into a resident layer unit. Pointers are valid until the unit is released.
+struct LayerWeights {
+  WeightView q, k, v, o;      // q: [n_embd -> q_dim], k/v: [n_embd -> kv_dim], o: [q_dim -> n_embd]
+  WeightView gate, up, down;  // gate/up: [n_embd -> n_ff], down: [n_ff -> n_embd]
+  const float* attn_norm = nullptr;  // [n_embd]
+  const float* ffn_norm = nullptr;   // [n_embd]
+  const float* q_norm = nullptr;     // [head_dim] or null
+  const float* k_norm = nullptr;     // [head_dim] or null
+  const float* q_bias = nullptr;     // [q_dim] or null
+  const float* k_bias = nullptr;     // [kv_dim] or null
+  const float* v_bias = nullptr;     // [kv_dim] or null
+};
+
+struct GlobalWeights {
+  WeightView token_embd;  // [n_embd, n_vocab]: row t is token t's embedding
+  WeightView output;      // [n_embd -> n_vocab] (token_embd when tied)
+  const float* output_norm = nullptr;  // [n_embd]
+};
+
+// Builds the unit layouts for a model and checks every tensor's presence,
+// shape and type against the config. Throws naming the tensor.
+struct WeightLayout {
+  std::vector<WeightUnit> layers;
+  std::vector<LayerLayout> layer_slots;
+  WeightUnit globals{-1, MemCategory::kGlobals};
+  int token_embd = -1, output = -1, output_norm = -1;
+};
+WeightLayout plan_weights(const GgufFile& file, const ModelConfig& config);
+
+LayerWeights layer_weights(const WeightUnit& unit, const LayerLayout& slots);
+
+}  // namespace ebb

@@ -1,0 +1,115 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/matmul.h"
+#include "platform/error.h"
+#include "runtime/session.h"
+
+namespace ebb {
+namespace {
+
+Isa choose_isa(const std::optional<Isa>& requested) {
+  if (!requested) return best_isa();
+  if (!isa_supported(*requested)) {
+    throw Error("kernel target '" + std::string(isa_name(*requested)) +
+                "' is not supported on this CPU or build (best here: " + std::string(isa_name(best_isa())) + ")");
+  }
+  return *requested;
+}
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+// Hash of the tensor table and the first bytes of every tensor: different
+// models, quantizations or seeds give different fingerprints.
+uint64_t fingerprint(const Model& m) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const ModelConfig& c = m.config();
+  h = fnv1a(h, c.arch_name.data(), c.arch_name.size());
+  for (const GgufTensorInfo& t : m.file().tensors()) {
+    h = fnv1a(h, t.name.data(), t.name.size());
+    h = fnv1a(h, t.dims.data(), t.dims.size() * sizeof(int64_t));
+    h = fnv1a(h, &t.type, sizeof(t.type));
+    uint8_t head[64] = {};
+    const uint64_t n = std::min<uint64_t>(sizeof(head), t.n_bytes);
+    m.file().read(t.file_offset, head, n);
+    h = fnv1a(h, head, n);
+  }
+  return h;
+}
+
+}  // namespace
+
+uint64_t Footprint::weights() const {
+  uint64_t t = 0;
+  for (uint64_t b : weights_per_layer) t += b;
+  return t;
+}
+
+uint64_t Footprint::kv() const {
+  uint64_t t = 0;
+  for (uint64_t b : kv_per_layer) t += b;
+  return t;
+}
+
+Engine::Engine(const EngineOptions& opts)
+    : opts_(opts), pool_(ThreadPoolOptions{.n_threads = opts.n_threads}), isa_(choose_isa(opts.isa)) {
+  model_ = Model::load(opts_.model_path, alloc_);
+  const ModelConfig& c = model_->config();
+  // Every weight format must have kernels on the chosen target.
+  const KernelSet& ks = kernel_set(isa_);
+  for (int l = 0; l < model_->n_layers(); ++l) {
+    for (const TensorSlot& s : model_->layer_unit(l).slots()) {
+      if (s.dims.size() == 2 && !ks.format(s.type)) {
+        throw Error(opts_.model_path + ": tensor '" + s.name + "' has type " + std::string(dtype_name(s.type)) +
+                    " with no kernels on target " + std::string(isa_name(isa_)));
+      }
+    }
+  }
+  (void)c;
+  ForwardOptions fo;
+  fo.max_batch = opts_.prefill_batch;
+  fo.max_chunk_size = opts_.kv_chunk_size;
+  forward_ = std::make_unique<Forward>(*model_, isa_, pool_, alloc_, fo);
+  fingerprint_ = fingerprint(*model_);
+}
+
+Engine::~Engine() = default;
+
+void Engine::attach(Session* s) {
+  std::lock_guard lock(sessions_mu_);
+  sessions_.push_back(s);
+}
+
+void Engine::detach(Session* s) {
+  std::lock_guard lock(sessions_mu_);
+  sessions_.erase(std::remove(sessions_.begin(), sessions_.end(), s), sessions_.end());
+}
+
+Footprint Engine::footprint() const {
+  Footprint f;
+  const int nl = model_->n_layers();
+  f.weights_per_layer.resize(nl);
+  f.kv_per_layer.assign(nl, 0);
+  for (int l = 0; l < nl; ++l) {
+    const WeightUnit& u = model_->layer_unit(l);
+    f.weights_per_layer[l] = u.resident() ? u.bytes() : 0;
+  }
+  f.globals = model_->globals_unit().resident() ? model_->globals_unit().bytes() : 0;
+  {
+    std::lock_guard lock(sessions_mu_);
+    for (const Session* s : sessions_) {
+      for (int l = 0; l < nl; ++l) f.kv_per_layer[l] += s->kv().layer_bytes(l);
+      f.scratch += s->scratch_bytes();
+    }
+  }
+  f.scratch += forward_->scratch_bytes();
+  return f;
+}
+
+}  // namespace ebb

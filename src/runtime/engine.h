@@ -1,0 +1,81 @@
+// The engine: a model, its memory (allocator + ledger), the thread pool, the
+// chosen kernel target and the planned forward pass. Sessions run on it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu.h"
+#include "model/model.h"
+#include "platform/allocator.h"
+#include "platform/thread_pool.h"
+#include "runtime/forward.h"
+
+namespace ebb {
+
+class Session;
+
+struct EngineOptions {
+  std::string model_path;
+  int n_threads = 0;            // 0: all hardware threads
+  std::optional<Isa> isa;       // force a (lower) kernel target; default: best supported
+  int64_t prefill_batch = 64;   // tokens per prefill micro-batch
+  int64_t kv_chunk_size = 256;  // default KV chunk size of sessions
+};
+
+// Bytes by category, equal to what went through the engine's allocator.
+struct Footprint {
+  std::vector<uint64_t> weights_per_layer;  // resident bytes of each layer unit
+  uint64_t globals = 0;                     // embedding, output norm, output head
+  std::vector<uint64_t> kv_per_layer;       // resident KV chunk bytes of all sessions, per layer
+  uint64_t scratch = 0;                     // planned work buffers
+  uint64_t weights() const;
+  uint64_t kv() const;
+  uint64_t total() const { return weights() + globals + kv() + scratch; }
+};
+
+class Engine {
+ public:
+  explicit Engine(const EngineOptions& opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const EngineOptions& options() const { return opts_; }
+  Model& model() { return *model_; }
+  const Model& model() const { return *model_; }
+  const Tokenizer& tokenizer() const { return model_->tokenizer(); }
+  const ModelConfig& config() const { return model_->config(); }
+  ThreadPool& pool() { return pool_; }
+  Allocator& allocator() { return alloc_; }
+  const Ledger& ledger() const { return ledger_; }
+  Forward& forward() { return *forward_; }
+  Isa isa() const { return isa_; }
+
+  Footprint footprint() const;
+  // A short identity of the model (architecture, shapes, types and sampled
+  // weight bytes), recorded in saved sessions.
+  uint64_t model_fingerprint() const { return fingerprint_; }
+
+ private:
+  friend class Session;
+  void attach(Session* s);
+  void detach(Session* s);
+
+  EngineOptions opts_;
+  Ledger ledger_;
+  Allocator alloc_{&ledger_};
+  ThreadPool pool_;
+  Isa isa_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Forward> forward_;
+  uint64_t fingerprint_ = 0;
+  mutable std::mutex sessions_mu_;
+  std::vector<Session*> sessions_;
+};
+
+}  // namespace ebb

@@ -1,0 +1,180 @@
+#include "runtime/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "memory/kv_cache.h"
+#include "platform/error.h"
+#include "platform/fp16.h"
+
+namespace ebb {
+
+Forward::Forward(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc, ForwardOptions opts)
+    : model_(model),
+      cfg_(model.config()),
+      isa_(isa),
+      ks_(kernel_set(isa)),
+      ops_(ops_kernels(isa)),
+      pool_(pool),
+      alloc_(alloc),
+      opts_(opts) {
+  if (opts_.max_batch < 1) throw Error("prefill batch must be at least 1 token");
+  plan_scratch();
+}
+
+void Forward::ensure_chunk_size(int64_t chunk_size) {
+  if (chunk_size <= opts_.max_chunk_size) return;
+  opts_.max_chunk_size = chunk_size;
+  plan_scratch();
+}
+
+void Forward::plan_scratch() {
+  const int64_t B = opts_.max_batch;
+  const ModelConfig& c = cfg_;
+  // Largest activation scratch any weight needs for B rows.
+  size_t mm = 0;
+  auto consider = [&](const WeightView& w) { mm = std::max(mm, matmul_scratch_bytes(w.type, w.cols, B)); };
+  for (int l = 0; l < model_.n_layers(); ++l) {
+    const LayerWeights w = model_.layer(l);
+    for (const WeightView* v : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down}) consider(*v);
+  }
+  consider(model_.globals().output);
+
+  const size_t floats[] = {
+      static_cast<size_t>(B * c.n_embd), static_cast<size_t>(B * c.n_embd), static_cast<size_t>(B * c.q_dim()),
+      static_cast<size_t>(B * c.kv_dim()), static_cast<size_t>(B * c.kv_dim()), static_cast<size_t>(B * c.q_dim()),
+      static_cast<size_t>(B * c.n_ff), static_cast<size_t>(B * c.n_ff), static_cast<size_t>(B * c.rope_dim),
+      attention_scratch_floats(pool_.size(), c.head_dim, opts_.max_chunk_size)};
+  size_t total = 0;
+  for (size_t f : floats) total += (f * sizeof(float) + 63) & ~size_t{63};
+  total += (mm + 63) & ~size_t{63};
+  scratch_.reset();
+  scratch_ = alloc_.allocate(total, MemCategory::kScratch);
+  auto* p = scratch_.as<uint8_t>();
+  float** outs[] = {&x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &rope_, &attn_scratch_};
+  for (size_t i = 0; i < std::size(floats); ++i) {
+    *outs[i] = reinterpret_cast<float*>(p);
+    p += (floats[i] * sizeof(float) + 63) & ~size_t{63};
+  }
+  mm_scratch_ = p;
+}
+
+void Forward::matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride) {
+  MatmulArgs a;
+  a.w = &w;
+  a.x = x;
+  a.x_stride = w.cols;
+  a.n_tokens = n;
+  a.y = y;
+  a.y_stride = y_stride;
+  a.scratch = mm_scratch_;
+  ebb::matmul(ks_, a, pool_);
+}
+
+namespace {
+
+void add_bias(float* y, const float* bias, int64_t n, int64_t dim, const OpsKernels& ops) {
+  if (!bias) return;
+  for (int64_t t = 0; t < n; ++t) ops.add(y + t * dim, bias, dim);
+}
+
+// Stores n rows of `dim` floats into the cache rows of positions pos0.. .
+void store_rows(KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* src, bool is_k) {
+  const int64_t dim = kv.shape().n_kv_heads * kv.shape().head_dim;
+  for (int64_t t = 0; t < n; ++t) {
+    void* dst = is_k ? kv.k_row(layer, pos0 + t) : kv.v_row(layer, pos0 + t);
+    const float* s = src + t * dim;
+    if (kv.options().type == DType::kF32) {
+      std::copy(s, s + dim, static_cast<float*>(dst));
+    } else {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < dim; ++i) h[i] = fp32_to_fp16(s[i]);
+    }
+  }
+}
+
+}  // namespace
+
+void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  EBB_CHECK(n >= 1 && n <= opts_.max_batch);
+  const ModelConfig& c = cfg_;
+  const int64_t pos0 = kv.n_tokens();
+  EBB_CHECK(kv.n_chunks(0) * kv.options().chunk_size >= pos0 + n);
+  EBB_CHECK(kv.options().chunk_size <= opts_.max_chunk_size);
+  const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
+
+  const GlobalWeights g = model_.globals();
+  for (int64_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) {
+      throw Error("token id " + std::to_string(tokens[t]) + " is outside the vocabulary [0, " +
+                  std::to_string(c.n_vocab) + ")");
+    }
+    dequantize_row(ks_, g.token_embd, tokens[t], x_ + t * d);
+    rope_cos_sin(pos0 + t, c.rope_dim, c.rope_base, c.rope_freq_scale, rope_ + t * c.rope_dim);
+  }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (int l = 0; l < model_.n_layers(); ++l) {
+    const LayerWeights w = model_.layer(l);
+    // Attention block.
+    for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.attn_norm, xn_ + t * d, d, c.rms_eps);
+    matmul(w.q, xn_, n, q_, qd);
+    matmul(w.k, xn_, n, k_, kvd);
+    matmul(w.v, xn_, n, v_, kvd);
+    add_bias(q_, w.q_bias, n, qd, ops_);
+    add_bias(k_, w.k_bias, n, kvd, ops_);
+    add_bias(v_, w.v_bias, n, kvd, ops_);
+    for (int64_t t = 0; t < n; ++t) {
+      float* qt = q_ + t * qd;  // [n_head, head_dim]
+      float* kt = k_ + t * kvd;  // [n_head_kv, head_dim]
+      if (w.q_norm) {
+        for (int64_t h = 0; h < c.n_head; ++h)
+          ops_.rmsnorm(qt + h * c.head_dim, w.q_norm, qt + h * c.head_dim, c.head_dim, c.rms_eps);
+        for (int64_t h = 0; h < c.n_head_kv; ++h)
+          ops_.rmsnorm(kt + h * c.head_dim, w.k_norm, kt + h * c.head_dim, c.head_dim, c.rms_eps);
+      }
+      ops_.rope(qt, c.n_head, c.head_dim, c.rope_dim, rope_ + t * c.rope_dim, c.rope_style);
+      ops_.rope(kt, c.n_head_kv, c.head_dim, c.rope_dim, rope_ + t * c.rope_dim, c.rope_style);
+    }
+    store_rows(kv, l, pos0, n, k_, true);
+    store_rows(kv, l, pos0, n, v_, false);
+
+    AttentionArgs a;
+    a.q = q_;
+    a.out = att_;
+    a.n_q = n;
+    a.n_heads = c.n_head;
+    a.n_kv_heads = c.n_head_kv;
+    a.head_dim = c.head_dim;
+    a.pos0 = pos0;
+    a.chunks = kv.chunks(l);
+    a.chunk_size = kv.options().chunk_size;
+    a.kv_type = kv.options().type;
+    a.scale = scale;
+    a.scratch = attn_scratch_;
+    attention(isa_, a, pool_);
+
+    matmul(w.o, att_, n, xn_, d);
+    for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
+
+    // Feed-forward block (SwiGLU).
+    for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.ffn_norm, xn_ + t * d, d, c.rms_eps);
+    matmul(w.gate, xn_, n, gate_, c.n_ff);
+    matmul(w.up, xn_, n, up_, c.n_ff);
+    for (int64_t t = 0; t < n; ++t) ops_.swiglu(gate_ + t * c.n_ff, up_ + t * c.n_ff, gate_ + t * c.n_ff, c.n_ff);
+    matmul(w.down, gate_, n, xn_, d);
+    for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
+  }
+  kv.set_n_tokens(pos0 + n);
+
+  // Output head on the rows the caller wants.
+  const int64_t first = all_logits ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  for (int64_t t = first; t < n; ++t)
+    ops_.rmsnorm(x_ + t * d, g.output_norm, xn_ + (t - first) * d, d, c.rms_eps);
+  matmul(g.output, xn_, n_out, logits, c.n_vocab);
+}
+
+}  // namespace ebb

@@ -1,0 +1,73 @@
+// The transformer forward pass over weight units and a chunked KV cache.
+// Scratch is planned once for the largest micro-batch (STYLE habit 5), so
+// running a batch allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kernels/cpu.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "model/model.h"
+#include "platform/allocator.h"
+#include "platform/thread_pool.h"
+
+namespace ebb {
+
+class KvCache;
+
+struct ForwardOptions {
+  int64_t max_batch = 64;   // tokens per prefill micro-batch
+  int64_t max_chunk_size = 256;  // largest KV chunk size of any session
+};
+
+class Forward {
+ public:
+  Forward(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc, ForwardOptions opts);
+  Forward(const Forward&) = delete;
+  Forward& operator=(const Forward&) = delete;
+
+  // Runs tokens at positions [kv.n_tokens(), kv.n_tokens() + tokens.size()),
+  // writes their K and V into kv (which must already have chunks for them)
+  // and advances kv.n_tokens(). tokens.size() <= max_batch.
+  //   logits: [n_out, n_vocab] where n_out = tokens.size() when all_logits,
+  //           else 1 (the last token's logits).
+  void run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits);
+
+  // Re-plans scratch for a larger KV chunk size (called when a session is
+  // created, never during generation).
+  void ensure_chunk_size(int64_t chunk_size);
+
+  int64_t max_batch() const { return opts_.max_batch; }
+  uint64_t scratch_bytes() const { return scratch_.size(); }
+  Isa isa() const { return isa_; }
+
+ private:
+  void plan_scratch();
+  void matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride);
+
+  const Model& model_;
+  const ModelConfig& cfg_;
+  Isa isa_;
+  const KernelSet& ks_;
+  const OpsKernels& ops_;
+  ThreadPool& pool_;
+  Allocator& alloc_;
+  ForwardOptions opts_;
+
+  Buffer scratch_;  // one block, carved into the arrays below
+  float* x_ = nullptr;      // [B, n_embd] residual stream
+  float* xn_ = nullptr;     // [B, n_embd] normalised input
+  float* q_ = nullptr;      // [B, q_dim]
+  float* k_ = nullptr;      // [B, kv_dim]
+  float* v_ = nullptr;      // [B, kv_dim]
+  float* att_ = nullptr;    // [B, q_dim]
+  float* gate_ = nullptr;   // [B, n_ff]
+  float* up_ = nullptr;     // [B, n_ff]
+  float* rope_ = nullptr;   // [B, rope_dim] (cos, sin) pairs
+  float* attn_scratch_ = nullptr;
+  void* mm_scratch_ = nullptr;
+};
+
+}  // namespace ebb

@@ -1,0 +1,90 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "platform/error.h"
+#include "runtime/engine.h"
+
+namespace ebb {
+
+Session::Session(Engine& engine, SessionOptions opts) : engine_(engine), opts_(opts) {
+  const ModelConfig& c = engine_.config();
+  if (opts_.n_ctx <= 0) opts_.n_ctx = std::min<int64_t>(c.n_ctx_train, 4096);
+  if (opts_.kv_chunk_size <= 0) opts_.kv_chunk_size = engine_.options().kv_chunk_size;
+  KvCacheOptions ko;
+  ko.chunk_size = opts_.kv_chunk_size;
+  ko.type = opts_.kv_type;
+  ko.max_tokens = opts_.n_ctx;
+  kv_ = std::make_unique<KvCache>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, ko, &engine_.allocator());
+  engine_.forward().ensure_chunk_size(opts_.kv_chunk_size);
+  logits_ = engine_.allocator().allocate(static_cast<size_t>(c.n_vocab) * sizeof(float), MemCategory::kScratch);
+  engine_.attach(this);
+}
+
+Session::~Session() { engine_.detach(this); }
+
+std::span<const float> Session::last_logits() const {
+  EBB_CHECK_MSG(have_logits_, "no logits: nothing has been run yet");
+  return {logits_.as<float>(), static_cast<size_t>(engine_.config().n_vocab)};
+}
+
+void Session::append_pending(TokenId t) {
+  if (static_cast<int64_t>(tokens_.size()) + 1 > opts_.n_ctx) {
+    throw Error("context full: the session's context holds " + std::to_string(opts_.n_ctx) + " tokens (raise --ctx)");
+  }
+  tokens_.push_back(t);
+}
+
+std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::vector<float>* all_logits,
+                                     const ProgressFn& progress) {
+  const int64_t n_vocab = engine_.config().n_vocab;
+  const int64_t total = static_cast<int64_t>(tokens_.size() + new_tokens.size());
+  if (total > opts_.n_ctx) {
+    throw Error("context full: " + std::to_string(total) + " tokens needed, the session's context holds " +
+                std::to_string(opts_.n_ctx) + " (raise --ctx)");
+  }
+  for (TokenId t : new_tokens) {
+    if (t < 0 || t >= n_vocab) {
+      throw Error("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+    }
+  }
+  kv_->reserve(total);  // plan: all chunks this call needs, before running
+  tokens_.insert(tokens_.end(), new_tokens.begin(), new_tokens.end());
+
+  Forward& fwd = engine_.forward();
+  if (kv_->n_tokens() == total && !have_logits_ && total > 0) {
+    // Everything is in the KV but the logits were dropped (after truncate or
+    // load): run the last token again to get them.
+    kv_->set_n_tokens(total - 1);
+  }
+  const int64_t start = kv_->n_tokens();
+  const int64_t todo = total - start;
+  if (all_logits) all_logits->assign(static_cast<size_t>(todo * n_vocab), 0.0f);
+  int64_t done = 0;
+  while (done < todo) {
+    const int64_t n = std::min(fwd.max_batch(), todo - done);
+    std::span<const TokenId> batch(tokens_.data() + start + done, static_cast<size_t>(n));
+    if (all_logits) {
+      fwd.run(batch, *kv_, all_logits->data() + done * n_vocab, true);
+      std::memcpy(logits_.as<float>(), all_logits->data() + (done + n - 1) * n_vocab, n_vocab * sizeof(float));
+    } else {
+      fwd.run(batch, *kv_, logits_.as<float>(), false);
+    }
+    done += n;
+    have_logits_ = true;
+    if (progress) progress(done, todo);
+  }
+  return last_logits();
+}
+
+void Session::truncate(int64_t n) {
+  EBB_CHECK(n >= 0 && n <= static_cast<int64_t>(tokens_.size()));
+  tokens_.resize(static_cast<size_t>(n));
+  if (kv_->n_tokens() > n) {
+    kv_->truncate(n);
+    have_logits_ = false;
+  }
+}
+
+}  // namespace ebb
