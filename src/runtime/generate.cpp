@@ -81,12 +81,13 @@ GenerateStats generate(Session& session, std::span<const TokenId> prompt, const 
   GenerateStats st;
   const Stopwatch clock;
 
+  // Constructing the sampler validates its options before any work is done.
+  Sampler sampler(opts.sampling, engine.config().n_vocab);
   const int64_t before = session.n_processed();
   std::span<const float> logits = session.feed(prompt, nullptr, opts.prefill_progress);
   st.prompt_tokens = session.n_processed() - before;
   st.prefill_seconds = clock.seconds();
 
-  Sampler sampler(opts.sampling, engine.config().n_vocab);
   // Penalties see the conversation so far.
   for (TokenId t : session.tokens()) sampler.accept(t);
 
