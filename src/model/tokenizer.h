@@ -47,6 +47,20 @@ class Tokenizer {
   virtual bool is_eog(TokenId id) const = 0;
   // Token id of an exact token text ("<|im_start|>"), -1 when absent.
   virtual TokenId find_token(std::string_view text) const = 0;
+
+  // The token's text exactly as stored in the vocabulary ("▁the", "Ġthe",
+  // "<0x0A>"); empty for an out-of-range id.
+  virtual std::string_view token_text(TokenId id) const = 0;
+  virtual TokenId unk() const = 0;  // -1 when absent
+  virtual TokenId pad() const = 0;  // -1 when absent
+  // True for control tokens (BOS, EOS, "<|im_start|>"), whose text only
+  // appears in decoded output when `special` is requested.
+  virtual bool is_control(TokenId id) const = 0;
+  // The pre-tokenizer name in use ("qwen2", "llama-bpe"; "" for SentencePiece).
+  virtual std::string_view pre_tokenizer() const = 0;
+  // True when encode() puts a space before the text (SentencePiece's
+  // add_space_prefix), so decoding drops the first piece's leading space.
+  virtual bool add_space_prefix() const = 0;
 };
 
 // Turns a stream of token ids into text that never splits a UTF-8 character:
@@ -61,8 +75,9 @@ class StreamDecoder {
 
  private:
   const Tokenizer& tok_;
-  std::string pending_;
-  bool first_ = true;
+  std::string pending_;   // bytes of an incomplete UTF-8 character
+  bool first_ = true;     // no token after the leading BOS yet
+  bool seen_any_ = false; // any token pushed yet
 };
 
 }  // namespace ebb
