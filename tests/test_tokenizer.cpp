@@ -11,6 +11,7 @@
 
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_pretok.h"
 #include "platform/error.h"
 #include "support.h"
 
@@ -334,6 +335,47 @@ TEST(TokenizerRobustness, InvalidUtf8) {
     }
     EXPECT_TRUE(tok->encode("", plain).empty()) << name;
   }
+}
+
+std::vector<std::string> split_words(const tok::PreTokenizer& pre, const std::string& text) {
+  std::vector<std::string> out;
+  for (std::string_view w : pre.split(text)) out.emplace_back(w);
+  return out;
+}
+
+TEST(TokenizerPretok, EveryNamedPatternCompilesAndSplitsLosslessly) {
+  const std::string text = "Hello  world's 12345 times!!\n\n\tÄpfel 山田 ДА 🦙 x=1;";
+  for (std::string_view name : tok::PreTokenizer::supported_names()) {
+    const tok::PreTokenizer pre(name);
+    std::string joined;
+    for (const std::string& w : split_words(pre, text)) {
+      EXPECT_FALSE(w.empty()) << name;
+      joined += w;
+    }
+    EXPECT_EQ(joined, text) << name;
+  }
+  try {
+    tok::PreTokenizer bad("no-such-pre");
+    ADD_FAILURE() << "unknown pre-tokenizer accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-pre"), std::string::npos) << e.what();
+  }
+}
+
+// Splits that follow from the published regexes (no golden vocabulary here
+// uses the Llama 3 or Qwen2 pre-tokenizers).
+TEST(TokenizerPretok, KnownSplits) {
+  using V = std::vector<std::string>;
+  const tok::PreTokenizer llama3("llama-bpe");
+  EXPECT_TRUE(llama3.ignore_merges());
+  EXPECT_EQ(split_words(llama3, "Hello world 12345"), (V{"Hello", " world", " ", "123", "45"}));
+  EXPECT_EQ(split_words(llama3, "I'VE  done\n\n x"), (V{"I", "'VE", " ", " done", "\n\n", " x"}));
+  const tok::PreTokenizer qwen2("qwen2");
+  EXPECT_EQ(split_words(qwen2, "abc 123"), (V{"abc", " ", "1", "2", "3"}));
+  const tok::PreTokenizer gpt2("gpt-2");
+  EXPECT_EQ(split_words(gpt2, "I've 2 cats!!  "), (V{"I", "'ve", " 2", " cats", "!!", "  "}));
+  const tok::PreTokenizer coder("deepseek-coder");
+  EXPECT_EQ(split_words(coder, "x = 10\n"), (V{"x", " = ", "1", "0", "\n"}));
 }
 
 // Writes a small GGUF with a tokenizer; `edit` adjusts the keys.
