@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -49,7 +50,8 @@ struct GgufValue {
   bool is_integer() const;
   bool is_float() const { return type == GgufType::kFloat32 || type == GgufType::kFloat64; }
   size_t array_size() const { return elem_type == GgufType::kString ? strings.size() : items.size(); }
-  // Numeric value of a scalar integer/float/bool, as double.
+  // Numeric value of a scalar integer/float/bool, as double. Calling it on a
+  // string or array is a bug (EBB_CHECK); test the type first.
   double as_double() const;
 };
 
@@ -109,28 +111,39 @@ class GgufFile {
   const GgufTensorInfo* find_tensor(std::string_view name) const;
 
   // Reads [offset, offset + bytes) of the file (absolute offsets). Throws on
-  // a short read or a range outside the file.
+  // a short read or a range outside the file. Thread-safe (pread).
   void read(uint64_t offset, void* dst, uint64_t bytes) const;
   int fd() const { return fd_; }
-  // Checks that the file on disk still has the identity recorded at open.
+  // Checks that the file on disk still has the identity recorded at open
+  // (re-stats the path; false when it is gone or cannot be stat'ed).
   bool unchanged_on_disk() const;
 
  private:
   GgufFile() = default;
   std::string path_;
-  int fd_ = -1;
+  int fd_ = -1;  // owned: closed by the destructor
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
   FileIdentity identity_;
   std::vector<std::pair<std::string, GgufValue>> metadata_;
   std::vector<GgufTensorInfo> tensors_;
+  // Name -> index into metadata_ / tensors_; built while parsing, which is
+  // also how duplicates are found in O(n log n) on hostile counts.
+  std::map<std::string, size_t, std::less<>> key_index_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;
   friend class GgufParser;
 };
 
-// Writes GGUF v3 files (used by `ebb synth`, tests and tools).
+// Writes GGUF v3 files (used by `ebb synth`, tests and tools). Metadata is
+// written in insertion order (setting a key again replaces its value in
+// place); `general.alignment` is added when `alignment` is not the default.
+// Tensor data is streamed through a bounded staging buffer, so a 1 GB model
+// never sits in memory whole (only the largest single tensor may).
 class GgufWriter {
  public:
+  // Throws ebb::Error when the value is inconsistent (array items whose type
+  // is not elem_type, nesting deeper than the reader accepts).
   void set(std::string key, GgufValue value);
   void set_string(std::string key, std::string v);
   void set_uint32(std::string key, uint32_t v);
@@ -141,9 +154,15 @@ class GgufWriter {
   void set_float32_array(std::string key, std::vector<float> v);
   void set_int32_array(std::string key, std::vector<int32_t> v);
   // Declares a tensor; its bytes are produced later by write()'s callback.
+  // Throws ebb::Error for a duplicate name, 0 or more than 4 dims, a dim
+  // <= 0, or ne0 not a multiple of the type's block size.
   void add_tensor(std::string name, std::vector<int64_t> dims, DType type);
   // Writes the file. fill(i, dst) must write the n_bytes of tensor i into
-  // dst. progress(done_bytes, total_bytes) is called as data is written.
+  // dst. progress(done_bytes, total_bytes) is called as data is written
+  // (bytes of the whole file; the last call has done == total). Throws
+  // ebb::Error naming the path when the file cannot be created or written
+  // (a partial file is left behind), or when alignment is not a power of two.
+  // The fill callback's exceptions propagate.
   void write(const std::string& path,
              const std::function<void(size_t index, uint8_t* dst)>& fill,
              const std::function<void(uint64_t, uint64_t)>& progress = nullptr) const;
@@ -151,12 +170,15 @@ class GgufWriter {
 
  private:
   std::vector<std::pair<std::string, GgufValue>> kv_;
+  std::map<std::string, size_t, std::less<>> kv_index_;  // key -> index into kv_
   struct Pending {
     std::string name;
     std::vector<int64_t> dims;
     DType type;
+    uint64_t n_bytes;
   };
   std::vector<Pending> tensors_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;
 };
 
 }  // namespace ebb
