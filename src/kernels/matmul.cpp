@@ -1,0 +1,136 @@
+#include "kernels/matmul.h"
+
+#include <algorithm>
+
+#include "kernels/quant_blocks.h"
+#include "platform/error.h"
+#include "platform/thread_pool.h"
+
+namespace ebb {
+namespace {
+
+class TableKernelSet final : public KernelSet {
+ public:
+  TableKernelSet(Isa isa, FormatTable table) : isa_(isa), table_(table) {}
+  const FormatKernels* format(DType weight) const override {
+    const int i = kernel_format_index(weight);
+    return i < 0 ? nullptr : &table_[i];
+  }
+  Isa isa() const override { return isa_; }
+
+ private:
+  Isa isa_;
+  FormatTable table_;
+};
+
+constexpr size_t kCacheLine = 64;
+constexpr int64_t kRowGrain = 16;  // rows per work unit: 16 floats of y = one cache line
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Bytes between quantized activation rows in the scratch (0: x is used as is).
+size_t act_row_stride(DType act, int64_t cols) {
+  if (act == DType::kF32) return 0;
+  return align_up(row_bytes(act, cols), kCacheLine);
+}
+
+const FormatKernels& scalar_row(DType weight) {
+  static const TableKernelSet scalar(Isa::kScalar, scalar_format_table());
+  const FormatKernels* fk = scalar.format(weight);
+  EBB_CHECK_MSG(fk != nullptr, "no kernels for this weight format");
+  return *fk;
+}
+
+}  // namespace
+
+const KernelSet& kernel_set(Isa isa) {
+  EBB_CHECK_MSG(isa_supported(isa), "instruction set not supported on this CPU");
+  switch (isa) {
+    case Isa::kScalar: {
+      static const TableKernelSet ks(Isa::kScalar, scalar_format_table());
+      return ks;
+    }
+#if defined(EBB_ARCH_X86)
+    case Isa::kAvx2: {
+      static const TableKernelSet ks(Isa::kAvx2, avx2_format_table());
+      return ks;
+    }
+    case Isa::kAvx512: {
+      static const TableKernelSet ks(Isa::kAvx512, avx512_format_table());
+      return ks;
+    }
+#endif
+#if defined(EBB_ARCH_ARM)
+    case Isa::kNeon: {
+      static const TableKernelSet ks(Isa::kNeon, neon_format_table());
+      return ks;
+    }
+#endif
+    default: break;
+  }
+  EBB_CHECK_MSG(false, "instruction set not compiled in");
+  __builtin_unreachable();
+}
+
+size_t matmul_scratch_bytes(DType weight, int64_t cols, int64_t n_tokens) {
+  return act_row_stride(scalar_row(weight).act, cols) * static_cast<size_t>(n_tokens);
+}
+
+void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
+  const WeightView& w = *args.w;
+  const FormatKernels* fk = ks.format(w.type);
+  EBB_CHECK_MSG(fk != nullptr, "no kernels for this weight format");
+  EBB_CHECK(w.cols % type_info(w.type).block_size == 0);
+  EBB_CHECK(w.cols % type_info(fk->act).block_size == 0);
+  EBB_CHECK(args.n_tokens >= 1 && args.x != nullptr && args.y != nullptr);
+  const int64_t n_tok = args.n_tokens, cols = w.cols, rows = w.rows;
+
+  // 1. The activations in the format vec_dot wants: quantized once per token
+  //    into the scratch (split over the threads), or x itself for F32.
+  const uint8_t* act = reinterpret_cast<const uint8_t*>(args.x);
+  size_t act_stride = static_cast<size_t>(args.x_stride) * sizeof(float);
+  if (fk->act != DType::kF32) {
+    EBB_CHECK(args.scratch != nullptr);
+    act_stride = act_row_stride(fk->act, cols);
+    auto* scratch = static_cast<uint8_t*>(args.scratch);
+    if (n_tok == 1) {
+      // One row is a few microseconds at most; a fork-join would cost as much.
+      fk->quantize_act(args.x, scratch, cols);
+    } else {
+      pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1, int) {
+        for (int64_t t = t0; t < t1; ++t) fk->quantize_act(args.x + t * args.x_stride, scratch + t * act_stride, cols);
+      });
+    }
+    act = scratch;
+  }
+
+  // 2. Output rows split over the threads in whole cache lines of y. For
+  //    several tokens, a block of weight rows (sized to stay in L2) is reused
+  //    for every token before moving on, so weights stream from memory once.
+  const auto vec_dot = fk->vec_dot;
+  const uint64_t rstride = w.row_stride;
+  const int64_t block_rows = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(rstride, 1)), 4, 64);
+  pool.parallel_for(rows, kRowGrain, [&](int64_t r0, int64_t r1, int) {
+    if (n_tok == 1) {
+      for (int64_t r = r0; r < r1; ++r) vec_dot(cols, w.row(r), act, args.y + r);
+      return;
+    }
+    for (int64_t rb = r0; rb < r1; rb += block_rows) {
+      const int64_t re = std::min(r1, rb + block_rows);
+      for (int64_t t = 0; t < n_tok; ++t) {
+        const uint8_t* a = act + t * act_stride;
+        float* y = args.y + t * args.y_stride;
+        for (int64_t r = rb; r < re; ++r) vec_dot(cols, w.row(r), a, y + r);
+      }
+    }
+  });
+}
+
+void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* dst) {
+  const FormatKernels* fk = ks.format(w.type);
+  EBB_CHECK_MSG(fk != nullptr, "no kernels for this weight format");
+  EBB_CHECK(r >= 0 && r < w.rows);
+  fk->to_float(w.row(r), dst, w.cols);
+}
+
+}  // namespace ebb

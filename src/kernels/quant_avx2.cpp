@@ -1,0 +1,315 @@
+// AVX2 + FMA + F16C kernels. Integer dots use _mm256_maddubs_epi16 (u8 x s8
+// pairs) and _mm256_madd_epi16; per-block integer sums are exact, only the
+// float accumulation order differs from the scalar reference.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/quant_avx2_inl.h"
+#include "kernels/quant_blocks.h"
+
+namespace ebb {
+namespace {
+
+using namespace avx2;
+
+// ---- conversions to float ----------------------------------------------------
+
+void f16_to_float(const void* src, float* dst, int64_t n) {
+  const auto* s = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(s[i]);
+}
+
+void bf16_to_float(const void* src, float* dst, int64_t n) {
+  const auto* s = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_bf16x8(s + i));
+  for (; i < n; ++i) {
+    const uint32_t b = static_cast<uint32_t>(s[i]) << 16;
+    std::memcpy(dst + i, &b, 4);
+  }
+}
+
+void q8_0_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockQ8_0*>(src);
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+    for (int j = 0; j < kQK8_0; j += 8) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[i].qs + j));
+      _mm256_storeu_ps(dst + i * kQK8_0 + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    }
+  }
+}
+
+void q4_0_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockQ4_0*>(src);
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+    const __m256i q = _mm256_sub_epi8(nibbles_32(b[i].qs), _mm256_set1_epi8(8));
+    alignas(32) int8_t v[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(v), q);
+    for (int j = 0; j < kQK8_0; j += 8) {
+      const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + j));
+      _mm256_storeu_ps(dst + i * kQK8_0 + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
+    }
+  }
+}
+
+// ---- activation quantizers -----------------------------------------------------
+
+void quantize_q8_0(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<BlockQ8_0*>(dst);
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    float d;
+    const __m256i q = quantize_32(src + i * kQK8_0, abs_max_32(src + i * kQK8_0), &d);
+    b[i].d = static_cast<uint16_t>(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs), q);
+  }
+}
+
+void quantize_q8_k(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<BlockQ8_K*>(dst);
+  const __m256i ones = _mm256_set1_epi8(1);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float* x = src + i * kQK_K;
+    __m256 m = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int j = 0; j < kQK_K; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    const float amax = hmax(m);
+    for (int j = 0; j < kQK_K; j += 32) {
+      float d;
+      const __m256i q = quantize_32(x + j, amax, &d);
+      b[i].d = d;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs + j), q);
+      // Sums of the two groups of 16: maddubs with ones pairs the bytes,
+      // madd pairs again; then the lanes of each 128-bit half are added.
+      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, q), ones16);  // 4 lanes per group
+      const __m256i s = _mm256_hadd_epi32(s32, s32);
+      const __m256i s2 = _mm256_hadd_epi32(s, s);
+      b[i].bsums[j / 16] = static_cast<int16_t>(_mm256_extract_epi32(s2, 0));
+      b[i].bsums[j / 16 + 1] = static_cast<int16_t>(_mm256_extract_epi32(s2, 4));
+    }
+  }
+}
+
+// ---- dot products ----------------------------------------------------------------
+
+void dot_f32(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc[0]);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) s += x[i] * y[i];
+  *out = s;
+}
+
+void dot_f16(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i + 8 * k)));
+      acc[k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+    }
+  for (; i + 8 <= n; i += 8)
+    acc[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))),
+                             _mm256_loadu_ps(y + i), acc[0]);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) s += _cvtsh_ss(x[i]) * y[i];
+  *out = s;
+}
+
+void dot_bf16(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) acc[k] = _mm256_fmadd_ps(load_bf16x8(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16x8(x + i), _mm256_loadu_ps(y + i), acc[0]);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) {
+    const uint32_t b = static_cast<uint32_t>(x[i]) << 16;
+    float f;
+    std::memcpy(&f, &b, 4);
+    s += f * y[i];
+  }
+  *out = s;
+}
+
+void dot_q8_0(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const int64_t nb = n / kQK8_0;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m256i qx0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256i qy0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    const __m256i qx1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs));
+    const __m256i qy1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i + 1].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_i8_32(qx0, qy0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)), dot_i8_32(qx1, qy1), acc1);
+  }
+  for (; i < nb; ++i) {
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_i8_32(qx, qy), acc0);
+  }
+  *out = hsum(_mm256_add_ps(acc0, acc1));
+}
+
+void dot_q4_0(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const int64_t nb = n / kQK8_0;
+  const __m256i off = _mm256_set1_epi8(8);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m256i qx0 = _mm256_sub_epi8(nibbles_32(x[i].qs), off);
+    const __m256i qx1 = _mm256_sub_epi8(nibbles_32(x[i + 1].qs), off);
+    const __m256i qy0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    const __m256i qy1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i + 1].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_i8_32(qx0, qy0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)), dot_i8_32(qx1, qy1), acc1);
+  }
+  for (; i < nb; ++i) {
+    const __m256i qx = _mm256_sub_epi8(nibbles_32(x[i].qs), off);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_i8_32(qx, qy), acc0);
+  }
+  *out = hsum(_mm256_add_ps(acc0, acc1));
+}
+
+void dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ4_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_m = 0.f;
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    uint8_t sc[8], mn[8];
+    unpack_scales_mins(x[i].scales, sc, mn);
+    const float d = _cvtsh_ss(x[i].d) * y[i].d, dmin = _cvtsh_ss(x[i].dmin) * y[i].d;
+    acc_m += dmin * static_cast<float>(mins_dot_bsums(mn, y[i].bsums));
+    __m256i sumi = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * k));
+      const __m256i q8l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k));
+      const __m256i q8h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k + 32));
+      const __m256i pl = _mm256_maddubs_epi16(_mm256_and_si256(q4, m4), q8l);
+      const __m256i ph = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), q8h);
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * k])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * k + 1])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  *out = hsum(acc) - acc_m;
+}
+
+void dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ5_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  const __m256i m1 = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_m = 0.f;
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    uint8_t sc[8], mn[8];
+    unpack_scales_mins(x[i].scales, sc, mn);
+    const float d = _cvtsh_ss(x[i].d) * y[i].d, dmin = _cvtsh_ss(x[i].dmin) * y[i].d;
+    acc_m += dmin * static_cast<float>(mins_dot_bsums(mn, y[i].bsums));
+    __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
+    __m256i sumi = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * k));
+      const __m256i hl = _mm256_slli_epi16(_mm256_and_si256(hb, m1), 4);
+      const __m256i hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), m1), 4);
+      hb = _mm256_srli_epi16(hb, 2);
+      const __m256i q5l = _mm256_or_si256(_mm256_and_si256(q4, m4), hl);
+      const __m256i q5h = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), hh);
+      const __m256i q8l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k));
+      const __m256i q8h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k + 32));
+      const __m256i pl = _mm256_maddubs_epi16(q5l, q8l);
+      const __m256i ph = _mm256_maddubs_epi16(q5h, q8h);
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * k])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * k + 1])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  *out = hsum(acc) - acc_m;
+}
+
+void dot_q6_k(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    // The -32 offset: 32 * sum_g scales[g] * bsums[g].
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+    sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = x[i].ql + 64 * h;
+      const __m256i q4a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i q4b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh + 32 * h));
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(q4a, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(q4b, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4a, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4b, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+      for (int p = 0; p < 4; ++p) {
+        const int g = 8 * h + 2 * p;  // scale index of the first 16 of these 32
+        const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * h + 32 * p));
+        const __m256i prod = _mm256_maddubs_epi16(q[p], q8);
+        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(x[i].scales[g + 1]), _mm_set1_epi16(x[i].scales[g]));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(prod, s));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  *out = hsum(acc);
+}
+
+}  // namespace
+
+FormatTable avx2_format_table() {
+  FormatTable t = scalar_format_table();
+  auto row = [&](DType d) -> FormatKernels& { return t[kernel_format_index(d)]; };
+  row(DType::kF32).vec_dot = dot_f32;
+  row(DType::kF16).to_float = f16_to_float;
+  row(DType::kF16).vec_dot = dot_f16;
+  row(DType::kBF16).to_float = bf16_to_float;
+  row(DType::kBF16).vec_dot = dot_bf16;
+  row(DType::kQ8_0) = {DType::kQ8_0, DType::kQ8_0, q8_0_to_float, quantize_q8_0, dot_q8_0};
+  row(DType::kQ4_0) = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0};
+  row(DType::kQ4_K).quantize_act = quantize_q8_k;
+  row(DType::kQ4_K).vec_dot = dot_q4_k;
+  row(DType::kQ5_K).quantize_act = quantize_q8_k;
+  row(DType::kQ5_K).vec_dot = dot_q5_k;
+  row(DType::kQ6_K).quantize_act = quantize_q8_k;
+  row(DType::kQ6_K).vec_dot = dot_q6_k;
+  row(DType::kQ8_K).quantize_act = quantize_q8_k;
+  return t;
+}
+
+}  // namespace ebb

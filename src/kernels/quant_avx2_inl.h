@@ -1,0 +1,96 @@
+// AVX2 helpers shared by quant_avx2.cpp and quant_avx512.cpp. Include only
+// from files compiled with AVX2 + FMA + F16C (*_avx2.cpp, *_avx512.cpp).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/quant_blocks.h"
+
+namespace ebb::avx2 {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 8 bf16 -> 8 floats (a bf16 is the top half of a float).
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+// 16 bytes of nibbles -> 32 bytes: low nibbles first (elements 0..15), then
+// the high nibbles (elements 16..31), as Q4_0 orders them.
+inline __m256i nibbles_32(const uint8_t* p) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+}
+
+// Dot of 32 signed bytes x with 32 signed bytes y (y in [-127, 127]) as 8
+// int32 partial sums converted to float (exact). maddubs needs an unsigned
+// operand: |x| times y with x's sign moved onto it.
+inline __m256 dot_i8_32(__m256i x, __m256i y) {
+  const __m256i ax = _mm256_sign_epi8(x, x);
+  const __m256i sy = _mm256_sign_epi8(y, x);
+  const __m256i p16 = _mm256_maddubs_epi16(ax, sy);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+inline float abs_max_32(const float* x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
+  m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8)));
+  m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 16)));
+  m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 24)));
+  return hmax(m);
+}
+
+// Quantizes 32 floats with scale amax / 127, rounding to nearest even (as
+// the scalar reference does); returns the bytes in element order.
+inline __m256i quantize_32(const float* x, float amax, float* d_out) {
+  const float d = amax / 127.f;
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  *d_out = d;
+  const __m256 mul = _mm256_set1_ps(id);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), mul), kRound));
+  __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8), mul), kRound));
+  __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16), mul), kRound));
+  __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 24), mul), kRound));
+  // Packing works per 128-bit lane; the final permute restores element order.
+  i0 = _mm256_packs_epi32(i0, i1);
+  i2 = _mm256_packs_epi32(i2, i3);
+  i0 = _mm256_packs_epi16(i0, i2);
+  i0 = _mm256_max_epi8(i0, _mm256_set1_epi8(-127));
+  return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// The 8 scales and 8 mins of a Q4_K / Q5_K block.
+inline void unpack_scales_mins(const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 8; ++j) unpack_scale_min_k4(j, q, sc + j, mn + j);
+}
+
+// sum_j mn[j] * (bsums[2j] + bsums[2j + 1]).
+inline int mins_dot_bsums(const uint8_t* mn, const int16_t* bsums) {
+  const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums));
+  const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+  const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
+  __m128i p = _mm_madd_epi16(pairs, m16);
+  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0x4E));
+  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0xB1));
+  return _mm_cvtsi128_si32(p);
+}
+
+}  // namespace ebb::avx2

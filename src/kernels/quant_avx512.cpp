@@ -1,0 +1,149 @@
+// AVX-512 (F/BW/VL/DQ + VNNI) kernels: wider float dots and VNNI
+// (_mm512_dpbusd_epi32) int8 dots for the 32-element block formats, two
+// blocks per register. Rows without a 512-bit version (the K-quants, the
+// activation quantizers) are the AVX2 ones, which this target can also run.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/quant_avx2_inl.h"
+#include "kernels/quant_blocks.h"
+
+namespace ebb {
+namespace {
+
+inline __m512 load_f16x16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+inline __m512 load_bf16x16(const uint16_t* p) {
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+inline float bf16_scalar(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+void f16_to_float(const void* src, float* dst, int64_t n) {
+  const auto* s = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_f16x16(s + i));
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(s[i]);
+}
+
+void bf16_to_float(const void* src, float* dst, int64_t n) {
+  const auto* s = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_bf16x16(s + i));
+  for (; i < n; ++i) dst[i] = bf16_scalar(s[i]);
+}
+
+// The float dots: 4 independent 16-wide accumulators, then 16-, then 1-wide tails.
+template <class Load16, class Load1>
+inline float dot_float_like(int64_t n, const uint16_t* x, const float* y, Load16 load16, Load1 load1) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int k = 0; k < 4; ++k) acc[k] = _mm512_fmadd_ps(load16(x + i + 16 * k), _mm512_loadu_ps(y + i + 16 * k), acc[k]);
+  for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(load16(x + i), _mm512_loadu_ps(y + i), acc[0]);
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) s += load1(x[i]) * y[i];
+  return s;
+}
+
+void dot_f16(int64_t n, const void* w, const void* a, float* out) {
+  *out = dot_float_like(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load_f16x16,
+                        [](uint16_t h) { return _cvtsh_ss(h); });
+}
+
+void dot_bf16(int64_t n, const void* w, const void* a, float* out) {
+  *out = dot_float_like(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load_bf16x16, bf16_scalar);
+}
+
+void dot_f32(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * k), _mm512_loadu_ps(y + i + 16 * k), acc[k]);
+  for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc[0]);
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) s += x[i] * y[i];
+  *out = s;
+}
+
+// 64 signed bytes x times 64 signed bytes y (y in [-127, 127]) as 16 int32
+// sums of 4: VNNI wants u8 x s8, so |x| times y carrying x's sign.
+inline __m512i dot_i8_64(__m512i x, __m512i y) {
+  const __m512i ax = _mm512_abs_epi8(x);
+  const __mmask64 neg = _mm512_movepi8_mask(x);
+  const __m512i sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy);
+}
+
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+inline __m512 scales2(float lo, float hi) { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
+
+inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+void dot_q8_0(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const int64_t nb = n / kQK8_0;
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = join(load32(x[i].qs), load32(x[i + 1].qs));
+    const __m512i qy = join(load32(y[i].qs), load32(y[i + 1].qs));
+    const __m512 d = scales2(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), _cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d));
+    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8_64(qx, qy)), acc);
+  }
+  float s = _mm512_reduce_add_ps(acc);
+  if (i < nb) s += _cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d) * avx2::hsum(avx2::dot_i8_32(load32(x[i].qs), load32(y[i].qs)));
+  *out = s;
+}
+
+void dot_q4_0(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  const int64_t nb = n / kQK8_0;
+  const __m256i off = _mm256_set1_epi8(8);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = join(_mm256_sub_epi8(avx2::nibbles_32(x[i].qs), off), _mm256_sub_epi8(avx2::nibbles_32(x[i + 1].qs), off));
+    const __m512i qy = join(load32(y[i].qs), load32(y[i + 1].qs));
+    const __m512 d = scales2(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), _cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d));
+    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8_64(qx, qy)), acc);
+  }
+  float s = _mm512_reduce_add_ps(acc);
+  if (i < nb) {
+    const __m256i qx = _mm256_sub_epi8(avx2::nibbles_32(x[i].qs), off);
+    s += _cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d) * avx2::hsum(avx2::dot_i8_32(qx, load32(y[i].qs)));
+  }
+  *out = s;
+}
+
+}  // namespace
+
+FormatTable avx512_format_table() {
+  FormatTable t = avx2_format_table();
+  auto row = [&](DType d) -> FormatKernels& { return t[kernel_format_index(d)]; };
+  row(DType::kF32).vec_dot = dot_f32;
+  row(DType::kF16).to_float = f16_to_float;
+  row(DType::kF16).vec_dot = dot_f16;
+  row(DType::kBF16).to_float = bf16_to_float;
+  row(DType::kBF16).vec_dot = dot_bf16;
+  row(DType::kQ8_0).vec_dot = dot_q8_0;
+  row(DType::kQ4_0).vec_dot = dot_q4_0;
+  return t;
+}
+
+}  // namespace ebb

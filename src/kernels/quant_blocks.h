@@ -1,0 +1,113 @@
+// Block layouts of the quantized formats, byte-for-byte as GGUF / ggml store
+// them, and the internal interface between matmul.cpp and the per-target
+// kernel files (quant_scalar.cpp, quant_avx2.cpp, quant_avx512.cpp,
+// quant_neon.cpp).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "kernels/matmul.h"
+
+namespace ebb {
+
+inline constexpr int kQK8_0 = 32;  // elements per Q8_0 / Q4_0 block
+inline constexpr int kQK_K = 256;  // elements per K-quant super-block
+
+// Q8_0: x[i] = d * qs[i].
+struct BlockQ8_0 {
+  uint16_t d;  // fp16 scale
+  int8_t qs[kQK8_0];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+// Q4_0: x[i] = d * ((qs[i] & 15) - 8), x[i + 16] = d * ((qs[i] >> 4) - 8), i < 16.
+struct BlockQ4_0 {
+  uint16_t d;  // fp16 scale
+  uint8_t qs[kQK8_0 / 2];
+};
+static_assert(sizeof(BlockQ4_0) == 18);
+
+// Q4_K: 8 sub-blocks of 32. Sub-block j has a 6-bit scale sc[j] and a 6-bit
+// min m[j] packed into scales[12] (see unpack_scale_min_k4);
+// x = d * sc[j] * q - dmin * m[j], q a 4-bit value. qs[32*k + l] holds
+// element 64k + l in its low nibble and element 64k + 32 + l in its high one.
+struct BlockQ4_K {
+  uint16_t d;     // fp16 super-block scale of the scales
+  uint16_t dmin;  // fp16 super-block scale of the mins
+  uint8_t scales[12];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+
+// Q5_K: as Q4_K plus a fifth bit: bit j of qh[l] is the high bit of element
+// 32*j + l.
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ5_K) == 176);
+
+// Q6_K: 16 sub-blocks of 16 with int8 scales; x = d * scales[e / 16] * (q - 32),
+// q 6 bits. For half h (128 elements) and l < 32, with ql' = ql + 64h,
+// qh' = qh + 32h, e0 = 128h:
+//   q[e0 + l]      = (ql'[l] & 15)      | ((qh'[l] >> 0) & 3) << 4
+//   q[e0 + l + 32] = (ql'[l + 32] & 15) | ((qh'[l] >> 2) & 3) << 4
+//   q[e0 + l + 64] = (ql'[l] >> 4)      | ((qh'[l] >> 4) & 3) << 4
+//   q[e0 + l + 96] = (ql'[l + 32] >> 4) | ((qh'[l] >> 6) & 3) << 4
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];
+  uint8_t qh[kQK_K / 4];
+  int8_t scales[kQK_K / 16];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
+// Q8_K (activations of the K-quants): x = d * qs; bsums[g] = sum of qs[16g..16g+15].
+struct BlockQ8_K {
+  float d;
+  int8_t qs[kQK_K];
+  int16_t bsums[kQK_K / 16];
+};
+static_assert(sizeof(BlockQ8_K) == 292);
+
+// Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block.
+inline void unpack_scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// The formats with kernels, in table order. Q8_K has a row too (to_float,
+// quantize_act and a Q8_K x Q8_K dot) so activations can be checked.
+inline constexpr std::array<DType, 9> kKernelFormats = {
+    DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+    DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_K};
+using FormatTable = std::array<FormatKernels, kKernelFormats.size()>;
+
+// Index of t in kKernelFormats, -1 when it has no kernels.
+inline int kernel_format_index(DType t) {
+  for (size_t i = 0; i < kKernelFormats.size(); ++i)
+    if (kKernelFormats[i] == t) return static_cast<int>(i);
+  return -1;
+}
+
+// Per-target tables. A SIMD table starts from the one below it and replaces
+// the rows (or single kernels) it has faster versions of.
+FormatTable scalar_format_table();
+#if defined(EBB_ARCH_X86)
+FormatTable avx2_format_table();
+FormatTable avx512_format_table();
+#endif
+#if defined(EBB_ARCH_ARM)
+FormatTable neon_format_table();
+#endif
+
+}  // namespace ebb

@@ -1,0 +1,21 @@
+// Weight quantizers: float rows -> any computable format. Round to nearest
+// with a small per-block scale search; not bit-identical to other engines,
+// but the output is a valid GGUF block layout. Used by tests and by the
+// synthetic-model writer; not on any hot path.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace ebb {
+
+// True for the formats quantize_row can write: F32, F16, BF16, Q8_0, Q4_0,
+// Q4_K, Q5_K, Q6_K, Q8_K.
+bool can_quantize(DType t);
+
+// Writes row_bytes(t, n) bytes at dst; n must be a multiple of t's block
+// size. src: [n] floats (finite).
+void quantize_row(DType t, const float* src, void* dst, int64_t n);
+
+}  // namespace ebb

@@ -1,0 +1,357 @@
+// Per-format kernels on every target this machine runs, against the scalar
+// reference; matmul() against a double-precision reference.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "kernels/quant_blocks.h"
+#include "kernels/quantize.h"
+#include "platform/fp16.h"
+#include "platform/thread_pool.h"
+
+namespace ebb {
+namespace {
+
+const Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kNeon};
+const DType kFormats[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+                          DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_K};
+
+struct AlignedBuf {
+  explicit AlignedBuf(size_t n) : p(static_cast<uint8_t*>(std::aligned_alloc(64, (n + 63) / 64 * 64 + 64))) {
+    std::memset(p, 0xA5, (n + 63) / 64 * 64 + 64);
+  }
+  ~AlignedBuf() { std::free(p); }
+  AlignedBuf(const AlignedBuf&) = delete;
+  uint8_t* p;
+};
+
+std::vector<float> normal(size_t n, uint32_t seed, float scale = 1.f, float mean = 0.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(mean, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Pools shared by all tests. ThreadPool (src/platform/thread_pool.cpp) reads
+// the job generation when a worker thread starts, so a run() issued before
+// the worker has started is missed and both sides wait forever; give the
+// workers time to start once, here, until that is fixed there.
+ThreadPool& test_pool(int threads) {
+  static ThreadPool* pools[3] = {};
+  if (!pools[threads]) {
+    pools[threads] = new ThreadPool(ThreadPoolOptions{threads, 1000});
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return *pools[threads];
+}
+
+const FormatKernels& scalar_fk(DType t) { return *kernel_set(Isa::kScalar).format(t); }
+
+// Random bytes, with the fp16 / float scale fields made finite and modest, so
+// every bit pattern of the quantized values and packed scales is exercised.
+std::vector<uint8_t> random_blocks(DType t, int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> ud(-0.05f, 0.05f);
+  const uint64_t bytes = row_bytes(t, n);
+  std::vector<uint8_t> v(bytes);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  auto put16 = [&](uint64_t off, float f) {
+    const uint16_t h = t == DType::kBF16 ? fp32_to_bf16(f) : fp32_to_fp16(f);
+    std::memcpy(v.data() + off, &h, 2);
+  };
+  const TypeInfo& ti = type_info(t);
+  const int64_t nb = n / ti.block_size;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint64_t o = i * ti.block_bytes;
+    switch (t) {
+      case DType::kF32: {
+        const float f = ud(rng) * 40.f;
+        std::memcpy(v.data() + o, &f, 4);
+        break;
+      }
+      case DType::kF16:
+      case DType::kBF16: put16(o, ud(rng) * 40.f); break;
+      case DType::kQ8_0:
+      case DType::kQ4_0: put16(o, ud(rng)); break;
+      case DType::kQ4_K:
+      case DType::kQ5_K:
+        put16(o, ud(rng));
+        put16(o + 2, ud(rng));
+        break;
+      case DType::kQ6_K: put16(o + 208, ud(rng)); break;
+      case DType::kQ8_K: {
+        const float f = std::fabs(ud(rng));
+        std::memcpy(v.data() + o, &f, 4);
+        // Keep the activation invariants: values in [-127, 127], bsums consistent.
+        auto* b = reinterpret_cast<BlockQ8_K*>(v.data() + o);
+        for (auto& q : b->qs)
+          if (q == -128) q = -127;
+        for (int g = 0; g < 16; ++g) {
+          int s = 0;
+          for (int l = 0; l < 16; ++l) s += b->qs[16 * g + l];
+          b->bsums[g] = static_cast<int16_t>(s);
+        }
+        break;
+      }
+      default: break;
+    }
+  }
+  return v;
+}
+
+std::string isa_fmt_name(Isa isa, DType t) {
+  return std::string(isa_name(isa)) + "_" + std::string(dtype_name(t));
+}
+
+// Element counts: 1, 3 and 7 blocks, and for the float formats sizes that
+// leave SIMD tails.
+std::vector<int64_t> test_sizes(DType t) {
+  const int64_t bs = type_info(t).block_size;
+  if (bs == 1) return {1, 7, 31, 33, 96, 257, 1000};
+  return {bs, 3 * bs, 7 * bs};
+}
+
+// ---- kernels vs the scalar reference ------------------------------------------------
+
+class MatmulKernels : public ::testing::TestWithParam<std::tuple<Isa, DType>> {
+ protected:
+  void SetUp() override {
+    isa_ = std::get<0>(GetParam());
+    type_ = std::get<1>(GetParam());
+    if (!isa_supported(isa_)) GTEST_SKIP() << isa_name(isa_) << " not supported on this machine";
+    fk_ = kernel_set(isa_).format(type_);
+    ASSERT_NE(fk_, nullptr);
+    ref_ = &scalar_fk(type_);
+    ASSERT_EQ(fk_->act, ref_->act);
+  }
+  // Quantizes x into the activation format with the target's quantizer.
+  std::vector<uint8_t> act_of(const FormatKernels& fk, const std::vector<float>& x) {
+    std::vector<uint8_t> a(row_bytes(fk.act, static_cast<int64_t>(x.size())));
+    fk.quantize_act(x.data(), a.data(), static_cast<int64_t>(x.size()));
+    return a;
+  }
+  Isa isa_;
+  DType type_;
+  const FormatKernels* fk_ = nullptr;
+  const FormatKernels* ref_ = nullptr;
+};
+
+TEST_P(MatmulKernels, ToFloatMatchesScalarExactly) {
+  for (int64_t n : test_sizes(type_)) {
+    const auto w = random_blocks(type_, n, 11 + static_cast<uint32_t>(n));
+    std::vector<float> got(n), want(n);
+    fk_->to_float(w.data(), got.data(), n);
+    ref_->to_float(w.data(), want.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]) << "n=" << n << " i=" << i;
+  }
+}
+
+TEST_P(MatmulKernels, QuantizeActMatchesScalarExactly) {
+  const std::vector<std::vector<float>> cases = [&] {
+    std::vector<std::vector<float>> c;
+    const int64_t bs = std::max<int64_t>(type_info(ref_->act).block_size, type_info(type_).block_size);
+    for (int64_t nb : {1, 3, 7}) {
+      c.push_back(normal(bs * nb, 100 + static_cast<uint32_t>(nb)));
+      c.push_back(std::vector<float>(bs * nb, 0.f));
+      c.push_back(std::vector<float>(bs * nb, -2.5f));
+      c.push_back(normal(bs * nb, 200 + static_cast<uint32_t>(nb), 3e4f));
+      c.push_back(normal(bs * nb, 300 + static_cast<uint32_t>(nb), 1e-3f, 5e-3f));
+    }
+    // Ties at .5 after scaling: round-to-nearest-even must agree.
+    std::vector<float> ties(bs);
+    for (int64_t i = 0; i < bs; ++i) ties[i] = static_cast<float>(i % 2 ? 127 : (i % 5) + 0.5);
+    c.push_back(ties);
+    return c;
+  }();
+  for (const auto& x : cases) {
+    const auto got = act_of(*fk_, x), want = act_of(*ref_, x);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "byte " << i << " of " << got.size();
+  }
+}
+
+// vec_dot against the scalar kernel, and the scalar kernel against a
+// double-precision dot of the dequantized operands (which ties vec_dot's
+// reading of the layout to to_float's).
+TEST_P(MatmulKernels, VecDotMatchesScalar) {
+  for (int64_t n : test_sizes(type_)) {
+    if (n % type_info(ref_->act).block_size) continue;
+    for (uint32_t seed = 0; seed < 4; ++seed) {
+      const auto w = random_blocks(type_, n, 1000 + seed * 7 + static_cast<uint32_t>(n));
+      std::vector<float> x = seed == 3 ? std::vector<float>(n, 0.f) : normal(n, 2000 + seed, seed == 2 ? 100.f : 1.f);
+      const auto a = act_of(*ref_, x);
+      float got = 0.f, want = 0.f;
+      fk_->vec_dot(n, w.data(), a.data(), &got);
+      ref_->vec_dot(n, w.data(), a.data(), &want);
+      std::vector<float> wf(n), af(n);
+      ref_->to_float(w.data(), wf.data(), n);
+      scalar_fk(ref_->act).to_float(a.data(), af.data(), n);
+      double exact = 0, abs_sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        exact += double(wf[i]) * af[i];
+        abs_sum += std::fabs(double(wf[i]) * af[i]);
+      }
+      const double tol = 1e-5 * abs_sum + 1e-30;
+      EXPECT_NEAR(want, exact, tol) << "scalar vs dequantized, n=" << n << " seed=" << seed;
+      EXPECT_NEAR(got, want, tol) << "target vs scalar, n=" << n << " seed=" << seed;
+      ASSERT_TRUE(std::isfinite(got));
+    }
+  }
+}
+
+// Weights from the quantizers (the values a real file holds) at the extremes.
+TEST_P(MatmulKernels, EdgeValues) {
+  const int64_t n = std::max<int64_t>(256, type_info(type_).block_size);
+  std::vector<std::vector<float>> ws = {std::vector<float>(n, 0.f), std::vector<float>(n, 1.75f),
+                                        std::vector<float>(n, -3.f), normal(n, 5, 1e3f)};
+  if (type_ == DType::kF16) {
+    std::vector<float> e(n);
+    for (int64_t i = 0; i < n; ++i) e[i] = (i % 4 == 0) ? 65504.f : (i % 4 == 1) ? -6.0e-8f : (i % 4 == 2) ? 6.1e-5f : -1.0f;
+    ws.push_back(e);
+  }
+  const auto x = normal(n, 77);
+  for (const auto& wf : ws) {
+    std::vector<uint8_t> w(row_bytes(type_, n));
+    quantize_row(type_, wf.data(), w.data(), n);
+    std::vector<float> got(n), want(n);
+    fk_->to_float(w.data(), got.data(), n);
+    ref_->to_float(w.data(), want.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[i]);
+    const auto a = act_of(*ref_, x);
+    float dg = 0.f, dw = 0.f;
+    fk_->vec_dot(n, w.data(), a.data(), &dg);
+    ref_->vec_dot(n, w.data(), a.data(), &dw);
+    double abs_sum = 0;
+    std::vector<float> af(n);
+    scalar_fk(ref_->act).to_float(a.data(), af.data(), n);
+    for (int64_t i = 0; i < n; ++i) abs_sum += std::fabs(double(want[i]) * af[i]);
+    EXPECT_NEAR(dg, dw, 1e-5 * abs_sum + 1e-30);
+    if (wf[0] == 0.f && wf[1] == 0.f) EXPECT_EQ(dg, 0.f);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MatmulKernels, ::testing::Combine(::testing::ValuesIn(kAllIsas), ::testing::ValuesIn(kFormats)),
+                         [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); });
+
+// ---- matmul ----------------------------------------------------------------------------
+
+class MatmulProduct : public ::testing::TestWithParam<std::tuple<Isa, DType>> {};
+
+TEST_P(MatmulProduct, MatchesDoubleReference) {
+  const Isa isa = std::get<0>(GetParam());
+  const DType type = std::get<1>(GetParam());
+  if (!isa_supported(isa)) GTEST_SKIP() << isa_name(isa) << " not supported on this machine";
+  const KernelSet& ks = kernel_set(isa);
+  const FormatKernels& ref = scalar_fk(type);
+  const int64_t bs = std::max<int64_t>(type_info(type).block_size, type_info(ref.act).block_size);
+  const int64_t rows = 67;
+  for (int64_t cols : {bs == 1 ? int64_t{37} : bs, 3 * std::max<int64_t>(bs, 32)}) {
+    // Weights: quantized from floats; dequantized copy for the reference.
+    const auto wsrc = normal(rows * cols, 9 + static_cast<uint32_t>(cols), 0.5f);
+    const uint64_t rb = row_bytes(type, cols);
+    const uint64_t rstride = rb + 16;  // rows need not be packed
+    std::vector<uint8_t> wdata(rows * rstride);
+    std::vector<float> wf(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      quantize_row(type, wsrc.data() + r * cols, wdata.data() + r * rstride, cols);
+      ref.to_float(wdata.data() + r * rstride, wf.data() + r * cols, cols);
+    }
+    WeightView w{type, cols, rows, wdata.data(), rstride};
+    for (int threads : {1, 2}) {
+      ThreadPool& pool = test_pool(threads);
+      for (int64_t n_tok : {1, 3, 17}) {
+        const int64_t x_stride = cols + 3, y_stride = rows + 5;
+        const auto x = normal(n_tok * x_stride, 31 + static_cast<uint32_t>(n_tok));
+        std::vector<float> y(n_tok * y_stride, -7.f);
+        AlignedBuf scratch(matmul_scratch_bytes(type, cols, n_tok));
+        MatmulArgs args{&w, x.data(), x_stride, n_tok, y.data(), y_stride, scratch.p};
+        matmul(ks, args, pool);
+        for (int64_t t = 0; t < n_tok; ++t) {
+          const float* xt = x.data() + t * x_stride;
+          // The activations as the kernels see them (quantized, or as is).
+          std::vector<float> xq(xt, xt + cols);
+          std::vector<float> blk_err(cols, 0.f);
+          if (ref.act != DType::kF32) {
+            std::vector<uint8_t> a(row_bytes(ref.act, cols));
+            ref.quantize_act(xt, a.data(), cols);
+            scalar_fk(ref.act).to_float(a.data(), xq.data(), cols);
+            const int64_t abs = type_info(ref.act).block_size;
+            for (int64_t b0 = 0; b0 < cols; b0 += abs) {
+              float amax = 0.f;
+              for (int64_t i = b0; i < b0 + abs; ++i) amax = std::max(amax, std::fabs(xt[i]));
+              // half a step, plus the fp16 rounding of the Q8_0 scale
+              for (int64_t i = b0; i < b0 + abs; ++i) blk_err[i] = amax / 127.f * 0.5f + amax * 1e-3f;
+            }
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* wr = wf.data() + r * cols;
+            double exact_q = 0, exact = 0, abs_sum = 0, bound = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              exact_q += double(wr[c]) * xq[c];
+              exact += double(wr[c]) * xt[c];
+              abs_sum += std::fabs(double(wr[c]) * xq[c]);
+              bound += std::fabs(double(wr[c])) * blk_err[c];
+            }
+            const float got = y[t * y_stride + r];
+            ASSERT_NEAR(got, exact_q, 2e-5 * abs_sum + 1e-6)
+                << "t=" << t << " r=" << r << " cols=" << cols << " threads=" << threads << " n_tok=" << n_tok;
+            ASSERT_NEAR(got, exact, bound + 2e-5 * abs_sum + 1e-6) << "vs float activations";
+          }
+          for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], -7.f) << "wrote past the row";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(MatmulProduct, DequantizeRow) {
+  const Isa isa = std::get<0>(GetParam());
+  const DType type = std::get<1>(GetParam());
+  if (!isa_supported(isa)) GTEST_SKIP();
+  const int64_t cols = 512, rows = 5;
+  const auto src = normal(rows * cols, 3);
+  std::vector<uint8_t> wd(rows * row_bytes(type, cols));
+  for (int64_t r = 0; r < rows; ++r) quantize_row(type, src.data() + r * cols, wd.data() + r * row_bytes(type, cols), cols);
+  WeightView w{type, cols, rows, wd.data(), row_bytes(type, cols)};
+  std::vector<float> got(cols), want(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(kernel_set(isa), w, r, got.data());
+    scalar_fk(type).to_float(w.row(r), want.data(), cols);
+    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[c], want[c]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MatmulProduct,
+                         ::testing::Combine(::testing::ValuesIn(kAllIsas),
+                                            ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
+                                                              DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K)),
+                         [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); });
+
+TEST(MatmulApi, TableAndScratch) {
+  for (Isa isa : supported_isas()) {
+    const KernelSet& ks = kernel_set(isa);
+    EXPECT_EQ(ks.isa(), isa);
+    EXPECT_EQ(ks.format(DType::kQ4_1), nullptr);
+    EXPECT_EQ(ks.format(DType::kQ4_0)->act, DType::kQ8_0);
+    EXPECT_EQ(ks.format(DType::kQ8_0)->act, DType::kQ8_0);
+    for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) EXPECT_EQ(ks.format(t)->act, DType::kQ8_K);
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) EXPECT_EQ(ks.format(t)->act, DType::kF32);
+  }
+  EXPECT_EQ(matmul_scratch_bytes(DType::kF16, 4096, 8), 0u);
+  EXPECT_GE(matmul_scratch_bytes(DType::kQ4_0, 4096, 3), 3 * row_bytes(DType::kQ8_0, 4096));
+  EXPECT_EQ(matmul_scratch_bytes(DType::kQ4_K, 4096, 2) % 64, 0u);
+  EXPECT_GE(matmul_scratch_bytes(DType::kQ6_K, 4096, 2), 2 * row_bytes(DType::kQ8_K, 4096));
+}
+
+}  // namespace
+}  // namespace ebb
