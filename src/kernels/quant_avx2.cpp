@@ -174,21 +174,20 @@ void dot_q4_0(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ4_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);
   const int64_t nb = n / kQK8_0;
-  const __m256i off = _mm256_set1_epi8(8);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 2 <= nb; i += 2) {
-    const __m256i qx0 = _mm256_sub_epi8(nibbles_32(x[i].qs), off);
-    const __m256i qx1 = _mm256_sub_epi8(nibbles_32(x[i + 1].qs), off);
+    const __m256i qx0 = nibbles_32(x[i].qs);
+    const __m256i qx1 = nibbles_32(x[i + 1].qs);
     const __m256i qy0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
     const __m256i qy1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_i8_32(qx0, qy0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)), dot_i8_32(qx1, qy1), acc1);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_q4_32(qx0, qy0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)), dot_q4_32(qx1, qy1), acc1);
   }
   for (; i < nb; ++i) {
-    const __m256i qx = _mm256_sub_epi8(nibbles_32(x[i].qs), off);
+    const __m256i qx = nibbles_32(x[i].qs);
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_i8_32(qx, qy), acc0);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_q4_32(qx, qy), acc0);
   }
   *out = hsum(_mm256_add_ps(acc0, acc1));
 }
@@ -200,10 +199,10 @@ void dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
   __m256 acc = _mm256_setzero_ps();
   float acc_m = 0.f;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    uint8_t sc[8], mn[8];
-    unpack_scales_mins(x[i].scales, sc, mn);
+    const __m128i scm = unpack_scales_mins(x[i].scales);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
     const float d = _cvtsh_ss(x[i].d) * y[i].d, dmin = _cvtsh_ss(x[i].dmin) * y[i].d;
-    acc_m += dmin * static_cast<float>(mins_dot_bsums(mn, y[i].bsums));
+    acc_m += dmin * static_cast<float>(mins_dot_bsums(_mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)), y[i].bsums));
     __m256i sumi = _mm256_setzero_si256();
     for (int k = 0; k < 4; ++k) {
       const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * k));
@@ -211,8 +210,8 @@ void dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
       const __m256i q8h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k + 32));
       const __m256i pl = _mm256_maddubs_epi16(_mm256_and_si256(q4, m4), q8l);
       const __m256i ph = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), q8h);
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * k])));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * k + 1])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, scale_of(sc16, 2 * k)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, scale_of(sc16, 2 * k + 1)));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
@@ -227,10 +226,10 @@ void dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
   __m256 acc = _mm256_setzero_ps();
   float acc_m = 0.f;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    uint8_t sc[8], mn[8];
-    unpack_scales_mins(x[i].scales, sc, mn);
+    const __m128i scm = unpack_scales_mins(x[i].scales);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
     const float d = _cvtsh_ss(x[i].d) * y[i].d, dmin = _cvtsh_ss(x[i].dmin) * y[i].d;
-    acc_m += dmin * static_cast<float>(mins_dot_bsums(mn, y[i].bsums));
+    acc_m += dmin * static_cast<float>(mins_dot_bsums(_mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)), y[i].bsums));
     __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
     __m256i sumi = _mm256_setzero_si256();
     for (int k = 0; k < 4; ++k) {
@@ -244,8 +243,8 @@ void dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
       const __m256i q8h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k + 32));
       const __m256i pl = _mm256_maddubs_epi16(q5l, q8l);
       const __m256i ph = _mm256_maddubs_epi16(q5h, q8h);
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * k])));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * k + 1])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, scale_of(sc16, 2 * k)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, scale_of(sc16, 2 * k + 1)));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/quant_blocks.h"
 
@@ -48,6 +49,14 @@ inline __m256 dot_i8_32(__m256i x, __m256i y) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
+// Dot of 32 Q4_0 nibbles (unsigned, 0..15) minus 8 with 32 signed bytes y,
+// as 8 int32 partial sums converted to float: sum q*y - 8*sum y, both halves
+// exact in int16 (|q*y pair| <= 3810, |8*y pair| <= 2032).
+inline __m256 dot_q4_32(__m256i q, __m256i y) {
+  const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(_mm256_set1_epi8(8), y));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
 inline float abs_max_32(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
@@ -77,16 +86,30 @@ inline __m256i quantize_32(const float* x, float amax, float* d_out) {
   return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// The 8 scales and 8 mins of a Q4_K / Q5_K block.
-inline void unpack_scales_mins(const uint8_t* q, uint8_t* sc, uint8_t* mn) {
-  for (int j = 0; j < 8; ++j) unpack_scale_min_k4(j, q, sc + j, mn + j);
+// The 12 packed scale bytes of a Q4_K / Q5_K block -> bytes 0..7: the eight
+// 6-bit scales, bytes 8..15: the eight mins (unpack_scale_min_k4, done on
+// 32-bit words: four sub-blocks per operation, no branches).
+inline __m128i unpack_scales_mins(const uint8_t* q) {
+  uint32_t a, b, c;
+  std::memcpy(&a, q, 4);
+  std::memcpy(&b, q + 4, 4);
+  std::memcpy(&c, q + 8, 4);
+  const uint32_t sc_lo = a & 0x3f3f3f3fu, m_lo = b & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+  return _mm_set_epi32(static_cast<int>(m_hi), static_cast<int>(m_lo), static_cast<int>(sc_hi), static_cast<int>(sc_lo));
 }
 
-// sum_j mn[j] * (bsums[2j] + bsums[2j + 1]).
-inline int mins_dot_bsums(const uint8_t* mn, const int16_t* bsums) {
+// The 16-bit scale of sub-block j in every lane; sc16x2 holds the eight
+// 16-bit scales in both 128-bit halves.
+inline __m256i scale_of(__m256i sc16x2, int j) {
+  return _mm256_shuffle_epi8(sc16x2, _mm256_set1_epi16(static_cast<short>(((2 * j + 1) << 8) | (2 * j))));
+}
+
+// sum_j mn[j] * (bsums[2j] + bsums[2j + 1]); m16: the eight mins as int16.
+inline int mins_dot_bsums(__m128i m16, const int16_t* bsums) {
   const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums));
   const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-  const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
   __m128i p = _mm_madd_epi16(pairs, m16);
   p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0x4E));
   p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0xB1));
