@@ -18,7 +18,11 @@ ThreadPool::ThreadPool(ThreadPoolOptions opts)
                                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
       spin_iterations_(opts.spin_iterations) {
   workers_.reserve(n_threads_ - 1);
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  // Workers start from the generation seen here, not from whatever it is
+  // when their thread first runs: a job posted before a worker starts must
+  // still be picked up by it.
+  const uint32_t start = generation_.load(std::memory_order_relaxed);
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i, start] { worker_loop(i, start); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -52,8 +56,7 @@ void ThreadPool::run(FunctionRef<void(int, int)> fn) {
   job_ = nullptr;
 }
 
-void ThreadPool::worker_loop(int index) {
-  uint32_t seen = generation_.load(std::memory_order_acquire);
+void ThreadPool::worker_loop(int index, uint32_t seen) {
   for (;;) {
     int spins = 0;
     uint32_t g;

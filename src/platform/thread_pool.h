@@ -69,7 +69,7 @@ class ThreadPool {
   }
 
  private:
-  void worker_loop(int index);
+  void worker_loop(int index, uint32_t seen);
 
   int n_threads_;
   int spin_iterations_;
