@@ -1,0 +1,329 @@
+// Causal grouped-query attention over a chunk table, in one pass with online
+// softmax (running max m, running sum l, accumulator rescaled by e^(m - m')).
+//
+// Work item: one KV head g, a few of its query heads and a tile of query rows,
+// at most kMaxRows (query, head) rows in all. The item streams its positions
+// chunk by chunk in blocks of at most kBlock positions; each K and V row of a
+// block is loaded once per item and used by all of its rows, so decode reads
+// every KV byte once and prefill reuses a block across the query tile.
+//
+// Decode with fewer items than threads (few KV heads, many threads) splits
+// each item's positions into ranges ("split-K"); every thread leaves its
+// partial (m, l, acc) in its scratch slice and a second pass merges them.
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "kernels/attention_internal.h"
+#include "platform/error.h"
+#include "platform/fp16.h"
+#include "platform/thread_pool.h"
+
+namespace ebb {
+namespace detail {
+namespace {
+
+// ---- scalar block kernels (the reference the SIMD ones are checked against)
+
+template <class T>
+inline float load_kv(const T* p) {
+  if constexpr (sizeof(T) == 2)
+    return fp16_to_fp32(*p);
+  else
+    return *p;
+}
+
+template <class T>
+void qk_scalar(const float* q, int nr, const void* k, int64_t kv_stride, int np, int64_t hd, float* s,
+               int64_t s_stride) {
+  const T* kb = static_cast<const T*>(k);
+  for (int j = 0; j < np; ++j) {
+    const T* kr = kb + j * kv_stride;
+    for (int r = 0; r < nr; ++r) {
+      const float* qr = q + r * hd;
+      float d = 0.0f;
+      for (int64_t i = 0; i < hd; ++i) d += qr[i] * load_kv(kr + i);
+      s[r * s_stride + j] = d;
+    }
+  }
+}
+
+float softmax_step_scalar(float* s, int n_valid, int np, float* m, float* l) {
+  float bmax = s[0];
+  for (int j = 1; j < n_valid; ++j) bmax = std::max(bmax, s[j]);
+  const float m_new = std::max(*m, bmax);
+  const float corr = std::exp(*m - m_new);  // 0 on the first block (m = -inf)
+  float sum = 0.0f;
+  for (int j = 0; j < n_valid; ++j) {
+    s[j] = std::exp(s[j] - m_new);
+    sum += s[j];
+  }
+  for (int j = n_valid; j < np; ++j) s[j] = 0.0f;
+  *l = *l * corr + sum;
+  *m = m_new;
+  return corr;
+}
+
+template <class T>
+void pv_scalar(const float* p, int64_t p_stride, const float* corr, int nr, const void* v, int64_t kv_stride, int np,
+               int64_t hd, float* acc) {
+  const T* vb = static_cast<const T*>(v);
+  for (int r = 0; r < nr; ++r) {
+    float* a = acc + r * hd;
+    const float* pr = p + r * p_stride;
+    for (int64_t i = 0; i < hd; ++i) a[i] *= corr[r];
+    for (int j = 0; j < np; ++j) {
+      const T* vr = vb + j * kv_stride;
+      const float w = pr[j];
+      for (int64_t i = 0; i < hd; ++i) a[i] += w * load_kv(vr + i);
+    }
+  }
+}
+
+// ---- driver
+
+constexpr int kMaxRows = 16;  // (query, head) rows per work item
+constexpr int kBlock = 64;    // positions per score block
+
+int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// One thread's scratch: q rows (scaled), accumulators, scores, m, l, corr.
+int64_t slice_floats(int64_t hd) { return round_up16(2 * kMaxRows * hd + kMaxRows * kBlock + 3 * kMaxRows); }
+
+struct Slice {
+  float* q;    // [kMaxRows, hd]
+  float* acc;  // [kMaxRows, hd]
+  float* s;    // [kMaxRows, kBlock]
+  float* m;    // [kMaxRows]
+  float* l;    // [kMaxRows]
+  float* corr; // [kMaxRows]
+};
+
+Slice slice_at(float* scratch, int t, int64_t hd) {
+  float* b = scratch + t * slice_floats(hd);
+  Slice s;
+  s.q = b;
+  s.acc = s.q + kMaxRows * hd;
+  s.s = s.acc + kMaxRows * hd;
+  s.m = s.s + kMaxRows * kBlock;
+  s.l = s.m + kMaxRows;
+  s.corr = s.l + kMaxRows;
+  return s;
+}
+
+// The shape of the work: items are (KV head, head sub-group, query tile).
+struct Plan {
+  int64_t n_kv;   // KV heads
+  int64_t group;  // query heads per KV head
+  int64_t hs;     // heads per item
+  int64_t n_hsub; // head sub-groups per KV head
+  int64_t qt;     // query rows per item
+  int64_t n_qt;   // query tiles
+  int64_t n_items;
+};
+
+struct Item {
+  int64_t g, h0, h1, qa, qb;
+};
+
+Item item_at(const Plan& pl, int64_t idx) {
+  // Last query tiles (the most positions) first, for the dynamic scheduler.
+  const int64_t per_tile = pl.n_kv * pl.n_hsub;
+  const int64_t tile = pl.n_qt - 1 - idx / per_tile;
+  const int64_t rest = idx % per_tile;
+  const int64_t g = rest / pl.n_hsub, sub = rest % pl.n_hsub;
+  Item it;
+  it.g = g;
+  it.h0 = g * pl.group + sub * pl.hs;
+  it.h1 = std::min(it.h0 + pl.hs, (g + 1) * pl.group);
+  it.qa = tile * pl.qt;
+  it.qb = it.qa + pl.qt;  // clipped by the caller
+  return it;
+}
+
+void prefetch_rows(const void* base, int n, int64_t stride_bytes, int64_t row_bytes) {
+  const auto* b = static_cast<const uint8_t*>(base);
+  for (int j = 0; j < n; ++j)
+    for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(b + j * stride_bytes + o, 0, 3);
+}
+
+// Streams positions [pa, pb) of one item into the slice's (m, l, acc).
+void run_item(const AttnKernels& kk, const AttentionArgs& a, const Item& it, int64_t pa, int64_t pb, const Slice& sl) {
+  const int64_t hd = a.head_dim, nh = it.h1 - it.h0;
+  const int nr = static_cast<int>((it.qb - it.qa) * nh);
+  for (int64_t qi = it.qa; qi < it.qb; ++qi)
+    for (int64_t h = it.h0; h < it.h1; ++h) {
+      const float* src = a.q + (qi * a.n_heads + h) * hd;
+      float* dst = sl.q + ((qi - it.qa) * nh + (h - it.h0)) * hd;
+      for (int64_t i = 0; i < hd; ++i) dst[i] = src[i] * a.scale;
+    }
+  std::fill(sl.acc, sl.acc + nr * hd, 0.0f);
+  std::fill(sl.m, sl.m + nr, -INFINITY);
+  std::fill(sl.l, sl.l + nr, 0.0f);
+
+  const size_t esize = a.kv_type == DType::kF16 ? 2 : 4;
+  const int64_t kv_stride = a.n_kv_heads * hd;  // elements between positions
+  int64_t p = pa;
+  while (p < pb) {
+    const int64_t c = p / a.chunk_size, slot = p % a.chunk_size;
+    const int np = static_cast<int>(std::min({int64_t{kBlock}, a.chunk_size - slot, pb - p}));
+    // Rows see positions up to their own: row r (query qa + r / nh) sees
+    // [0, pos0 + qa + r / nh]. Rows that see none of this block are a prefix.
+    int r0 = 0;
+    while (r0 < nr && a.pos0 + it.qa + r0 / nh < p) ++r0;
+    if (r0 == nr) break;  // (cannot happen: pb <= pos0 + qb)
+    const size_t off = static_cast<size_t>((slot * a.n_kv_heads + it.g) * hd) * esize;
+    const void* kp = static_cast<const uint8_t*>(a.chunks[c].k) + off;
+    const void* vp = static_cast<const uint8_t*>(a.chunks[c].v) + off;
+    // One KV head's rows are head_dim elements out of every n_kv_heads *
+    // head_dim, a stride the hardware prefetchers follow poorly: ask for this
+    // block's V (read after the scores) and the next block's K ahead of use.
+    prefetch_rows(vp, np, kv_stride * esize, hd * esize);
+    if (p + np < pb) {
+      const int64_t pn = p + np, cn = pn / a.chunk_size, sn = pn % a.chunk_size;
+      const int npn = static_cast<int>(std::min({int64_t{kBlock}, a.chunk_size - sn, pb - pn}));
+      prefetch_rows(static_cast<const uint8_t*>(a.chunks[cn].k) + static_cast<size_t>((sn * a.n_kv_heads + it.g) * hd) * esize,
+                    npn, kv_stride * esize, hd * esize);
+    }
+    kk.qk(sl.q + r0 * hd, nr - r0, kp, kv_stride, np, hd, sl.s + r0 * kBlock, kBlock);
+    for (int r = r0; r < nr; ++r) {
+      const int64_t last = a.pos0 + it.qa + r / nh;  // inclusive
+      const int n_valid = static_cast<int>(std::min<int64_t>(np, last + 1 - p));
+      sl.corr[r] = kk.softmax_step(sl.s + r * kBlock, n_valid, np, sl.m + r, sl.l + r);
+    }
+    kk.pv(sl.s + r0 * kBlock, kBlock, sl.corr + r0, nr - r0, vp, kv_stride, np, hd, sl.acc + r0 * hd);
+    p += np;
+  }
+}
+
+void write_out(const AttentionArgs& a, const Item& it, const Slice& sl) {
+  const int64_t hd = a.head_dim, nh = it.h1 - it.h0;
+  for (int64_t qi = it.qa; qi < it.qb; ++qi)
+    for (int64_t h = it.h0; h < it.h1; ++h) {
+      const int64_t r = (qi - it.qa) * nh + (h - it.h0);
+      const float inv = 1.0f / sl.l[r];
+      const float* src = sl.acc + r * hd;
+      float* dst = a.out + (qi * a.n_heads + h) * hd;
+      for (int64_t i = 0; i < hd; ++i) dst[i] = src[i] * inv;
+    }
+}
+
+const AttnKernels& select_kernels(Isa isa, DType kv, int64_t hd) {
+#if defined(EBB_ARCH_X86)
+  // kAvx512 uses the AVX2 block kernels for now (see attention.h).
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512)
+    if (const AttnKernels* k = attn_kernels_avx2(kv, hd)) return *k;
+#endif
+  return attn_kernels_scalar(kv);
+}
+
+}  // namespace
+
+const AttnKernels& attn_kernels_scalar(DType kv) {
+  static const AttnKernels f16{qk_scalar<uint16_t>, softmax_step_scalar, pv_scalar<uint16_t>};
+  static const AttnKernels f32{qk_scalar<float>, softmax_step_scalar, pv_scalar<float>};
+  return kv == DType::kF16 ? f16 : f32;
+}
+
+}  // namespace detail
+
+size_t attention_scratch_floats(int64_t n_threads, int64_t head_dim, int64_t chunk_size) {
+  (void)chunk_size;  // blocks are at most 64 positions whatever the chunk size
+  return static_cast<size_t>(std::max<int64_t>(n_threads, 1) * detail::slice_floats(head_dim));
+}
+
+void attention(Isa isa, const AttentionArgs& a, ThreadPool& pool) {
+  using namespace detail;
+  EBB_CHECK_MSG(isa_supported(isa), "attention: instruction set not supported on this CPU");
+  EBB_CHECK(a.q && a.out && a.chunks && a.scratch);
+  EBB_CHECK(a.n_q >= 0 && a.pos0 >= 0 && a.head_dim > 0 && a.chunk_size > 0);
+  EBB_CHECK(a.n_kv_heads > 0 && a.n_heads >= a.n_kv_heads && a.n_heads % a.n_kv_heads == 0);
+  EBB_CHECK_MSG(a.kv_type == DType::kF16 || a.kv_type == DType::kF32, "attention: KV type must be F16 or F32");
+  if (a.n_q == 0) return;
+  const AttnKernels& kk = select_kernels(isa, a.kv_type, a.head_dim);
+
+  Plan pl;
+  pl.n_kv = a.n_kv_heads;
+  pl.group = a.n_heads / a.n_kv_heads;
+  pl.hs = std::min<int64_t>(pl.group, kMaxRows);
+  pl.n_hsub = (pl.group + pl.hs - 1) / pl.hs;
+  pl.qt = std::max<int64_t>(1, kMaxRows / pl.hs);
+  pl.n_qt = (a.n_q + pl.qt - 1) / pl.qt;
+  pl.n_items = a.n_kv_heads * pl.n_hsub * pl.n_qt;
+  const int64_t hd = a.head_dim;
+  auto clip = [&](Item it) {
+    it.qb = std::min(it.qb, a.n_q);
+    return it;
+  };
+
+  const int nt = pool.size();
+  const int64_t ctx = a.pos0 + a.n_q;
+  // Split-K: only worth it when items are fewer than threads and each range
+  // keeps a few full blocks.
+  int64_t splits = 1;
+  if (pl.n_items < nt) splits = std::min<int64_t>(nt / pl.n_items, ctx / (4 * kBlock));
+  if (splits < 2) {
+    std::atomic<int64_t> next{0};
+    pool.run([&](int t, int) {
+      const Slice sl = slice_at(a.scratch, t, hd);
+      for (int64_t idx; (idx = next.fetch_add(1, std::memory_order_relaxed)) < pl.n_items;) {
+        const Item it = clip(item_at(pl, idx));
+        run_item(kk, a, it, 0, a.pos0 + it.qb, sl);
+        write_out(a, it, sl);
+      }
+    });
+    return;
+  }
+
+  // Split-K. Range s of item b is in the slice of thread b * splits + s.
+  const int64_t n_work = pl.n_items * splits;
+  auto range_of = [&](const Item& it, int64_t s, int64_t* pa, int64_t* pb) {
+    const int64_t end = a.pos0 + it.qb;
+    *pa = s == 0 ? 0 : end * s / splits / kBlock * kBlock;
+    *pb = s == splits - 1 ? end : end * (s + 1) / splits / kBlock * kBlock;
+  };
+  pool.run([&](int t, int) {
+    if (t >= n_work) return;
+    const Item it = clip(item_at(pl, t / splits));
+    int64_t pa, pb;
+    range_of(it, t % splits, &pa, &pb);
+    const Slice sl = slice_at(a.scratch, t, hd);
+    const int nr = static_cast<int>((it.qb - it.qa) * (it.h1 - it.h0));
+    if (pa >= pb) {  // empty range: an empty partial
+      std::fill(sl.m, sl.m + nr, -INFINITY);
+      std::fill(sl.l, sl.l + nr, 0.0f);
+      return;
+    }
+    run_item(kk, a, it, pa, pb, sl);
+  });
+  // Merge: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+  pool.parallel_for(pl.n_items, 1, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const Item it = clip(item_at(pl, b));
+      const int64_t nh = it.h1 - it.h0;
+      for (int64_t qi = it.qa; qi < it.qb; ++qi)
+        for (int64_t h = it.h0; h < it.h1; ++h) {
+          const int64_t r = (qi - it.qa) * nh + (h - it.h0);
+          float mx = -INFINITY;
+          for (int64_t s = 0; s < splits; ++s) mx = std::max(mx, slice_at(a.scratch, b * splits + s, hd).m[r]);
+          float* dst = a.out + (qi * a.n_heads + h) * hd;
+          std::fill(dst, dst + hd, 0.0f);
+          float l = 0.0f;
+          for (int64_t s = 0; s < splits; ++s) {
+            const Slice sl = slice_at(a.scratch, b * splits + s, hd);
+            if (sl.l[r] == 0.0f) continue;  // saw no position
+            const float w = std::exp(sl.m[r] - mx);
+            l += w * sl.l[r];
+            const float* acc = sl.acc + r * hd;
+            for (int64_t i = 0; i < hd; ++i) dst[i] += w * acc[i];
+          }
+          const float inv = 1.0f / l;
+          for (int64_t i = 0; i < hd; ++i) dst[i] *= inv;
+        }
+    }
+  });
+}
+
+}  // namespace ebb

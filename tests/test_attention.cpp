@@ -1,0 +1,286 @@
+// attention() against a naive double-precision reference (materialised
+// scores, softmax, weighted V), on every supported target, for prefill,
+// decode and chunked prefill, F16 and F32 KV, GQA ratios 1-4, 1 and 2 threads.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cmath>
+#include <thread>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "platform/fp16.h"
+#include "platform/thread_pool.h"
+
+namespace ebb {
+namespace {
+
+// KV of one layer as a chunk table, built from dense [ctx, n_kv, hd] arrays.
+// Slots past ctx hold NaN, so reading them would poison the output.
+struct ChunkedKv {
+  std::vector<std::vector<uint16_t>> k16, v16;
+  std::vector<std::vector<float>> k32, v32;
+  std::vector<KvChunkRef> refs;
+};
+
+ChunkedKv make_chunks(const std::vector<float>& k, const std::vector<float>& v, int64_t ctx, int64_t cs, int64_t n_kv,
+                      int64_t hd, DType type) {
+  ChunkedKv kv;
+  const int64_t row = n_kv * hd, n_chunks = (ctx + cs - 1) / cs;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    if (type == DType::kF16) {
+      kv.k16.emplace_back(cs * row, uint16_t{0x7e00});  // NaN
+      kv.v16.emplace_back(cs * row, uint16_t{0x7e00});
+    } else {
+      kv.k32.emplace_back(cs * row, NAN);
+      kv.v32.emplace_back(cs * row, NAN);
+    }
+    for (int64_t s = 0; s < cs && c * cs + s < ctx; ++s)
+      for (int64_t i = 0; i < row; ++i) {
+        const int64_t src = (c * cs + s) * row + i, dst = s * row + i;
+        if (type == DType::kF16) {
+          kv.k16[c][dst] = fp32_to_fp16(k[src]);
+          kv.v16[c][dst] = fp32_to_fp16(v[src]);
+        } else {
+          kv.k32[c][dst] = k[src];
+          kv.v32[c][dst] = v[src];
+        }
+      }
+  }
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    if (type == DType::kF16)
+      kv.refs.push_back({kv.k16[c].data(), kv.v16[c].data()});
+    else
+      kv.refs.push_back({kv.k32[c].data(), kv.v32[c].data()});
+  }
+  return kv;
+}
+
+struct Case {
+  int64_t n_heads = 4, n_kv = 2, hd = 64, pos0 = 0, n_q = 1, cs = 256;
+  DType type = DType::kF16;
+  float q_range = 1.0f;
+  std::string name() const {
+    return "heads=" + std::to_string(n_heads) + "/" + std::to_string(n_kv) + " hd=" + std::to_string(hd) +
+           " pos0=" + std::to_string(pos0) + " n_q=" + std::to_string(n_q) + " cs=" + std::to_string(cs) +
+           (type == DType::kF16 ? " f16" : " f32");
+  }
+};
+
+struct Data {
+  std::vector<float> q, k, v;  // k, v already rounded to the KV type
+};
+
+Data make_data(const Case& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t ctx = c.pos0 + c.n_q;
+  Data x;
+  x.q.resize(c.n_q * c.n_heads * c.hd);
+  for (auto& e : x.q) e = d(rng) * c.q_range;
+  x.k.resize(ctx * c.n_kv * c.hd);
+  x.v.resize(ctx * c.n_kv * c.hd);
+  for (auto* a : {&x.k, &x.v})
+    for (auto& e : *a) {
+      e = d(rng);
+      if (c.type == DType::kF16) e = fp16_to_fp32(fp32_to_fp16(e));
+    }
+  return x;
+}
+
+std::vector<double> reference(const Case& c, const Data& x, float scale) {
+  const int64_t group = c.n_heads / c.n_kv, ctx = c.pos0 + c.n_q;
+  std::vector<double> out(c.n_q * c.n_heads * c.hd, 0.0), s(ctx);
+  for (int64_t i = 0; i < c.n_q; ++i)
+    for (int64_t h = 0; h < c.n_heads; ++h) {
+      const int64_t g = h / group, n = c.pos0 + i + 1;
+      const float* q = &x.q[(i * c.n_heads + h) * c.hd];
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* k = &x.k[(j * c.n_kv + g) * c.hd];
+        double dot = 0;
+        for (int64_t e = 0; e < c.hd; ++e) dot += double(q[e]) * k[e];
+        s[j] = dot * scale;
+        mx = std::max(mx, s[j]);
+      }
+      for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+      double* o = &out[(i * c.n_heads + h) * c.hd];
+      for (int64_t j = 0; j < n; ++j) {
+        const float* v = &x.v[(j * c.n_kv + g) * c.hd];
+        for (int64_t e = 0; e < c.hd; ++e) o[e] += s[j] / sum * v[e];
+      }
+    }
+  return out;
+}
+
+std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, bool in_place = false) {
+  const ChunkedKv kv = make_chunks(x.k, x.v, c.pos0 + c.n_q, c.cs, c.n_kv, c.hd, c.type);
+  std::vector<float> scratch(attention_scratch_floats(pool.size(), c.hd, c.cs), NAN);
+  std::vector<float> q = x.q, out(q.size(), NAN);
+  AttentionArgs a;
+  a.q = q.data();
+  a.out = in_place ? q.data() : out.data();
+  a.n_q = c.n_q;
+  a.n_heads = c.n_heads;
+  a.n_kv_heads = c.n_kv;
+  a.head_dim = c.hd;
+  a.pos0 = c.pos0;
+  a.chunks = kv.refs.data();
+  a.chunk_size = c.cs;
+  a.kv_type = c.type;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  a.scratch = scratch.data();
+  attention(isa, a, pool);
+  return in_place ? q : out;
+}
+
+// Largest |got - want| over all outputs (V is in [-1, 1], so the outputs are
+// too and an absolute bound is a relative one).
+double max_err(const std::vector<float>& got, const std::vector<double>& want) {
+  double e = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    e = std::max(e, std::fabs(got[i] - want[i]));
+  }
+  return e;
+}
+
+// One pool per size for the whole process. ThreadPool::worker_loop reads the
+// job generation when the worker thread first runs, so a run() issued before
+// a new worker got scheduled is never seen and the pool deadlocks (found while
+// writing these tests; the fix belongs in thread_pool.cpp). Until then, give
+// the workers time to start before the first job.
+ThreadPool& shared_pool(int n) {
+  static ThreadPool* pools[3] = {};
+  if (!pools[n]) {
+    pools[n] = new ThreadPool({.n_threads = n});
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  return *pools[n];
+}
+
+class AttentionTest : public ::testing::Test {
+ protected:
+  ThreadPool& pool1 = shared_pool(1);
+  ThreadPool& pool2 = shared_pool(2);
+
+  // Runs c on every supported target with 1 and 2 threads.
+  void check(const Case& c, double tol = 1e-6) {
+    const Data x = make_data(c, static_cast<uint32_t>(c.pos0 * 7919 + c.n_q * 131 + c.hd + c.n_heads * 17 + c.cs));
+    const auto want = reference(c, x, 1.0f / std::sqrt(static_cast<float>(c.hd)));
+    for (Isa isa : supported_isas())
+      for (ThreadPool* pool : {&pool1, &pool2}) {
+        const double e = max_err(run(isa, *pool, c, x), want);
+        worst_ = std::max(worst_, e);
+        ASSERT_LE(e, tol) << c.name() << " " << isa_name(isa) << " threads=" << pool->size();
+      }
+  }
+  void TearDown() override {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", worst_);
+    RecordProperty("worst_abs_error", buf);
+  }
+  double worst_ = 0;
+};
+
+const int64_t kChunkSizes[] = {1, 4, 16, 256};
+struct Heads {
+  int64_t n_heads, n_kv;
+};
+// GQA ratios 1, 2, 4; the last has one KV head, so 2 threads split the context.
+const Heads kHeads[] = {{2, 2}, {4, 2}, {8, 2}, {4, 1}};
+
+TEST_F(AttentionTest, PrefillMatchesReference) {
+  for (int64_t cs : kChunkSizes)
+    for (Heads h : kHeads)
+      for (int64_t hd : {64, 128})
+        for (int64_t n_q : {1, 13, 40})
+          for (DType t : {DType::kF16, DType::kF32})
+            check({.n_heads = h.n_heads, .n_kv = h.n_kv, .hd = hd, .pos0 = 0, .n_q = n_q, .cs = cs, .type = t});
+}
+
+TEST_F(AttentionTest, DecodeMatchesReference) {
+  for (int64_t cs : kChunkSizes)
+    for (Heads h : kHeads)
+      for (int64_t hd : {64, 128})
+        for (int64_t pos0 : {1, 5, 255, 256, 300, 1000})
+          for (DType t : {DType::kF16, DType::kF32})
+            check({.n_heads = h.n_heads, .n_kv = h.n_kv, .hd = hd, .pos0 = pos0, .n_q = 1, .cs = cs, .type = t});
+}
+
+TEST_F(AttentionTest, ChunkedPrefillMatchesReference) {
+  for (int64_t cs : kChunkSizes)
+    for (Heads h : kHeads)
+      for (int64_t hd : {64, 128})
+        for (int64_t pos0 : {3, 37, 300, 700})
+          for (DType t : {DType::kF16, DType::kF32})
+            check({.n_heads = h.n_heads, .n_kv = h.n_kv, .hd = hd, .pos0 = pos0, .n_q = 5, .cs = cs, .type = t});
+}
+
+TEST_F(AttentionTest, RealModelShapes) {
+  // Qwen3-0.6B (16/8 heads, 128), Llama-3.2-1B (32/8, 64), a ratio-8 model, MHA.
+  const Heads heads[] = {{16, 8}, {32, 8}, {16, 2}, {6, 6}};
+  const int64_t hds[] = {128, 64, 128, 64};
+  for (int i = 0; i < 4; ++i)
+    for (int64_t n_q : {1, 17})
+      check({.n_heads = heads[i].n_heads, .n_kv = heads[i].n_kv, .hd = hds[i], .pos0 = 517, .n_q = n_q, .cs = 256});
+}
+
+TEST_F(AttentionTest, GroupLargerThanATile) {
+  // 32 query heads on one KV head: more rows than one work item holds.
+  for (int64_t n_q : {1, 3})
+    check({.n_heads = 32, .n_kv = 1, .hd = 64, .pos0 = 600, .n_q = n_q, .cs = 16});
+}
+
+TEST_F(AttentionTest, HeadDimNotMultipleOfEight) {
+  for (int64_t hd : {4, 20, 36})
+    check({.n_heads = 4, .n_kv = 2, .hd = hd, .pos0 = 70, .n_q = 9, .cs = 16, .type = DType::kF32});
+}
+
+TEST_F(AttentionTest, LargeScoresStayFinite) {
+  // Scores of several hundred: without the running max e^s would overflow.
+  for (DType t : {DType::kF16, DType::kF32})
+    check({.n_heads = 4, .n_kv = 2, .hd = 64, .pos0 = 400, .n_q = 8, .cs = 16, .type = t, .q_range = 300.0f}, 2e-5);
+}
+
+TEST_F(AttentionTest, OutMayAliasQ) {
+  const Case c{.n_heads = 8, .n_kv = 2, .hd = 64, .pos0 = 100, .n_q = 20, .cs = 16};
+  const Data x = make_data(c, 7);
+  const auto want = reference(c, x, 0.125f);
+  for (Isa isa : supported_isas())
+    for (ThreadPool* pool : {&pool1, &pool2})
+      EXPECT_LE(max_err(run(isa, *pool, c, x, /*in_place=*/true), want), 1e-6) << isa_name(isa);
+}
+
+TEST_F(AttentionTest, ChunkSizeDoesNotChangeResult) {
+  for (DType t : {DType::kF16, DType::kF32})
+    for (int64_t pos0 : {0, 300, 1000})
+      for (int64_t n_q : {1, 40}) {
+        Case c{.n_heads = 8, .n_kv = 2, .hd = 128, .pos0 = pos0, .n_q = n_q, .type = t};
+        const Data x = make_data(c, 11);
+        for (Isa isa : supported_isas())
+          for (ThreadPool* pool : {&pool1, &pool2}) {
+            c.cs = 4;
+            const auto a = run(isa, *pool, c, x);
+            c.cs = 256;
+            const auto b = run(isa, *pool, c, x);
+            double mag = 0;
+            for (float e : b) mag = std::max(mag, double(std::fabs(e)));
+            for (size_t i = 0; i < a.size(); ++i)
+              ASSERT_LE(std::fabs(a[i] - b[i]), 1e-6 * mag)
+                  << c.name() << " " << isa_name(isa) << " threads=" << pool->size() << " at " << i;
+          }
+      }
+}
+
+TEST_F(AttentionTest, ScratchDoesNotGrowWithContextOrQueries) {
+  EXPECT_EQ(attention_scratch_floats(2, 128, 256), 2 * attention_scratch_floats(1, 128, 256));
+  EXPECT_EQ(attention_scratch_floats(1, 128, 4), attention_scratch_floats(1, 128, 256));
+}
+
+}  // namespace
+}  // namespace ebb
