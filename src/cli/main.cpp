@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
     ebb::cli::add_run_command(app, &rc);
     ebb::cli::add_chat_command(app, &rc);
     ebb::cli::add_inspect_command(app, &rc);
+    ebb::cli::add_synth_command(app, &rc);
+    ebb::cli::add_bench_command(app, &rc);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -41,5 +41,7 @@ std::string summary_line(const Engine& e, const GenerateStats& st);
 void add_run_command(CLI::App& app, int* rc);
 void add_chat_command(CLI::App& app, int* rc);
 void add_inspect_command(CLI::App& app, int* rc);
+void add_synth_command(CLI::App& app, int* rc);
+void add_bench_command(CLI::App& app, int* rc);
 
 }  // namespace ebb::cli

@@ -67,7 +67,10 @@ class Tokenizer {
 // bytes of an incomplete character are held back until it completes.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  // at_start: the tokens begin a sequence, so the first one after a leading
+  // BOS loses its SentencePiece space prefix, as in decode(). Pass false when
+  // the tokens continue text already shown (generated after a prompt).
+  explicit StreamDecoder(const Tokenizer& tok, bool at_start = true) : tok_(tok), first_(at_start) {}
   // Returns the complete text that this token makes available.
   std::string push(TokenId id);
   // Whatever is held back (invalid or truncated bytes), at the end.
@@ -76,7 +79,7 @@ class StreamDecoder {
  private:
   const Tokenizer& tok_;
   std::string pending_;   // bytes of an incomplete UTF-8 character
-  bool first_ = true;     // no token after the leading BOS yet
+  bool first_;            // no token after the leading BOS yet
   bool seen_any_ = false; // any token pushed yet
 };
 

@@ -91,7 +91,7 @@ GenerateStats generate(Session& session, std::span<const TokenId> prompt, const 
   // Penalties see the conversation so far.
   for (TokenId t : session.tokens()) sampler.accept(t);
 
-  StreamDecoder decoder(tok);
+  StreamDecoder decoder(tok, /*at_start=*/false);
   StopMatcher stops(opts.stop_strings);
   double decode_start = 0;
   bool cancelled = false;
