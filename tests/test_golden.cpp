@@ -36,13 +36,18 @@ std::unique_ptr<Engine> make_engine(const std::string& model, Isa isa, int64_t b
   return std::make_unique<Engine>(o);
 }
 
-// Logits after every token of prompt + greedy continuation, in one feed.
+// Logits after every token of prompt + greedy continuation, computed the way
+// the reference produced them: the prompt as one prefill, then each
+// continuation token as a decode step.
 std::vector<float> all_logits(Engine& e, const test::GoldenCase& c, SessionOptions so = {}) {
   Session s(e, so);
-  std::vector<TokenId> seq = c.prompt_tokens;
-  seq.insert(seq.end(), c.greedy_tokens.begin(), c.greedy_tokens.end());
-  std::vector<float> out;
-  s.feed(seq, &out);
+  std::vector<float> out, step;
+  s.feed(c.prompt_tokens, &out);
+  for (TokenId t : c.greedy_tokens) {
+    const TokenId one[1] = {t};
+    s.feed(one, &step);
+    out.insert(out.end(), step.begin(), step.end());
+  }
   return out;
 }
 
