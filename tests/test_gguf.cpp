@@ -20,7 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
 #include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "model/weights.h"
 #include "platform/error.h"
 #include "support.h"
 
@@ -895,6 +898,16 @@ void try_variant(const std::string& path, const std::string& what, MutationStats
   }
   ++stats.loaded;
   check_invariants(*f);
+  // The layers above the reader must also end in a usable model or a clean
+  // error: the architecture config, the weight-unit plan, the tokenizer.
+  try {
+    const ModelConfig c = read_model_config(*f);
+    (void)plan_weights(*f, c);
+    (void)Tokenizer::from_gguf(*f);
+  } catch (const Error&) {
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": model construction threw a non-ebb exception: " << e.what();
+  }
   // Every getter on a few keys (most throw a type mismatch, which is slow
   // under ASan), then the getter that matches each value's type.
   size_t k = 0;
