@@ -1,6 +1,175 @@
-// ebb bench: placeholder registration until the benchmarks land.
+// ebb bench: benchmarks. `bench` is a group; each benchmark is a
+// sub-subcommand (bench speed; more join it later).
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
 #include "cli/options.h"
+#include "platform/error.h"
+#include "runtime/bench_speed.h"
 
 namespace ebb::cli {
-void add_bench_command(CLI::App&, int*) {}
+namespace {
+
+// ---- bench speed ---------------------------------------------------------
+
+struct SpeedArgs {
+  ModelArgs model;
+  SpeedOptions speed;
+  int64_t membw_mib = 256;
+  bool json = false;
+};
+
+std::string format_mix(const SpeedResult& r) {
+  uint64_t total = 0;
+  for (const auto& [t, b] : r.bytes_by_type) total += b;
+  std::string s;
+  for (const auto& [t, b] : r.bytes_by_type) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%s %.1f%%", s.empty() ? "" : ", ", std::string(dtype_name(t)).c_str(),
+                  total ? 100.0 * b / total : 0.0);
+    s += buf;
+  }
+  return s;
+}
+
+std::string list(const std::vector<double>& v, const char* fmt) {
+  std::string s;
+  for (double x : v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, fmt, x);
+    if (!s.empty()) s += ' ';
+    s += buf;
+  }
+  return s;
+}
+
+void print_table(const SpeedArgs& a, const Engine& e, const SpeedResult& r) {
+  const double mb = 1e6;
+  const std::string name = e.config().name.empty() ? e.config().arch_name : e.config().name;
+  std::printf("ebb bench speed: %s (%s)\n", name.c_str(), a.model.model.c_str());
+  std::printf("  %-24s %s\n", "formats (streamed)", format_mix(r).c_str());
+  std::printf("  %-24s %d\n", "threads", r.threads);
+  std::printf("  %-24s %s\n", "isa", std::string(isa_name(r.isa)).c_str());
+  std::printf("  %-24s prompt %lld tok, gen %lld tok, %lld reps (+1 warm-up), ctx %lld, batch %lld\n", "run",
+              static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.gen_tokens),
+              static_cast<long long>(r.reps), static_cast<long long>(r.n_ctx),
+              static_cast<long long>(r.prefill_batch));
+  std::printf("\n  %-24s %12s   %s\n", "metric", "median", "per rep");
+  std::printf("  %-24s %12.1f   %s\n", "prefill tok/s", r.prefill_tok_s, list(r.prefill_tok_s_reps, "%.1f").c_str());
+  std::printf("  %-24s %12.1f   %s\n", "decode tok/s", r.decode_tok_s, list(r.decode_tok_s_reps, "%.1f").c_str());
+  std::printf("  %-24s %12.3f   layers %.3f + output head %.3f\n", "model MB / token", r.model_bytes / mb,
+              r.layer_bytes / mb, r.output_head_bytes / mb);
+  std::printf("  %-24s %12.2f   = model MB/token x decode tok/s\n", "achieved GB/s", r.achieved_gbps);
+  if (r.mem_bw_gbps > 0) {
+    std::printf("  %-24s %12.2f   %s  (%.0f MiB read, %d threads)\n", "machine read GB/s", r.mem_bw_gbps,
+                list(r.mem_bw_gbps_reps, "%.2f").c_str(), r.mem_bw_bytes / double(1 << 20), r.threads);
+    std::printf("  %-24s %11.1f%%\n", "achieved / bound", 100.0 * r.achieved_fraction);
+    std::printf("  %-24s %12.1f   = machine read GB/s / model MB per token\n", "decode roofline tok/s",
+                r.decode_roofline_tok_s);
+    std::printf("  %-24s %12.1f   memory only: one weight pass per %lld-token batch\n", "prefill roofline tok/s",
+                r.prefill_roofline_tok_s, static_cast<long long>(r.prefill_batch));
+  } else {
+    std::printf("  %-24s %12s\n", "machine read GB/s", "skipped");
+  }
+  std::printf("  %-24s %12.2f   matmul FLOPs only (%.3f MFLOP/token)\n", "prefill GFLOP/s", r.prefill_gflops,
+              r.matmul_flops_per_token / 1e6);
+  if (r.llc_bytes > 0 && r.model_bytes <= r.llc_bytes) {
+    std::printf("  note: the streamed weights (%.2f MB) fit in the %s last-level cache, so decode reads them from\n"
+                "        cache and can beat the DRAM roofline.\n",
+                r.model_bytes / mb, format_bytes(r.llc_bytes).c_str());
+  }
+}
+
+nlohmann::json to_json(const SpeedArgs& a, const Engine& e, const SpeedResult& r) {
+  nlohmann::json j;
+  j["model"] = a.model.model;
+  j["model_name"] = e.config().name;
+  j["arch"] = e.config().arch_name;
+  j["threads"] = r.threads;
+  j["isa"] = std::string(isa_name(r.isa));
+  j["prompt_tokens"] = r.prompt_tokens;
+  j["gen_tokens"] = r.gen_tokens;
+  j["reps"] = r.reps;
+  j["n_ctx"] = r.n_ctx;
+  j["prefill_batch"] = r.prefill_batch;
+  j["prefill_tok_s"] = r.prefill_tok_s;
+  j["decode_tok_s"] = r.decode_tok_s;
+  j["prefill_tok_s_reps"] = r.prefill_tok_s_reps;
+  j["decode_tok_s_reps"] = r.decode_tok_s_reps;
+  j["prefill_seconds_reps"] = r.prefill_seconds_reps;
+  j["decode_seconds_reps"] = r.decode_seconds_reps;
+  j["model_bytes"] = r.model_bytes;
+  j["layer_bytes"] = r.layer_bytes;
+  j["output_head_bytes"] = r.output_head_bytes;
+  nlohmann::json mix = nlohmann::json::object();
+  for (const auto& [t, b] : r.bytes_by_type) mix[std::string(dtype_name(t))] = b;
+  j["bytes_by_type"] = mix;
+  j["matmul_flops_per_token"] = r.matmul_flops_per_token;
+  j["achieved_gbps"] = r.achieved_gbps;
+  j["mem_bw_gbps"] = r.mem_bw_gbps;
+  j["mem_bw_gbps_reps"] = r.mem_bw_gbps_reps;
+  j["mem_bw_bytes"] = r.mem_bw_bytes;
+  j["achieved_fraction"] = r.achieved_fraction;
+  j["decode_roofline_tok_s"] = r.decode_roofline_tok_s;
+  j["prefill_roofline_tok_s"] = r.prefill_roofline_tok_s;
+  j["prefill_gflops"] = r.prefill_gflops;
+  j["llc_bytes"] = r.llc_bytes;
+  return j;
+}
+
+int run_speed(SpeedArgs& a) {
+  if (a.membw_mib < 0) throw Error("--membw-mib must be >= 0 (0 skips the probe), got " + std::to_string(a.membw_mib));
+  std::unique_ptr<Engine> engine = make_engine(a.model);
+  const SessionOptions so = session_options(a.model);
+  SpeedOptions o = a.speed;
+  o.n_ctx = so.n_ctx;
+  o.kv_chunk_size = so.kv_chunk_size;
+  o.kv_type = so.kv_type;
+  o.membw_bytes = static_cast<size_t>(a.membw_mib) << 20;
+  if (o.membw_bytes > 0) std::fprintf(stderr, "bench speed: measuring memory read bandwidth...\n");
+  o.progress = [](int64_t rep, int64_t reps) {
+    if (rep == 0) {
+      std::fprintf(stderr, "bench speed: warm-up\n");
+    } else {
+      std::fprintf(stderr, "bench speed: rep %lld/%lld\n", static_cast<long long>(rep), static_cast<long long>(reps));
+    }
+  };
+  const SpeedResult r = bench_speed(*engine, o);
+  if (a.json) {
+    std::printf("%s\n", to_json(a, *engine, r).dump(2).c_str());
+  } else {
+    print_table(a, *engine, r);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+void add_speed_command(CLI::App* bench, int* rc) {
+  auto a = std::make_shared<SpeedArgs>();
+  CLI::App* sub = bench->add_subcommand("speed", "Prefill and decode tok/s against the machine's memory bandwidth");
+  add_model_options(sub, a->model);
+  sub->add_option("-p,--prompt-tokens", a->speed.prompt_tokens, "Prompt tokens fed in one prefill")
+      ->capture_default_str();
+  sub->add_option("-n,--gen-tokens", a->speed.gen_tokens, "Tokens decoded one at a time after the prompt")
+      ->capture_default_str();
+  sub->add_option("-r,--reps", a->speed.reps, "Timed repetitions (after one warm-up); medians are reported")
+      ->capture_default_str();
+  sub->add_option("--seed", a->speed.seed, "Seed of the pseudo-random prompt token ids")->capture_default_str();
+  sub->add_option("--membw-mib", a->membw_mib, "Memory-bandwidth probe buffer in MiB (0: skip the probe)")
+      ->capture_default_str();
+  sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
+  sub->callback([a, rc] { *rc = run_speed(*a); });
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int* rc) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (speed)");
+  bench->require_subcommand(1);
+  add_speed_command(bench, rc);
+}
+
 }  // namespace ebb::cli
