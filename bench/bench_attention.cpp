@@ -1,7 +1,11 @@
 // Decode attention speed: one query row over a 4096-token F16 context,
 // 16 heads / 8 KV heads / head_dim 128 (Qwen3-0.6B's shape), per target and
 // thread count, in GB/s of K+V read. Cycles over several layers' KV so the
-// reads come from memory, not the last-level cache.
+// reads come from memory, not the last-level cache. F16 KV runs the
+// half-precision attention of attention.h (F16 accumulator, never split-K).
+//
+//   bench_attention [ctx [layers [n_heads n_kv_heads]]]
+// e.g. `bench_attention 4096 8 16 1` for decode with a single KV head.
 //
 // Not part of the CMake build. Build against a Release libebb.a:
 //   cmake --build build-ops --target ebb
@@ -10,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <thread>
 #include <vector>
@@ -22,8 +27,9 @@ using namespace ebb;
 
 int main(int argc, char** argv) {
   const int64_t ctx = argc > 1 ? std::atoll(argv[1]) : 4096;
-  const int64_t n_heads = 16, n_kv = 8, hd = 128, cs = 256;
+  const int64_t hd = 128, cs = 256;
   const int64_t n_layers = argc > 2 ? std::atoll(argv[2]) : 8;  // 1: KV stays in the LLC
+  const int64_t n_heads = argc > 4 ? std::atoll(argv[3]) : 16, n_kv = argc > 4 ? std::atoll(argv[4]) : 8;
   const int64_t n_chunks = (ctx + cs - 1) / cs, chunk_elems = cs * n_kv * hd;
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);

@@ -1,11 +1,14 @@
-// attention() against a naive double-precision reference (materialised
-// scores, softmax, weighted V), on every supported target, for prefill,
-// decode and chunked prefill, F16 and F32 KV, GQA ratios 1-4, 1 and 2 threads.
+// attention() against naive references, on every supported target, for
+// prefill, decode and chunked prefill, F16 and F32 KV, GQA ratios 1-4, 1 and 2
+// threads. F32 KV: a double-precision softmax (materialised scores, softmax,
+// weighted V). F16 KV: the half-precision semantics of attention.h written out
+// literally, position by position (and loosely the double reference too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <thread>
 #include <random>
@@ -117,7 +120,63 @@ std::vector<double> reference(const Case& c, const Data& x, float scale) {
   return out;
 }
 
-std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, bool in_place = false) {
+float f16_round(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+
+// attention.h's F16-KV definition, literally.
+std::vector<float> reference_f16(const Case& c, const Data& x, float scale) {
+  const int64_t group = c.n_heads / c.n_kv;
+  std::vector<float> out(c.n_q * c.n_heads * c.hd), qh(c.hd), acc(c.hd);
+  for (int64_t i = 0; i < c.n_q; ++i)
+    for (int64_t h = 0; h < c.n_heads; ++h) {
+      const int64_t g = h / group, n = c.pos0 + i + 1;
+      const float* q = &x.q[(i * c.n_heads + h) * c.hd];
+      for (int64_t e = 0; e < c.hd; ++e) qh[e] = f16_round(q[e]);
+      float m = -INFINITY, l = 0.0f;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* k = &x.k[(j * c.n_kv + g) * c.hd];
+        const float* v = &x.v[(j * c.n_kv + g) * c.hd];
+        float dot = 0.0f;
+        for (int64_t e = 0; e < c.hd; ++e) dot += qh[e] * k[e];
+        const float sc = dot * scale;
+        float ms, vs;
+        if (sc > m) {
+          ms = std::exp(m - sc);
+          m = sc;
+          for (int64_t e = 0; e < c.hd; ++e) acc[e] = f16_round(acc[e] * ms);
+          vs = 1.0f;
+        } else {
+          ms = 1.0f;
+          vs = std::exp(sc - m);
+        }
+        for (int64_t e = 0; e < c.hd; ++e) acc[e] = f16_round(acc[e] + v[e] * vs);
+        l = l * ms + vs;
+      }
+      float* o = &out[(i * c.n_heads + h) * c.hd];
+      for (int64_t e = 0; e < c.hd; ++e) o[e] = acc[e] / l;
+    }
+  return out;
+}
+
+// got against the F16 reference: max |diff| within a few F16 ulps of the
+// output magnitude and a small mean |diff| (a systematic error shows there).
+struct HalfDiff {
+  double max_rel = 0, mean_rel = 0;  // relative to max |want|
+};
+HalfDiff half_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  double mag = 0, mx = 0, sum = 0;
+  for (float w : want) mag = std::max(mag, double(std::fabs(w)));
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return {INFINITY, INFINITY};
+    const double d = std::fabs(double(got[i]) - want[i]);
+    mx = std::max(mx, d);
+    sum += d;
+  }
+  return {mx / mag, sum / got.size() / mag};
+}
+constexpr double kHalfMaxRel = 2e-3, kHalfMeanRel = 1e-4;
+
+std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, float scale, bool in_place = false) {
   const ChunkedKv kv = make_chunks(x.k, x.v, c.pos0 + c.n_q, c.cs, c.n_kv, c.hd, c.type);
   std::vector<float> scratch(attention_scratch_floats(pool.size(), c.hd, c.cs), NAN);
   std::vector<float> q = x.q, out(q.size(), NAN);
@@ -132,7 +191,7 @@ std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, 
   a.chunks = kv.refs.data();
   a.chunk_size = c.cs;
   a.kv_type = c.type;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  a.scale = scale;
   a.scratch = scratch.data();
   attention(isa, a, pool);
   return in_place ? q : out;
@@ -168,23 +227,61 @@ class AttentionTest : public ::testing::Test {
   ThreadPool& pool1 = shared_pool(1);
   ThreadPool& pool2 = shared_pool(2);
 
-  // Runs c on every supported target with 1 and 2 threads.
+  // Runs c on every supported target with 1 and 2 threads. tol: F32 KV's
+  // bound against the double reference.
   void check(const Case& c, double tol = 1e-6) {
     const Data x = make_data(c, static_cast<uint32_t>(c.pos0 * 7919 + c.n_q * 131 + c.hd + c.n_heads * 17 + c.cs));
-    const auto want = reference(c, x, 1.0f / std::sqrt(static_cast<float>(c.hd)));
-    for (Isa isa : supported_isas())
+    check_data(c, x, 1.0f / std::sqrt(static_cast<float>(c.hd)), tol);
+  }
+  void check_data(const Case& c, const Data& x, float scale, double tol, bool in_place = false) {
+    const auto want = reference(c, x, scale);
+    if (c.type == DType::kF32) {
+      for (Isa isa : supported_isas())
+        for (ThreadPool* pool : {&pool1, &pool2}) {
+          const double e = max_err(run(isa, *pool, c, x, scale, in_place), want);
+          worst_ = std::max(worst_, e);
+          ASSERT_LE(e, tol) << c.name() << " " << isa_name(isa) << " threads=" << pool->size();
+        }
+      return;
+    }
+    const auto want16 = reference_f16(c, x, scale);
+    // Half precision is still close to the exact softmax (a sanity bound on
+    // the definition; V is in [-1, 1]).
+    const double e_exact = max_err(want16, want);
+    worst_half_vs_exact_ = std::max(worst_half_vs_exact_, e_exact);
+    ASSERT_LE(e_exact, 2e-2) << c.name();
+    for (Isa isa : supported_isas()) {
+      std::vector<float> first;
       for (ThreadPool* pool : {&pool1, &pool2}) {
-        const double e = max_err(run(isa, *pool, c, x), want);
-        worst_ = std::max(worst_, e);
-        ASSERT_LE(e, tol) << c.name() << " " << isa_name(isa) << " threads=" << pool->size();
+        const auto got = run(isa, *pool, c, x, scale, in_place);
+        const HalfDiff d = half_diff(got, want16);
+        worst_half_max_ = std::max(worst_half_max_, d.max_rel);
+        worst_half_mean_ = std::max(worst_half_mean_, d.mean_rel);
+        ASSERT_LE(d.max_rel, kHalfMaxRel) << c.name() << " " << isa_name(isa) << " threads=" << pool->size();
+        ASSERT_LE(d.mean_rel, kHalfMeanRel) << c.name() << " " << isa_name(isa) << " threads=" << pool->size();
+        // Sequential by definition: the thread count changes nothing.
+        if (first.empty())
+          first = got;
+        else
+          ASSERT_TRUE(got == first) << c.name() << " " << isa_name(isa) << ": 1 and 2 threads differ";
       }
+    }
   }
   void TearDown() override {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3g", worst_);
     RecordProperty("worst_abs_error", buf);
+    std::snprintf(buf, sizeof buf, "%.3g", worst_half_max_);
+    RecordProperty("f16_worst_max_rel", buf);
+    std::snprintf(buf, sizeof buf, "%.3g", worst_half_mean_);
+    RecordProperty("f16_worst_mean_rel", buf);
+    std::snprintf(buf, sizeof buf, "%.3g", worst_half_vs_exact_);
+    RecordProperty("f16_ref_vs_exact_abs", buf);
+    if (std::getenv("EBB_ATTN_VERBOSE"))
+      std::printf("worst: f32 abs %.3g; f16 max rel %.3g, mean rel %.3g; f16 ref vs exact %.3g\n", worst_,
+                  worst_half_max_, worst_half_mean_, worst_half_vs_exact_);
   }
-  double worst_ = 0;
+  double worst_ = 0, worst_half_max_ = 0, worst_half_mean_ = 0, worst_half_vs_exact_ = 0;
 };
 
 const int64_t kChunkSizes[] = {1, 4, 16, 256};
@@ -238,7 +335,8 @@ TEST_F(AttentionTest, GroupLargerThanATile) {
 
 TEST_F(AttentionTest, HeadDimNotMultipleOfEight) {
   for (int64_t hd : {4, 20, 36})
-    check({.n_heads = 4, .n_kv = 2, .hd = hd, .pos0 = 70, .n_q = 9, .cs = 16, .type = DType::kF32});
+    for (DType t : {DType::kF16, DType::kF32})
+      check({.n_heads = 4, .n_kv = 2, .hd = hd, .pos0 = 70, .n_q = 9, .cs = 16, .type = t});
 }
 
 TEST_F(AttentionTest, LargeScoresStayFinite) {
@@ -248,12 +346,59 @@ TEST_F(AttentionTest, LargeScoresStayFinite) {
 }
 
 TEST_F(AttentionTest, OutMayAliasQ) {
-  const Case c{.n_heads = 8, .n_kv = 2, .hd = 64, .pos0 = 100, .n_q = 20, .cs = 16};
-  const Data x = make_data(c, 7);
-  const auto want = reference(c, x, 0.125f);
-  for (Isa isa : supported_isas())
-    for (ThreadPool* pool : {&pool1, &pool2})
-      EXPECT_LE(max_err(run(isa, *pool, c, x, /*in_place=*/true), want), 1e-6) << isa_name(isa);
+  for (DType t : {DType::kF16, DType::kF32}) {
+    const Case c{.n_heads = 8, .n_kv = 2, .hd = 64, .pos0 = 100, .n_q = 20, .cs = 16, .type = t};
+    check_data(c, make_data(c, 7), 0.125f, 1e-6, /*in_place=*/true);
+  }
+}
+
+TEST_F(AttentionTest, FewKvHeadsDecodeF16) {
+  // One KV head and 2 threads: F16 KV spreads the query heads over the threads
+  // (it never splits the context), down to one head per item.
+  for (int64_t n_heads : {1, 2, 3, 16})
+    for (int64_t pos0 : {0, 700})
+      check({.n_heads = n_heads, .n_kv = 1, .hd = 128, .pos0 = pos0, .n_q = 1, .cs = 64});
+}
+
+TEST_F(AttentionTest, HalfAccumulatorSemantics) {
+  // q = 0: every score is 0, so every position weighs 1 and l = 16. V column
+  // 0 is 1 then 15 x 2^-12: an F16 accumulator at 1 (ulp 2^-10) drops every
+  // 2^-12, so out = 1/16 exactly; F32 keeps them: (1 + 15 / 4096) / 16.
+  // Column 1 is 2^-12 then 15 x 1 (the small value is held first, then lost).
+  for (DType t : {DType::kF16, DType::kF32}) {
+    const Case c{.n_heads = 2, .n_kv = 1, .hd = 8, .pos0 = 15, .n_q = 1, .cs = 4, .type = t};
+    Data x;
+    x.q.assign(c.n_heads * c.hd, 0.0f);
+    x.k.assign(16 * c.hd, 0.5f);
+    x.v.assign(16 * c.hd, 0.0f);
+    for (int j = 0; j < 16; ++j) {
+      x.v[j * c.hd + 0] = j == 0 ? 1.0f : 0x1p-12f;
+      x.v[j * c.hd + 1] = j == 0 ? 0x1p-12f : 1.0f;
+    }
+    for (Isa isa : supported_isas()) {
+      const auto got = run(isa, pool1, c, x, 1.0f);
+      for (int h = 0; h < 2; ++h) {
+        if (t == DType::kF16) {
+          EXPECT_EQ(got[h * c.hd + 0], 1.0f / 16) << isa_name(isa);
+          EXPECT_EQ(got[h * c.hd + 1], 15.0f / 16) << isa_name(isa);  // 2^-12 + 1 rounds to 1, then + 14
+        } else {
+          EXPECT_FLOAT_EQ(got[h * c.hd + 0], (1.0f + 15 * 0x1p-12f) / 16) << isa_name(isa);
+          EXPECT_FLOAT_EQ(got[h * c.hd + 1], (15.0f + 0x1p-12f) / 16) << isa_name(isa);
+        }
+        EXPECT_EQ(got[h * c.hd + 2], 0.0f) << isa_name(isa);
+      }
+    }
+  }
+}
+
+TEST_F(AttentionTest, HalfRescalesOnNewMax) {
+  // Rising scores: every position is a new max, so the accumulator is rescaled
+  // (and rounded) at each; then falling ones. Against the literal reference.
+  const Case c{.n_heads = 2, .n_kv = 1, .hd = 16, .pos0 = 99, .n_q = 1, .cs = 16, .type = DType::kF16};
+  Data x = make_data(c, 5);
+  for (int64_t j = 0; j < 100; ++j)
+    for (int64_t e = 0; e < c.hd; ++e) x.k[j * c.hd + e] = f16_round(0.01f * (j < 60 ? j : 120 - j));
+  check_data(c, x, 0.25f, 0);
 }
 
 TEST_F(AttentionTest, ChunkSizeDoesNotChangeResult) {
@@ -264,14 +409,17 @@ TEST_F(AttentionTest, ChunkSizeDoesNotChangeResult) {
         const Data x = make_data(c, 11);
         for (Isa isa : supported_isas())
           for (ThreadPool* pool : {&pool1, &pool2}) {
+            const float scale = 1.0f / std::sqrt(128.0f);
             c.cs = 4;
-            const auto a = run(isa, *pool, c, x);
+            const auto a = run(isa, *pool, c, x, scale);
             c.cs = 256;
-            const auto b = run(isa, *pool, c, x);
+            const auto b = run(isa, *pool, c, x, scale);
             double mag = 0;
             for (float e : b) mag = std::max(mag, double(std::fabs(e)));
+            // F16 KV is position-sequential by definition: identical.
+            const double tol = t == DType::kF16 ? 0.0 : 1e-6 * mag;
             for (size_t i = 0; i < a.size(); ++i)
-              ASSERT_LE(std::fabs(a[i] - b[i]), 1e-6 * mag)
+              ASSERT_LE(std::fabs(a[i] - b[i]), tol)
                   << c.name() << " " << isa_name(isa) << " threads=" << pool->size() << " at " << i;
           }
       }

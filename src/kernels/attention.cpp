@@ -10,6 +10,12 @@
 // Decode with fewer items than threads (few KV heads, many threads) splits
 // each item's positions into ranges ("split-K"); every thread leaves its
 // partial (m, l, acc) in its scratch slice and a second pass merges them.
+//
+// F16 KV runs the half-precision semantics of attention.h: the same blocks
+// and scores, then per row the block's weights (seq_weights) and the
+// position-by-position F16 accumulator updates (pv_seq). A split could not
+// reproduce that sequential pass, so F16 KV never splits the context; when
+// items are fewer than threads it gives each item fewer query heads instead.
 #include "kernels/attention.h"
 
 #include <algorithm>
@@ -46,6 +52,53 @@ void qk_scalar(const float* q, int nr, const void* k, int64_t kv_stride, int np,
       float d = 0.0f;
       for (int64_t i = 0; i < hd; ++i) d += qr[i] * load_kv(kr + i);
       s[r * s_stride + j] = d;
+    }
+  }
+}
+
+// x rounded to the nearest F16 value (RNE; inf past the F16 range), as a float.
+inline float round_f16(float x) {
+  uint32_t u = fp32_to_bits(x);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x38800000u && a < 0x477ff000u) {  // F16 normal range, below the overflow midpoint
+    u += 0xfffu + ((u >> 13) & 1u);           // round the low 13 bits to nearest even
+    return fp32_from_bits(u & ~0x1fffu);
+  }
+  return fp16_to_fp32(fp32_to_fp16(x));  // subnormal, zero, overflow, inf, NaN
+}
+
+void seq_weights_scalar(float* s, float* ms, int n_valid, float scale, float* m, float* l) {
+  float mx = *m, sum = *l;
+  for (int j = 0; j < n_valid; ++j) {
+    const float x = s[j] * scale;
+    float a, b;
+    if (x > mx) {
+      a = std::exp(mx - x);  // 0 at the first position (mx = -inf)
+      mx = x;
+      b = 1.0f;
+    } else {
+      a = 1.0f;
+      b = std::exp(x - mx);
+    }
+    ms[j] = a;
+    s[j] = b;
+    sum = sum * a + b;
+  }
+  *m = mx;
+  *l = sum;
+}
+
+void pv_seq_scalar(const float* vs, const float* ms, int64_t stride, const int* nv, int nr, const void* v,
+                   int64_t kv_stride, int64_t hd, float* acc) {
+  const uint16_t* vb = static_cast<const uint16_t*>(v);
+  for (int r = 0; r < nr; ++r) {
+    float* a = acc + r * hd;
+    for (int j = 0; j < nv[r]; ++j) {
+      const float c = ms[r * stride + j], w = vs[r * stride + j];
+      if (c != 1.0f)
+        for (int64_t i = 0; i < hd; ++i) a[i] = round_f16(a[i] * c);
+      const uint16_t* vr = vb + j * kv_stride;
+      for (int64_t i = 0; i < hd; ++i) a[i] = round_f16(a[i] + fp16_to_fp32(vr[i]) * w);
     }
   }
 }
@@ -89,13 +142,15 @@ constexpr int kBlock = 64;    // positions per score block
 
 int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// One thread's scratch: q rows (scaled), accumulators, scores, m, l, corr.
-int64_t slice_floats(int64_t hd) { return round_up16(2 * kMaxRows * hd + kMaxRows * kBlock + 3 * kMaxRows); }
+// One thread's scratch: q rows, accumulators, scores, rescale factors (F16
+// KV), m, l, corr.
+int64_t slice_floats(int64_t hd) { return round_up16(2 * kMaxRows * hd + 2 * kMaxRows * kBlock + 3 * kMaxRows); }
 
 struct Slice {
   float* q;    // [kMaxRows, hd]
   float* acc;  // [kMaxRows, hd]
   float* s;    // [kMaxRows, kBlock]
+  float* ms;   // [kMaxRows, kBlock] (F16 KV: per-position rescale factors)
   float* m;    // [kMaxRows]
   float* l;    // [kMaxRows]
   float* corr; // [kMaxRows]
@@ -107,7 +162,8 @@ Slice slice_at(float* scratch, int t, int64_t hd) {
   s.q = b;
   s.acc = s.q + kMaxRows * hd;
   s.s = s.acc + kMaxRows * hd;
-  s.m = s.s + kMaxRows * kBlock;
+  s.ms = s.s + kMaxRows * kBlock;
+  s.m = s.ms + kMaxRows * kBlock;
   s.l = s.m + kMaxRows;
   s.corr = s.l + kMaxRows;
   return s;
@@ -153,11 +209,15 @@ void prefetch_rows(const void* base, int n, int64_t stride_bytes, int64_t row_by
 void run_item(const AttnKernels& kk, const AttentionArgs& a, const Item& it, int64_t pa, int64_t pb, const Slice& sl) {
   const int64_t hd = a.head_dim, nh = it.h1 - it.h0;
   const int nr = static_cast<int>((it.qb - it.qa) * nh);
+  const bool half = a.kv_type == DType::kF16;
   for (int64_t qi = it.qa; qi < it.qb; ++qi)
     for (int64_t h = it.h0; h < it.h1; ++h) {
       const float* src = a.q + (qi * a.n_heads + h) * hd;
       float* dst = sl.q + ((qi - it.qa) * nh + (h - it.h0)) * hd;
-      for (int64_t i = 0; i < hd; ++i) dst[i] = src[i] * a.scale;
+      if (half)  // q rounded to F16, the scale applied to the scores
+        for (int64_t i = 0; i < hd; ++i) dst[i] = fp16_to_fp32(fp32_to_fp16(src[i]));
+      else
+        for (int64_t i = 0; i < hd; ++i) dst[i] = src[i] * a.scale;
     }
   std::fill(sl.acc, sl.acc + nr * hd, 0.0f);
   std::fill(sl.m, sl.m + nr, -INFINITY);
@@ -188,6 +248,18 @@ void run_item(const AttnKernels& kk, const AttentionArgs& a, const Item& it, int
                     npn, kv_stride * esize, hd * esize);
     }
     kk.qk(sl.q + r0 * hd, nr - r0, kp, kv_stride, np, hd, sl.s + r0 * kBlock, kBlock);
+    if (half) {
+      int nv[kMaxRows];
+      for (int r = r0; r < nr; ++r) {
+        const int64_t last = a.pos0 + it.qa + r / nh;  // inclusive
+        nv[r] = static_cast<int>(std::min<int64_t>(np, last + 1 - p));
+        kk.seq_weights(sl.s + r * kBlock, sl.ms + r * kBlock, nv[r], a.scale, sl.m + r, sl.l + r);
+      }
+      kk.pv_seq(sl.s + r0 * kBlock, sl.ms + r0 * kBlock, kBlock, nv + r0, nr - r0, vp, kv_stride, hd,
+                sl.acc + r0 * hd);
+      p += np;
+      continue;
+    }
     for (int r = r0; r < nr; ++r) {
       const int64_t last = a.pos0 + it.qa + r / nh;  // inclusive
       const int n_valid = static_cast<int>(std::min<int64_t>(np, last + 1 - p));
@@ -222,7 +294,7 @@ const AttnKernels& select_kernels(Isa isa, DType kv, int64_t hd) {
 }  // namespace
 
 const AttnKernels& attn_kernels_scalar(DType kv) {
-  static const AttnKernels f16{qk_scalar<uint16_t>, softmax_step_scalar, pv_scalar<uint16_t>};
+  static const AttnKernels f16{qk_scalar<uint16_t>, nullptr, nullptr, seq_weights_scalar, pv_seq_scalar};
   static const AttnKernels f32{qk_scalar<float>, softmax_step_scalar, pv_scalar<float>};
   return kv == DType::kF16 ? f16 : f32;
 }
@@ -244,26 +316,36 @@ void attention(Isa isa, const AttentionArgs& a, ThreadPool& pool) {
   if (a.n_q == 0) return;
   const AttnKernels& kk = select_kernels(isa, a.kv_type, a.head_dim);
 
+  const bool half = a.kv_type == DType::kF16;
+  const int nt = pool.size();
   Plan pl;
   pl.n_kv = a.n_kv_heads;
   pl.group = a.n_heads / a.n_kv_heads;
-  pl.hs = std::min<int64_t>(pl.group, kMaxRows);
-  pl.n_hsub = (pl.group + pl.hs - 1) / pl.hs;
-  pl.qt = std::max<int64_t>(1, kMaxRows / pl.hs);
-  pl.n_qt = (a.n_q + pl.qt - 1) / pl.qt;
-  pl.n_items = a.n_kv_heads * pl.n_hsub * pl.n_qt;
+  auto set_heads_per_item = [&](int64_t hs) {
+    pl.hs = hs;
+    pl.n_hsub = (pl.group + pl.hs - 1) / pl.hs;
+    pl.qt = std::max<int64_t>(1, kMaxRows / pl.hs);
+    pl.n_qt = (a.n_q + pl.qt - 1) / pl.qt;
+    pl.n_items = a.n_kv_heads * pl.n_hsub * pl.n_qt;
+  };
+  set_heads_per_item(std::min<int64_t>(pl.group, kMaxRows));
+  if (half && pl.n_items < nt) {
+    // No split-K for F16 KV (see the top of this file): spread each KV head's
+    // query heads over the threads instead; each of those items reads the KV.
+    const int64_t subs = std::min<int64_t>(pl.group, (nt + pl.n_kv - 1) / pl.n_kv);
+    set_heads_per_item(std::min(pl.hs, (pl.group + subs - 1) / subs));
+  }
   const int64_t hd = a.head_dim;
   auto clip = [&](Item it) {
     it.qb = std::min(it.qb, a.n_q);
     return it;
   };
 
-  const int nt = pool.size();
   const int64_t ctx = a.pos0 + a.n_q;
-  // Split-K: only worth it when items are fewer than threads and each range
-  // keeps a few full blocks.
+  // Split-K (F32 KV only): only worth it when items are fewer than threads and
+  // each range keeps a few full blocks.
   int64_t splits = 1;
-  if (pl.n_items < nt) splits = std::min<int64_t>(nt / pl.n_items, ctx / (4 * kBlock));
+  if (!half && pl.n_items < nt) splits = std::min<int64_t>(nt / pl.n_items, ctx / (4 * kBlock));
   if (splits < 2) {
     std::atomic<int64_t> next{0};
     pool.run([&](int t, int) {

@@ -32,7 +32,7 @@ struct AttentionArgs {
   int64_t pos0 = 0;
   const KvChunkRef* chunks = nullptr;  // ceil((pos0 + n_q) / chunk_size) entries
   int64_t chunk_size = 256;
-  DType kv_type = DType::kF16;  // kF16 or kF32
+  DType kv_type = DType::kF16;  // kF16 or kF32; also selects the arithmetic, see attention()
   float scale = 1.0f;           // applied to q.k, usually 1 / sqrt(head_dim)
   float* scratch = nullptr;     // attention_scratch_floats(pool.size(), ...) floats, any alignment
 };
@@ -43,12 +43,40 @@ struct AttentionArgs {
 size_t attention_scratch_floats(int64_t n_threads, int64_t head_dim, int64_t chunk_size);
 
 // out[i][h] = softmax_j(scale * q[i][h] . k[j][h / group]) . v[j][h / group],
-// j <= pos0 + i, group = n_heads / n_kv_heads. Work is split over the pool's
-// threads by (KV head, query tile), and over the context too when that gives
-// fewer items than threads (decode with few KV heads); nothing is allocated.
+// j <= pos0 + i, group = n_heads / n_kv_heads. Nothing is allocated.
+//
+// The arithmetic depends on kv_type:
+//
+// kF32: full precision. F32 scores, an F32 online softmax over blocks of
+//   positions and an F32 accumulator. Work is split over the pool's threads by
+//   (KV head, query tile), and over the context too when that gives fewer
+//   items than threads (decode with few KV heads; partials merged in F32).
+//
+// kF16: half-precision attention, computing like the reference engine we
+//   validate logits against (its CPU attention with an F16 KV cache works in
+//   half precision; our F32 result differs from it by more than the acceptance
+//   tolerance, emulating it brings us within). For each query row and head:
+//     qh = f16(q)                      (every element rounded, RNE)
+//     m = -inf, l = 0, acc[head_dim] = 0
+//     for each position j = 0 .. pos0 + i, in order:
+//       s = (qh . k[j]) * scale        (F16 values multiplied as floats, F32 sum)
+//       if s > m: ms = e^(m - s), m = s, acc = f16(acc * ms), vs = 1
+//       else:     ms = 1,         vs = e^(s - m)
+//       acc = f16(acc + vs * v[j])     (elementwise)
+//       l = l * ms + vs                (F32)
+//     out = acc * (1 / l)              (F32)
+//   f16(x) is x rounded to the nearest F16 value (RNE; an accumulator past the
+//   F16 range becomes inf, as the reference's would). So the accumulator has
+//   half precision (11 significant bits) and, the definition being sequential,
+//   the result does not depend on chunk size, blocking or thread count. The
+//   context of one (query, head) is never split across threads; with fewer
+//   (KV head, query tile) items than threads, items take fewer query heads.
+//   Targets agree to a few F16 ulps (exp approximation, FMA rounding).
+//
 // Targets: kAvx2 and kAvx512 run the AVX2 block kernels when head_dim is a
 // multiple of 8, everything else the scalar ones (there are no NEON or
-// AVX-512-specific attention kernels yet).
+// AVX-512-specific attention kernels yet). The scalar kernels implement the
+// definitions above in plain code and are the reference.
 void attention(Isa isa, const AttentionArgs& args, ThreadPool& pool);
 
 }  // namespace ebb

@@ -1,5 +1,7 @@
 // AVX2 + FMA block kernels of attention; F16 K/V rows are widened with F16C
-// as they are loaded. head_dim must be a multiple of 8.
+// as they are loaded. head_dim must be a multiple of 8. F16 KV: the
+// half-precision kernels (seq_weights, pv_seq), whose accumulator is rounded
+// to F16 with F16C after every update.
 #include <math.h>
 
 #include "kernels/attention_internal.h"
@@ -41,7 +43,12 @@ static inline void qk_rows_x1(const float* q, int64_t hd, const T* k, float* s, 
     const __m256 kv = load8(k + d);
     for (int r = 0; r < NR; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * hd + d), kv, acc[r]);
   }
-  for (int r = 0; r < NR; ++r) s[r * ss] = avx2::hsum_ps(acc[r]);
+  for (int r = 0; r < NR; ++r) {
+    if constexpr (sizeof(T) == 2)  // F16 KV: qk_rows_x4's summation order, so a score does not depend on the block split
+      s[r * ss] = _mm_cvtss_f32(avx2::hsum4_ps(acc[r], acc[r], acc[r], acc[r]));
+    else
+      s[r * ss] = avx2::hsum_ps(acc[r]);
+  }
 }
 
 template <int NR, class T>
@@ -134,10 +141,100 @@ void pv_avx2(const float* p, int64_t p_stride, const float* corr, int nr, const 
   if (r < nr) pv_rows<1>(p + r * p_stride, p_stride, corr + r, vb, kv_stride, np, hd, acc + r * hd);
 }
 
+// ---- F16 KV: half-precision semantics (see attention_internal.h)
+
+// x rounded to the nearest F16 value (RNE), back in floats.
+static inline __m256 round_f16(__m256 x) {
+  return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// The running max before each position is a prefix max (scalar), after
+// which every position's factor is e^-|x - m_prev| and whether it rescales
+// the accumulator (x > m_prev) or weights V: both vectorised over the block.
+void seq_weights_avx2(float* s, float* ms, int n_valid, float scale, float* m, float* l) {
+  const int n8 = (n_valid + 7) & ~7;
+  for (int j = n_valid; j < n8; ++j) s[j] = 0.0f;  // padding lanes: defined, unused
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int j = 0; j < n8; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), sc));
+  float mx = *m;
+  for (int j = 0; j < n_valid; ++j) {
+    ms[j] = mx;  // the max before position j
+    if (s[j] > mx) mx = s[j];
+  }
+  for (int j = n_valid; j < n8; ++j) ms[j] = mx;
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for (int j = 0; j < n8; j += 8) {
+    const __m256 x = _mm256_loadu_ps(s + j), mp = _mm256_loadu_ps(ms + j);
+    // -|x - mp|; x - (-inf) = inf gives e = 0: the first position's ms.
+    const __m256 e = avx2::exp_ps(_mm256_or_ps(_mm256_sub_ps(x, mp), sign));
+    const __m256 gt = _mm256_cmp_ps(x, mp, _CMP_GT_OQ);
+    _mm256_storeu_ps(ms + j, _mm256_blendv_ps(one, e, gt));
+    _mm256_storeu_ps(s + j, _mm256_blendv_ps(e, one, gt));
+  }
+  float sum = *l;
+  for (int j = 0; j < n_valid; ++j) sum = sum * ms[j] + s[j];
+  *m = mx;
+  *l = sum;
+}
+
+// Positions [j0, j1) into NR rows' accumulators, ND vectors at column d.
+// Every element is its own dependency chain (fma, two conversions), so the
+// NR * ND chains of a tile run interleaved.
+template <int NR, int ND>
+static inline void pv_seq_tile(const float* vs, const float* ms, int64_t ps, const uint16_t* v, int64_t vstride,
+                               int j0, int j1, int64_t hd, float* acc, int64_t d) {
+  __m256 a[NR][ND];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < ND; ++i) a[r][i] = _mm256_loadu_ps(acc + r * hd + d + 8 * i);
+  for (int j = j0; j < j1; ++j) {
+    __m256 w[NR];
+    for (int r = 0; r < NR; ++r) {
+      const float c = ms[r * ps + j];
+      if (c != 1.0f) {  // a new running max: rescale (rare after the first positions)
+        const __m256 cv = _mm256_set1_ps(c);
+        for (int i = 0; i < ND; ++i) a[r][i] = round_f16(_mm256_mul_ps(a[r][i], cv));
+      }
+      w[r] = _mm256_broadcast_ss(vs + r * ps + j);
+    }
+    const uint16_t* vr = v + j * vstride + d;
+    for (int i = 0; i < ND; ++i) {
+      const __m256 x = load8(vr + 8 * i);
+      for (int r = 0; r < NR; ++r) a[r][i] = round_f16(_mm256_fmadd_ps(x, w[r], a[r][i]));
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < ND; ++i) _mm256_storeu_ps(acc + r * hd + d + 8 * i, a[r][i]);
+}
+
+template <int NR>
+static inline void pv_seq_rows(const float* vs, const float* ms, int64_t ps, const uint16_t* v, int64_t vstride,
+                               int j0, int j1, int64_t hd, float* acc) {
+  constexpr int ND = NR == 1 ? 8 : 4;  // 8 chains per tile either way
+  int64_t d = 0;
+  for (; d + 8 * ND <= hd; d += 8 * ND) pv_seq_tile<NR, ND>(vs, ms, ps, v, vstride, j0, j1, hd, acc, d);
+  for (; d < hd; d += 8) pv_seq_tile<NR, 1>(vs, ms, ps, v, vstride, j0, j1, hd, acc, d);
+}
+
+void pv_seq_avx2(const float* vs, const float* ms, int64_t stride, const int* nv, int nr, const void* v,
+                 int64_t kv_stride, int64_t hd, float* acc) {
+  const uint16_t* vb = static_cast<const uint16_t*>(v);
+  int r = 0;
+  for (; r + 2 <= nr; r += 2) {
+    // Two rows share each V load over the positions both see; the rest of the
+    // row that sees more (a later query) goes alone.
+    const int both = nv[r] < nv[r + 1] ? nv[r] : nv[r + 1];
+    pv_seq_rows<2>(vs + r * stride, ms + r * stride, stride, vb, kv_stride, 0, both, hd, acc + r * hd);
+    const int rl = nv[r] > nv[r + 1] ? r : r + 1;
+    if (nv[rl] > both)
+      pv_seq_rows<1>(vs + rl * stride, ms + rl * stride, stride, vb, kv_stride, both, nv[rl], hd, acc + rl * hd);
+  }
+  if (r < nr) pv_seq_rows<1>(vs + r * stride, ms + r * stride, stride, vb, kv_stride, 0, nv[r], hd, acc + r * hd);
+}
+
 }  // namespace
 
 const AttnKernels* attn_kernels_avx2(DType kv, int64_t head_dim) {
-  static const AttnKernels f16{qk_avx2<uint16_t>, softmax_step_avx2, pv_avx2<uint16_t>};
+  static const AttnKernels f16{qk_avx2<uint16_t>, nullptr, nullptr, seq_weights_avx2, pv_seq_avx2};
   static const AttnKernels f32{qk_avx2<float>, softmax_step_avx2, pv_avx2<float>};
   if (head_dim % 8 != 0) return nullptr;
   return kv == DType::kF16 ? &f16 : &f32;

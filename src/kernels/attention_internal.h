@@ -8,6 +8,11 @@
 //            (one KV head inside a [chunk_size, n_kv_heads, head_dim] chunk)
 //   s:       nr rows of scores / probabilities, `s_stride` floats apart
 //   acc:     nr rows of head_dim floats, contiguous
+//
+// F32 KV uses qk, softmax_step and pv (full F32 online softmax, a block at a
+// time). F16 KV uses qk, seq_weights and pv_seq: the position-sequential
+// half-precision semantics of attention.h, where the q rows are rounded to
+// F16 and not scaled (seq_weights applies the scale).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +33,20 @@ struct AttnKernels {
   // acc[r] = acc[r] * corr[r] + sum_j p[r][j] * v[j] for r < nr.
   void (*pv)(const float* p, int64_t p_stride, const float* corr, int nr, const void* v, int64_t kv_stride, int np,
              int64_t head_dim, float* acc) = nullptr;
+
+  // F16 KV only. One row of n_valid (> 0) raw dots s (not yet scaled), in
+  // position order: x = s[j] * scale; if x > m { ms = e^(m - x), m = x, vs = 1 }
+  // else { ms = 1, vs = e^(x - m) }; l = l * ms + vs. Leaves vs in s[j] and ms
+  // in ms[j]. Both rows must hold n_valid rounded up to 8 floats; entries from
+  // n_valid on are unspecified afterwards.
+  void (*seq_weights)(float* s, float* ms, int n_valid, float scale, float* m, float* l) = nullptr;
+  // F16 KV only. For r < nr, for j < nv[r] in order:
+  //   if ms[r][j] != 1: acc[r] = f16(acc[r] * ms[r][j]);
+  //   acc[r] = f16(acc[r] + vs[r][j] * v[j]),
+  // f16() rounding every element to the nearest F16 value (RNE, F16 overflow
+  // giving inf). vs, ms rows are `stride` floats apart.
+  void (*pv_seq)(const float* vs, const float* ms, int64_t stride, const int* nv, int nr, const void* v,
+                 int64_t kv_stride, int64_t head_dim, float* acc) = nullptr;
 };
 
 // kv: kF16 or kF32.
