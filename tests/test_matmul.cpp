@@ -1,5 +1,6 @@
 // Per-format kernels on every target this machine runs, against the scalar
-// reference; matmul() against a double-precision reference.
+// reference; matmul() against a double-precision reference (F16 / BF16
+// weights: with the activations rounded to F16 / BF16).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/matmul.h"
@@ -180,6 +182,105 @@ TEST_P(MatmulKernels, QuantizeActMatchesScalarExactly) {
   }
 }
 
+float from_bits(uint32_t b) { return fp32_from_bits(b); }
+
+// The F16 / BF16 activation rows round each float to nearest even: every
+// target gives the scalar reference's bytes on values chosen at the rounding
+// edges (ties both ways, overflow to Inf, F16 subnormals, signed zeros, NaN
+// payloads, float subnormals) and on random bit patterns, at every length
+// that leaves a SIMD tail; and the results are the hand-derived encodings.
+TEST_P(MatmulKernels, FloatActRoundingEdgesBitExact) {
+  if (ref_->act != DType::kF16 && ref_->act != DType::kBF16) GTEST_SKIP() << "not an F16/BF16 activation row";
+  ASSERT_EQ(ref_->act, type_);
+  const bool f16 = ref_->act == DType::kF16;
+  // {float bits, expected encoding}
+  std::vector<std::pair<uint32_t, uint16_t>> cases;
+  if (f16) {
+    cases = {
+        {0x00000000u, 0x0000}, {0x80000000u, 0x8000},  // +-0
+        {0x3f800000u, 0x3c00}, {0xbf800000u, 0xbc00},  // +-1
+        {0x3f801000u, 0x3c00},  // 1 + 2^-11: tie, to even (down)
+        {0x3f803000u, 0x3c02},  // 1 + 3 * 2^-11: tie, to even (up)
+        {0xbf801000u, 0xbc00}, {0xbf803000u, 0xbc02},
+        {0x3f801001u, 0x3c01},  // just above the tie
+        {0x3f800fffu, 0x3c00},  // just below
+        {0x45001000u, 0x6800},  // 2049: tie between 2048 and 2050 -> 2048
+        {0x45003000u, 0x6802},  // 2051 -> 2052
+        {0x477fe000u, 0x7bff},  // 65504, the largest half
+        {0x477fefffu, 0x7bff},  // just below 65520
+        {0x477ff000u, 0x7c00},  // 65520: tie with 2^16 -> Inf
+        {0xc77ff000u, 0xfc00},
+        {0x47c35000u, 0x7c00},  // 1e5
+        {0x7f7fffffu, 0x7c00}, {0xff7fffffu, 0xfc00},  // FLT_MAX
+        {0x7f800000u, 0x7c00}, {0xff800000u, 0xfc00},  // +-Inf
+        {0x38800000u, 0x0400},  // 2^-14, the smallest normal half
+        {0x387fc000u, 0x03ff},  // 1023 * 2^-24, the largest subnormal
+        {0x387fe000u, 0x0400},  // 2^-14 - 2^-25: tie between 0x3ff and 0x400 -> even 0x400
+        {0x33800000u, 0x0001}, {0xb3800000u, 0x8001},  // 2^-24, the smallest subnormal
+        {0x33000000u, 0x0000},  // 2^-25: tie between 0 and 2^-24 -> 0
+        {0xb3000000u, 0x8000},
+        {0x33000001u, 0x0001},  // just above
+        {0x33c00000u, 0x0002},  // 3 * 2^-25: tie -> 2 * 2^-24
+        {0x34200000u, 0x0002},  // 5 * 2^-25: tie -> 2 * 2^-24
+        {0x32800000u, 0x0000}, {0xb2800000u, 0x8000},  // 2^-26
+        {0x00000001u, 0x0000}, {0x807fffffu, 0x8000},  // float subnormals
+        {0x7fc00000u, 0x7e00}, {0xffc00000u, 0xfe00},  // quiet NaN
+        {0x7f800001u, 0x7e00},  // signalling NaN
+        {0x7fa5a5a5u, 0x7e00}, {0xffffffffu, 0xfe00},  // NaN payloads
+    };
+  } else {
+    cases = {
+        {0x00000000u, 0x0000}, {0x80000000u, 0x8000},
+        {0x3f800000u, 0x3f80}, {0xbf800000u, 0xbf80},
+        {0x3f808000u, 0x3f80},  // 1 + 2^-8: tie, to even (down)
+        {0x3f818000u, 0x3f82},  // 1 + 3 * 2^-8: tie, to even (up)
+        {0xbf808000u, 0xbf80}, {0xbf818000u, 0xbf82},
+        {0x3f808001u, 0x3f81}, {0x3f807fffu, 0x3f80},
+        {0x3dcccccdu, 0x3dcd},  // 0.1f
+        {0x7f7f7fffu, 0x7f7f},  // rounds down to the largest bf16
+        {0x7f7f8000u, 0x7f80},  // tie, odd -> up: Inf
+        {0x7f7fffffu, 0x7f80}, {0xff7fffffu, 0xff80},  // FLT_MAX -> Inf
+        {0x7f800000u, 0x7f80}, {0xff800000u, 0xff80},
+        {0x00800000u, 0x0080},  // FLT_MIN
+        {0x00008000u, 0x0000},  // subnormal tie -> even 0
+        {0x00018000u, 0x0002},  // subnormal tie -> even 2
+        {0x00000001u, 0x0000}, {0x807fffffu, 0x8080},
+        {0x7fc00000u, 0x7fc0}, {0xffc00000u, 0xffc0},
+        {0x7f800001u, 0x7fc0},  // signalling NaN with a low payload: quiet, not Inf
+        {0x7f80ffffu, 0x7fc0}, {0xff800001u, 0xffc0},
+        {0x7fa5a5a5u, 0x7fe5},  // payload's top bits kept, quiet bit set
+        {0x7fffffffu, 0x7fff}, {0xffffffffu, 0xffff},
+    };
+  }
+  std::vector<float> x;
+  std::vector<uint16_t> expect;
+  for (const auto& [bits, enc] : cases) {
+    x.push_back(from_bits(bits));
+    expect.push_back(enc);
+  }
+  // Random bit patterns: every exponent, NaNs and Infs included.
+  std::mt19937 rng(4242);
+  for (int i = 0; i < 2000; ++i) {
+    const float f = from_bits(static_cast<uint32_t>(rng()));
+    x.push_back(f);
+    expect.push_back(f16 ? fp32_to_fp16(f) : fp32_to_bf16(f));
+  }
+  // Every start offset and length up to 40 (the SIMD tails), then the whole row.
+  auto check = [&](int64_t off, int64_t n) {
+    std::vector<uint16_t> got(n + 4, 0xdead), want(n + 4, 0xbeef);
+    fk_->quantize_act(x.data() + off, got.data(), n);
+    ref_->quantize_act(x.data() + off, want.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(want[i], expect[off + i]) << "scalar reference, input bits 0x" << std::hex << fp32_to_bits(x[off + i]);
+      ASSERT_EQ(got[i], want[i]) << "off=" << off << " n=" << n << " input bits 0x" << std::hex << fp32_to_bits(x[off + i]);
+    }
+    for (int64_t i = n; i < n + 4; ++i) ASSERT_EQ(got[i], 0xdead) << "wrote past the row, n=" << n;
+  };
+  for (int64_t off = 0; off < static_cast<int64_t>(cases.size()); ++off)
+    for (int64_t n = 1; n <= 40 && off + n <= static_cast<int64_t>(x.size()); ++n) check(off, n);
+  check(0, static_cast<int64_t>(x.size()));
+}
+
 // vec_dot against the scalar kernel, and the scalar kernel against a
 // double-precision dot of the dequantized operands (which ties vec_dot's
 // reading of the layout to to_float's).
@@ -281,7 +382,17 @@ TEST_P(MatmulProduct, MatchesDoubleReference) {
           // The activations as the kernels see them (quantized, or as is).
           std::vector<float> xq(xt, xt + cols);
           std::vector<float> blk_err(cols, 0.f);
-          if (ref.act != DType::kF32) {
+          const bool float_act = ref.act == DType::kF16 || ref.act == DType::kBF16;
+          if (float_act) {
+            // Rounded here with the platform conversions, not the kernels':
+            // to nearest even, within half an ulp (2^-11 / 2^-8 relative;
+            // F16 subnormals: 2^-25 absolute).
+            const bool f16 = ref.act == DType::kF16;
+            for (int64_t c = 0; c < cols; ++c) {
+              xq[c] = f16 ? fp16_to_fp32(fp32_to_fp16(xt[c])) : bf16_to_fp32(fp32_to_bf16(xt[c]));
+              blk_err[c] = std::fabs(xt[c]) * (f16 ? 0x1p-11f : 0x1p-8f) + (f16 ? 0x1p-25f : 0.f);
+            }
+          } else if (ref.act != DType::kF32) {
             std::vector<uint8_t> a(row_bytes(ref.act, cols));
             ref.quantize_act(xt, a.data(), cols);
             scalar_fk(ref.act).to_float(a.data(), xq.data(), cols);
@@ -303,9 +414,14 @@ TEST_P(MatmulProduct, MatchesDoubleReference) {
               bound += std::fabs(double(wr[c])) * blk_err[c];
             }
             const float got = y[t * y_stride + r];
-            ASSERT_NEAR(got, exact_q, 2e-5 * abs_sum + 1e-6)
+            // Float formats: the products are exact (F16 x F16, BF16 x BF16)
+            // or rounded once (F32), so float summation in any order is
+            // within cols * 2^-24 * sum |w x| of the exact value.
+            const double tol = type_info(type).block_size == 1 ? 1.01 * cols * 0x1p-24 * abs_sum + 1e-30
+                                                               : 2e-5 * abs_sum + 1e-6;
+            ASSERT_NEAR(got, exact_q, tol)
                 << "t=" << t << " r=" << r << " cols=" << cols << " threads=" << threads << " n_tok=" << n_tok;
-            ASSERT_NEAR(got, exact, bound + 2e-5 * abs_sum + 1e-6) << "vs float activations";
+            ASSERT_NEAR(got, exact, bound + tol) << "vs float activations";
           }
           for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], -7.f) << "wrote past the row";
         }
@@ -337,6 +453,61 @@ INSTANTIATE_TEST_SUITE_P(All, MatmulProduct,
                                                               DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K)),
                          [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); });
 
+// The activation rounding is visible in the product: x values that F16 /
+// BF16 cannot hold give exactly the product with the rounded value (a few
+// equal terms and zeros: every sum is exact), on every target, one token and
+// several (the threaded conversion), tails included (cols = 70); F32 weights
+// keep x as is.
+TEST(MatmulActivations, RoundedToTheWeightFormat) {
+  struct Case {
+    DType type;
+    float x, rounded;
+  };
+  const Case cases[] = {
+      {DType::kF16, 1.f + 0x1p-11f + 0x1p-14f, 1.f + 0x1p-10f},  // above the tie: up
+      {DType::kF16, 1.f + 0x1p-11f, 1.f},                          // tie: to even (down)
+      {DType::kF16, 1.f + 3 * 0x1p-11f, 1.f + 0x1p-9f},            // tie: to even (up)
+      {DType::kF16, -0.1f, -0.0999755859375f},                     // 0xae66
+      {DType::kF16, 0x1p-25f * 3, 0x1p-24f * 2},                   // subnormal tie
+      {DType::kBF16, 1.f + 0x1p-8f + 0x1p-12f, 1.f + 0x1p-7f},
+      {DType::kBF16, 1.f + 0x1p-8f, 1.f},
+      {DType::kBF16, 1.f + 3 * 0x1p-8f, 1.f + 0x1p-6f},
+      {DType::kBF16, 0.1f, 0.10009765625f},  // 0x3dcd
+      {DType::kF32, 1.f + 0x1p-11f + 0x1p-14f, 1.f + 0x1p-11f + 0x1p-14f},
+      {DType::kF32, 0.1f, 0.1f},
+  };
+  const int64_t cols = 70, rows = 35;
+  const int64_t nonzero[] = {0, 33, 69};
+  for (const Case& c : cases) {
+    if (c.type != DType::kF32) {
+      ASSERT_NE(c.x, c.rounded);
+    }
+    // Row r: all 1 (even r) or all 2 (odd r), exact in every format.
+    std::vector<float> wsrc(rows * cols);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) wsrc[r * cols + k] = r % 2 ? 2.f : 1.f;
+    const uint64_t rb = row_bytes(c.type, cols);
+    std::vector<uint8_t> wdata(rows * rb);
+    for (int64_t r = 0; r < rows; ++r) quantize_row(c.type, wsrc.data() + r * cols, wdata.data() + r * rb, cols);
+    WeightView w{c.type, cols, rows, wdata.data(), rb};
+    for (Isa isa : supported_isas())
+      for (int threads : {1, 2})
+        for (int64_t n_tok : {1, 3}) {
+          std::vector<float> x(n_tok * cols, 0.f), y(n_tok * rows, -7.f);
+          for (int64_t t = 0; t < n_tok; ++t)
+            for (int64_t k : nonzero) x[t * cols + k] = c.x;
+          AlignedBuf scratch(matmul_scratch_bytes(c.type, cols, n_tok));
+          MatmulArgs args{&w, x.data(), cols, n_tok, y.data(), rows, scratch.p};
+          matmul(kernel_set(isa), args, test_pool(threads));
+          for (int64_t t = 0; t < n_tok; ++t)
+            for (int64_t r = 0; r < rows; ++r)
+              ASSERT_EQ(y[t * rows + r], 3.f * (r % 2 ? 2.f : 1.f) * c.rounded)
+                  << dtype_name(c.type) << " x=" << c.x << " " << isa_name(isa) << " threads=" << threads
+                  << " n_tok=" << n_tok << " t=" << t << " r=" << r;
+        }
+  }
+}
+
 TEST(MatmulApi, TableAndScratch) {
   for (Isa isa : supported_isas()) {
     const KernelSet& ks = kernel_set(isa);
@@ -345,9 +516,16 @@ TEST(MatmulApi, TableAndScratch) {
     EXPECT_EQ(ks.format(DType::kQ4_0)->act, DType::kQ8_0);
     EXPECT_EQ(ks.format(DType::kQ8_0)->act, DType::kQ8_0);
     for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) EXPECT_EQ(ks.format(t)->act, DType::kQ8_K);
-    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) EXPECT_EQ(ks.format(t)->act, DType::kF32);
+    EXPECT_EQ(ks.format(DType::kF32)->act, DType::kF32);
+    EXPECT_EQ(ks.format(DType::kF16)->act, DType::kF16);
+    EXPECT_EQ(ks.format(DType::kBF16)->act, DType::kBF16);
   }
-  EXPECT_EQ(matmul_scratch_bytes(DType::kF16, 4096, 8), 0u);
+  EXPECT_EQ(matmul_scratch_bytes(DType::kF32, 4096, 8), 0u);
+  // F16 / BF16: one 2-byte row per token, rows 64-byte aligned.
+  EXPECT_EQ(matmul_scratch_bytes(DType::kF16, 4096, 8), 8u * 8192u);
+  EXPECT_EQ(matmul_scratch_bytes(DType::kBF16, 4096, 3), 3u * 8192u);
+  EXPECT_EQ(matmul_scratch_bytes(DType::kF16, 37, 2), 2u * 128u);
+  EXPECT_EQ(matmul_scratch_bytes(DType::kBF16, 32, 5), 5u * 64u);
   EXPECT_GE(matmul_scratch_bytes(DType::kQ4_0, 4096, 3), 3 * row_bytes(DType::kQ8_0, 4096));
   EXPECT_EQ(matmul_scratch_bytes(DType::kQ4_K, 4096, 2) % 64, 0u);
   EXPECT_GE(matmul_scratch_bytes(DType::kQ6_K, 4096, 2), 2 * row_bytes(DType::kQ8_K, 4096));

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -195,6 +196,67 @@ INSTANTIATE_TEST_SUITE_P(All, QuantRoundTrip,
                                            Bound{DType::kQ8_0, 0.01}, Bound{DType::kQ8_K, 0.01}, Bound{DType::kQ4_0, 0.12},
                                            Bound{DType::kQ4_K, 0.10}, Bound{DType::kQ5_K, 0.05}, Bound{DType::kQ6_K, 0.025}),
                          [](const auto& info) { return std::string(dtype_name(info.param.type)); });
+
+// ---- F16 / BF16 activations ------------------------------------------------------------
+
+// The F16 / BF16 weight rows round the activations to their own format (RNE)
+// and multiply in float. Every target's rounding is bit-exact with the
+// platform conversions over a sweep of all sign/exponent/kept-mantissa
+// patterns, each with the dropped bits at the rounding edges (zero, one ulp,
+// just under half, half, just over half, all ones).
+TEST(ActivationRounding, SweepMatchesPlatformConversions) {
+  for (const bool f16 : {true, false}) {
+    const DType t = f16 ? DType::kF16 : DType::kBF16;
+    const int drop = f16 ? 13 : 16;  // float mantissa bits the format drops
+    const uint32_t half = 1u << (drop - 1), all = (1u << drop) - 1;
+    const uint32_t lows[] = {0, 1, half - 1, half, half + 1, all};
+    std::vector<float> x;
+    x.reserve((size_t{1} << (32 - drop)) * std::size(lows));
+    for (uint32_t hi = 0; hi < (1u << (32 - drop)); ++hi)
+      for (uint32_t lo : lows) x.push_back(fp32_from_bits((hi << drop) | lo));
+    std::vector<uint16_t> want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = f16 ? fp32_to_fp16(x[i]) : fp32_to_bf16(x[i]);
+    for (Isa isa : supported_isas()) {
+      const FormatKernels& fk = *kernel_set(isa).format(t);
+      ASSERT_EQ(fk.act, t) << isa_name(isa);
+      std::vector<uint16_t> got(x.size() + 1, 0x5555);
+      // An odd length, so the SIMD tail runs too.
+      fk.quantize_act(x.data(), got.data(), static_cast<int64_t>(x.size()) - 3);
+      for (size_t i = 0; i + 3 < x.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " " << dtype_name(t) << " bits 0x" << std::hex << fp32_to_bits(x[i]);
+      ASSERT_EQ(got[x.size() - 3], 0x5555) << "wrote past the row";
+    }
+  }
+}
+
+// F16 / BF16 vec_dot is the float sum of products of the rounded operands:
+// against a double sum of the same products (exact: both formats' products
+// fit a float) within the float summation bound, on every target.
+TEST(ActivationRounding, FloatDotOfRoundedOperands) {
+  for (const DType t : {DType::kF16, DType::kBF16}) {
+    for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 127, 128, 129, 4096}) {
+      const auto wf = normal(n, 7 + static_cast<uint32_t>(n));
+      const auto x = normal(n, 8 + static_cast<uint32_t>(n), 3.f);
+      std::vector<uint8_t> w(row_bytes(t, n));
+      quantize_row(t, wf.data(), w.data(), n);
+      const auto wd = dequant(t, w.data(), n);
+      double exact = 0, abs_sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float xr = t == DType::kF16 ? fp16_to_fp32(fp32_to_fp16(x[i])) : bf16_to_fp32(fp32_to_bf16(x[i]));
+        exact += double(wd[i]) * xr;
+        abs_sum += std::fabs(double(wd[i]) * xr);
+      }
+      for (Isa isa : supported_isas()) {
+        const FormatKernels& fk = *kernel_set(isa).format(t);
+        std::vector<uint8_t> a(row_bytes(fk.act, n));
+        fk.quantize_act(x.data(), a.data(), n);
+        float got = 0.f;
+        fk.vec_dot(n, w.data(), a.data(), &got);
+        EXPECT_NEAR(got, exact, 1.01 * n * 0x1p-24 * abs_sum) << isa_name(isa) << " " << dtype_name(t) << " n=" << n;
+      }
+    }
+  }
+}
 
 // ---- real files ----------------------------------------------------------------------------
 

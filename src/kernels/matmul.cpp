@@ -85,8 +85,9 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   EBB_CHECK(args.n_tokens >= 1 && args.x != nullptr && args.y != nullptr);
   const int64_t n_tok = args.n_tokens, cols = w.cols, rows = w.rows;
 
-  // 1. The activations in the format vec_dot wants: quantized once per token
-  //    into the scratch (split over the threads), or x itself for F32.
+  // 1. The activations in the format vec_dot wants: quantized (or rounded to
+  //    F16 / BF16) once per token into the scratch (split over the threads),
+  //    or x itself for F32.
   const uint8_t* act = reinterpret_cast<const uint8_t*>(args.x);
   size_t act_stride = static_cast<size_t>(args.x_stride) * sizeof(float);
   if (fk->act != DType::kF32) {

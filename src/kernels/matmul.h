@@ -2,8 +2,11 @@
 // table of per-format kernels (STYLE habit 3): adding a format is adding a row.
 //
 // Quantized weights pair with activations quantized on the fly (Q8_0 for the
-// 32-blocks, Q8_K for the K-quants) and integer dot products; F16/BF16/F32
-// weights pair with F32 activations.
+// 32-blocks, Q8_K for the K-quants) and integer dot products. F16 weights pair
+// with activations rounded to F16 and BF16 weights with activations rounded
+// to BF16 (round to nearest even), the products summed in F32: the pairing of
+// the engine we validate logits against, and half the activation bytes (and
+// both operands of VDPBF16PS). F32 weights pair with F32 activations.
 #pragma once
 
 #include <cstddef>

@@ -60,6 +60,67 @@ void q4_0_to_float(const void* src, float* dst, int64_t n) {
 
 // ---- activation quantizers -----------------------------------------------------
 
+// The F16 / BF16 activation rounding is bit-exact with the scalar reference
+// (platform/fp16.h, not included here: its inline functions must not be
+// compiled with AVX flags). Tails go through a zero-padded block of the
+// vector code, so there is one code path.
+
+// Floats -> F16, round to nearest even (F16C; subnormals and overflow to Inf
+// as the scalar fp32_to_fp16). NaN: the hardware keeps the top payload bits,
+// the reference gives sign | 0x7e00; the payload bits are cleared to match.
+inline __m128i f16_round_8(const float* p) {
+  const __m256 v = _mm256_loadu_ps(p);
+  const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+  return _mm_andnot_si128(_mm_and_si128(nan16, _mm_set1_epi16(0x01ff)), h);
+}
+
+void quantize_f16(const float* src, void* dst, int64_t n) {
+  auto* d = static_cast<uint16_t*>(dst);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), f16_round_8(src + i));
+  if (i < n) {
+    float in[8] = {};
+    alignas(16) uint16_t res[8];
+    std::memcpy(in, src + i, (n - i) * sizeof(float));
+    _mm_store_si128(reinterpret_cast<__m128i*>(res), f16_round_8(in));
+    std::memcpy(d + i, res, (n - i) * sizeof(uint16_t));
+  }
+}
+
+// 8 floats (as bits) -> 8 bf16 in the low halves of the 32-bit lanes, exactly
+// as fp32_to_bf16: x + 0x7fff + (bit 16 of x), top half; NaN -> top half | 0x40.
+inline __m256i bf16_round_8(__m256i x) {
+  const __m256i top = _mm256_srli_epi32(x, 16);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(top, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, bias), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(top, _mm256_set1_epi32(0x40)), nan);
+}
+
+// 16 floats -> 16 bf16 in element order.
+inline __m256i bf16_round_16(const float* p) {
+  const __m256i lo = bf16_round_8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m256i hi = bf16_round_8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 8)));
+  // packus works per 128-bit lane (the values are <= 0xffff: no saturation);
+  // the permute restores element order.
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+}
+
+void quantize_bf16(const float* src, void* dst, int64_t n) {
+  auto* d = static_cast<uint16_t*>(dst);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), bf16_round_16(src + i));
+  if (i < n) {
+    float in[16] = {};
+    alignas(32) uint16_t res[16];
+    std::memcpy(in, src + i, (n - i) * sizeof(float));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(res), bf16_round_16(in));
+    std::memcpy(d + i, res, (n - i) * sizeof(uint16_t));
+  }
+}
+
 void quantize_q8_0(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ8_0*>(dst);
   for (int64_t i = 0; i < n / kQK8_0; ++i) {
@@ -112,38 +173,53 @@ void dot_f32(int64_t n, const void* w, const void* a, float* out) {
   *out = s;
 }
 
+// F16 x F16: both widened by F16C (exact), products fused into four float
+// accumulators.
+inline __m256 load_f16x8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
 void dot_f16(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const float*>(a);
+  const auto* y = static_cast<const uint16_t*>(a);
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k) {
-      const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i + 8 * k)));
-      acc[k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(y + i + 8 * k), acc[k]);
-    }
-  for (; i + 8 <= n; i += 8)
-    acc[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))),
-                             _mm256_loadu_ps(y + i), acc[0]);
+    for (int k = 0; k < 4; ++k) acc[k] = _mm256_fmadd_ps(load_f16x8(x + i + 8 * k), load_f16x8(y + i + 8 * k), acc[k]);
+  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_f16x8(x + i), load_f16x8(y + i), acc[0]);
   float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) s += _cvtsh_ss(x[i]) * y[i];
+  for (; i < n; ++i) s += _cvtsh_ss(x[i]) * _cvtsh_ss(y[i]);
   *out = s;
 }
 
+// BF16 x BF16: 16 elements per load split into even and odd elements (a shift
+// and a mask, see load_bf16x16_even_odd), each half fused into its own
+// accumulator.
 void dot_bf16(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const float*>(a);
+  const auto* y = static_cast<const uint16_t*>(a);
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 xe, xo, ye, yo;
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k) acc[k] = _mm256_fmadd_ps(load_bf16x8(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
-  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16x8(x + i), _mm256_loadu_ps(y + i), acc[0]);
+    for (int k = 0; k < 2; ++k) {
+      load_bf16x16_even_odd(x + i + 16 * k, &xe, &xo);
+      load_bf16x16_even_odd(y + i + 16 * k, &ye, &yo);
+      acc[2 * k] = _mm256_fmadd_ps(xe, ye, acc[2 * k]);
+      acc[2 * k + 1] = _mm256_fmadd_ps(xo, yo, acc[2 * k + 1]);
+    }
+  for (; i + 16 <= n; i += 16) {
+    load_bf16x16_even_odd(x + i, &xe, &xo);
+    load_bf16x16_even_odd(y + i, &ye, &yo);
+    acc[0] = _mm256_fmadd_ps(xe, ye, acc[0]);
+    acc[1] = _mm256_fmadd_ps(xo, yo, acc[1]);
+  }
+  for (; i + 8 <= n; i += 8) acc[2] = _mm256_fmadd_ps(load_bf16x8(x + i), load_bf16x8(y + i), acc[2]);
   float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
   for (; i < n; ++i) {
-    const uint32_t b = static_cast<uint32_t>(x[i]) << 16;
-    float f;
-    std::memcpy(&f, &b, 4);
-    s += f * y[i];
+    const uint32_t bx = static_cast<uint32_t>(x[i]) << 16, by = static_cast<uint32_t>(y[i]) << 16;
+    float fx, fy;
+    std::memcpy(&fx, &bx, 4);
+    std::memcpy(&fy, &by, 4);
+    s += fx * fy;
   }
   *out = s;
 }
@@ -295,10 +371,8 @@ FormatTable avx2_format_table() {
   FormatTable t = scalar_format_table();
   auto row = [&](DType d) -> FormatKernels& { return t[kernel_format_index(d)]; };
   row(DType::kF32).vec_dot = dot_f32;
-  row(DType::kF16).to_float = f16_to_float;
-  row(DType::kF16).vec_dot = dot_f16;
-  row(DType::kBF16).to_float = bf16_to_float;
-  row(DType::kBF16).vec_dot = dot_bf16;
+  row(DType::kF16) = {DType::kF16, DType::kF16, f16_to_float, quantize_f16, dot_f16};
+  row(DType::kBF16) = {DType::kBF16, DType::kBF16, bf16_to_float, quantize_bf16, dot_bf16};
   row(DType::kQ8_0) = {DType::kQ8_0, DType::kQ8_0, q8_0_to_float, quantize_q8_0, dot_q8_0};
   row(DType::kQ4_0) = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0};
   row(DType::kQ4_K).quantize_act = quantize_q8_k;

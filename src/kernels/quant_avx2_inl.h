@@ -31,6 +31,15 @@ inline __m256 load_bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
+// 16 bf16 -> their float values as two vectors: the even elements (0, 2, ..,
+// 14) and the odd ones (1, 3, .., 15). One shift or one mask each, no lane
+// crossing; a dot product pairs evens with evens and odds with odds.
+inline void load_bf16x16_even_odd(const uint16_t* p, __m256* even, __m256* odd) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
 // 16 bytes of nibbles -> 32 bytes: low nibbles first (elements 0..15), then
 // the high nibbles (elements 16..31), as Q4_0 orders them.
 inline __m256i nibbles_32(const uint8_t* p) {

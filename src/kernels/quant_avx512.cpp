@@ -1,7 +1,9 @@
-// AVX-512 (F/BW/VL/DQ + VNNI) kernels: wider float dots and VNNI
-// (_mm512_dpbusd_epi32) int8 dots for the 32-element block formats, two
-// blocks per register. Rows without a 512-bit version (the K-quants, the
-// activation quantizers) are the AVX2 ones, which this target can also run.
+// AVX-512 (F/BW/VL/DQ + VNNI + BF16) kernels: wider float dots, VDPBF16PS
+// (_mm512_dpbf16_ps) for BF16 x BF16, and VNNI (_mm512_dpbusd_epi32) int8
+// dots for the 32-element block formats, two blocks per register. Rows
+// without a 512-bit version (the K-quants, the activation quantizers,
+// including the F16 / BF16 rounding) are the AVX2 ones, which this target can
+// also run.
 #include <immintrin.h>
 
 #include <cstring>
@@ -42,26 +44,47 @@ void bf16_to_float(const void* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = bf16_scalar(s[i]);
 }
 
-// The float dots: 4 independent 16-wide accumulators, then 16-, then 1-wide tails.
-template <class Load16, class Load1>
-inline float dot_float_like(int64_t n, const uint16_t* x, const float* y, Load16 load16, Load1 load1) {
+// F16 x F16: both widened (exactly), products fused into 4 independent
+// 16-wide accumulators, then 16-wide and masked tails (zeros past the end).
+void dot_f16(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   int64_t i = 0;
   for (; i + 64 <= n; i += 64)
-    for (int k = 0; k < 4; ++k) acc[k] = _mm512_fmadd_ps(load16(x + i + 16 * k), _mm512_loadu_ps(y + i + 16 * k), acc[k]);
-  for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(load16(x + i), _mm512_loadu_ps(y + i), acc[0]);
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) s += load1(x[i]) * y[i];
-  return s;
+    for (int k = 0; k < 4; ++k) acc[k] = _mm512_fmadd_ps(load_f16x16(x + i + 16 * k), load_f16x16(y + i + 16 * k), acc[k]);
+  for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(load_f16x16(x + i), load_f16x16(y + i), acc[0]);
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 xv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
+    const __m512 yv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, y + i));
+    acc[1] = _mm512_fmadd_ps(xv, yv, acc[1]);
+  }
+  *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-void dot_f16(int64_t n, const void* w, const void* a, float* out) {
-  *out = dot_float_like(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load_f16x16,
-                        [](uint16_t h) { return _cvtsh_ss(h); });
-}
+// BF16 x BF16 with VDPBF16PS: float lane j += x[2j] * y[2j] + x[2j+1] * y[2j+1]
+// over 32 bf16 pairs per instruction. The products of two bf16 are exact in
+// float; unlike the scalar reference the instruction treats bf16 subnormals
+// (|v| < 2^-126) as zero and flushes subnormal results, which changes a dot
+// by less than 2^-126 per term. Masked loads zero the tail.
+inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
 void dot_bf16(int64_t n, const void* w, const void* a, float* out) {
-  *out = dot_float_like(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load_bf16x16, bf16_scalar);
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 128 <= n; i += 128)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm512_dpbf16_ps(acc[k], as_bh(_mm512_loadu_si512(x + i + 32 * k)), as_bh(_mm512_loadu_si512(y + i + 32 * k)));
+  for (; i + 32 <= n; i += 32)
+    acc[0] = _mm512_dpbf16_ps(acc[0], as_bh(_mm512_loadu_si512(x + i)), as_bh(_mm512_loadu_si512(y + i)));
+  if (i < n) {
+    const __mmask32 m = static_cast<__mmask32>((1u << (n - i)) - 1);
+    acc[1] = _mm512_dpbf16_ps(acc[1], as_bh(_mm512_maskz_loadu_epi16(m, x + i)), as_bh(_mm512_maskz_loadu_epi16(m, y + i)));
+  }
+  *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
 void dot_f32(int64_t n, const void* w, const void* a, float* out) {
@@ -137,6 +160,7 @@ FormatTable avx512_format_table() {
   FormatTable t = avx2_format_table();
   auto row = [&](DType d) -> FormatKernels& { return t[kernel_format_index(d)]; };
   row(DType::kF32).vec_dot = dot_f32;
+  // F16 / BF16 keep the AVX2 activation rounding (bit-exact with scalar).
   row(DType::kF16).to_float = f16_to_float;
   row(DType::kF16).vec_dot = dot_f16;
   row(DType::kBF16).to_float = bf16_to_float;

@@ -114,6 +114,19 @@ void q8_k_to_float(const void* src, float* dst, int64_t n) {
 
 void quantize_f32(const float* src, void* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 
+// F16 / BF16 activations (paired with F16 / BF16 weights): each float rounded
+// to nearest even by the platform conversions; NaN stays NaN (quiet, sign
+// kept), overflow goes to Inf, F16 keeps its subnormals.
+void quantize_f16(const float* src, void* dst, int64_t n) {
+  auto* d = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_fp16(src[i]);
+}
+
+void quantize_bf16(const float* src, void* dst, int64_t n) {
+  auto* d = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_bf16(src[i]);
+}
+
 inline int8_t round_q8(float v) {
   const float r = std::nearbyint(v);
   return static_cast<int8_t>(r > 127.f ? 127.f : (r < -127.f ? -127.f : r));
@@ -160,19 +173,21 @@ void dot_f32(int64_t n, const void* w, const void* a, float* out) {
   *out = s;
 }
 
+// F16 x F16 and BF16 x BF16: both operands widened to float (exactly), the
+// products (exact in float for both formats, barring overflow) summed in float.
 void dot_f16(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const float*>(a);
+  const auto* y = static_cast<const uint16_t*>(a);
   float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += fp16_to_fp32(x[i]) * y[i];
+  for (int64_t i = 0; i < n; ++i) s += fp16_to_fp32(x[i]) * fp16_to_fp32(y[i]);
   *out = s;
 }
 
 void dot_bf16(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const uint16_t*>(w);
-  const auto* y = static_cast<const float*>(a);
+  const auto* y = static_cast<const uint16_t*>(a);
   float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += bf16_to_fp32(x[i]) * y[i];
+  for (int64_t i = 0; i < n; ++i) s += bf16_to_fp32(x[i]) * bf16_to_fp32(y[i]);
   *out = s;
 }
 
@@ -285,8 +300,8 @@ FormatTable scalar_format_table() {
   using D = DType;
   return FormatTable{{
       {D::kF32, D::kF32, f32_to_float, quantize_f32, dot_f32},
-      {D::kF16, D::kF32, f16_to_float, quantize_f32, dot_f16},
-      {D::kBF16, D::kF32, bf16_to_float, quantize_f32, dot_bf16},
+      {D::kF16, D::kF16, f16_to_float, quantize_f16, dot_f16},
+      {D::kBF16, D::kBF16, bf16_to_float, quantize_bf16, dot_bf16},
       {D::kQ8_0, D::kQ8_0, q8_0_to_float, quantize_q8_0, dot_q8_0},
       {D::kQ4_0, D::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0},
       {D::kQ4_K, D::kQ8_K, q4_k_to_float, quantize_q8_k, dot_q4_k},
