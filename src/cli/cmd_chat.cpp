@@ -48,9 +48,14 @@ class Chat {
     const std::string full = apply_chat_template(fmt_, history_, true);
     // The session holds the rendering of everything before this turn, so
     // only the new suffix is tokenized and run.
+    // Templates may trim the stored answer, so the session's text can end in
+    // whitespace the new rendering lacks; that tail is harmless to keep.
+    size_t common = 0;
+    while (common < rendered_.size() && common < full.size() && rendered_[common] == full[common]) ++common;
+    const bool tail_is_space = rendered_.find_first_not_of(" \t\n", common) == std::string::npos;
     std::string delta = full;
-    if (full.compare(0, rendered_.size(), rendered_) == 0) {
-      delta = full.substr(rendered_.size());
+    if (tail_is_space) {
+      delta = full.substr(common);
     } else {
       session_.clear();  // the template re-rendered earlier text: start again
     }
@@ -68,7 +73,11 @@ class Chat {
       return true;
     });
     std::fputc('\n', stdout);
-    history_.push_back({"assistant", st.text});
+    // Templates write "Assistant: {content}"-style headers with their own
+    // separator, so the answer's leading space belongs to the header.
+    std::string content = st.text;
+    if (!content.empty() && content[0] == ' ') content.erase(0, 1);
+    history_.push_back({"assistant", content});
     // What the session now holds, as text: the rendered prompt plus every
     // generated token, end marker included (it is pending in the session).
     rendered_ = full;

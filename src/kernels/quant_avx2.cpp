@@ -144,7 +144,7 @@ void quantize_q8_k(const float* src, void* dst, int64_t n) {
     for (int j = 0; j < kQK_K; j += 32) {
       float d;
       const __m256i q = quantize_32(x + j, amax, &d);
-      b[i].d = d;
+      b[i].d = amax != 0.f ? 1.f / (127.f / amax) : 0.f;  // 1 / multiplier, as the scalar row
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs + j), q);
       // Sums of the two groups of 16: maddubs with ones pairs the bytes,
       // madd pairs again; then the lanes of each 128-bit half are added.

@@ -76,10 +76,12 @@ inline float abs_max_32(const float* x) {
 }
 
 // Quantizes 32 floats with scale amax / 127, rounding to nearest even (as
-// the scalar reference does); returns the bytes in element order.
+// the scalar reference does); returns the bytes in element order. The
+// multiplier is 127 / amax (not 1 / d), as the reference engine computes it,
+// so the same activations give the same bytes.
 inline __m256i quantize_32(const float* x, float amax, float* d_out) {
   const float d = amax / 127.f;
-  const float id = d != 0.f ? 1.f / d : 0.f;
+  const float id = amax != 0.f ? 127.f / amax : 0.f;
   *d_out = d;
   const __m256 mul = _mm256_set1_ps(id);
   constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;

@@ -138,8 +138,9 @@ void quantize_q8_0(const float* src, void* dst, int64_t n) {
     const float* x = src + i * kQK8_0;
     float amax = 0.f;
     for (int j = 0; j < kQK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    // Multiplier 127 / amax (not 1 / d), as the reference engine computes it.
     const float d = amax / 127.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
     b[i].d = fp32_to_fp16(d);
     for (int j = 0; j < kQK8_0; ++j) b[i].qs[j] = round_q8(x[j] * id);
   }
@@ -151,9 +152,9 @@ void quantize_q8_k(const float* src, void* dst, int64_t n) {
     const float* x = src + i * kQK_K;
     float amax = 0.f;
     for (int j = 0; j < kQK_K; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.f;
-    const float id = d != 0.f ? 1.f / d : 0.f;
-    b[i].d = d;
+    // Multiplier 127 / amax and scale 1 / multiplier, as the reference engine.
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    b[i].d = id != 0.f ? 1.f / id : 0.f;
     for (int j = 0; j < kQK_K; ++j) b[i].qs[j] = round_q8(x[j] * id);
     for (int g = 0; g < kQK_K / 16; ++g) {
       int s = 0;
