@@ -20,6 +20,8 @@ struct Param {
   Isa isa;
 };
 
+void PrintTo(const Param& p, std::ostream* os) { *os << p.model << " on " << isa_name(p.isa); }
+
 std::string param_name(const testing::TestParamInfo<Param>& p) {
   std::string s = p.param.model + "_" + std::string(isa_name(p.param.isa));
   for (char& c : s)

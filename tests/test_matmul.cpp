@@ -23,7 +23,6 @@
 namespace ebb {
 namespace {
 
-const Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kNeon};
 const DType kFormats[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_K};
 
@@ -341,7 +340,7 @@ TEST_P(MatmulKernels, EdgeValues) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, MatmulKernels, ::testing::Combine(::testing::ValuesIn(kAllIsas), ::testing::ValuesIn(kFormats)),
+INSTANTIATE_TEST_SUITE_P(All, MatmulKernels, ::testing::Combine(::testing::ValuesIn(supported_isas()), ::testing::ValuesIn(kFormats)),
                          [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); });
 
 // ---- matmul ----------------------------------------------------------------------------
@@ -448,7 +447,7 @@ TEST_P(MatmulProduct, DequantizeRow) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, MatmulProduct,
-                         ::testing::Combine(::testing::ValuesIn(kAllIsas),
+                         ::testing::Combine(::testing::ValuesIn(supported_isas()),
                                             ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
                                                               DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K)),
                          [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); });
