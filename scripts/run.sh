@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target ebb_cli >/dev/null
-exec build/ebb run -m ../shared/models/stories260K.gguf -p "Once upon a time" -n 200 "$@"
+exec build/ebb run -m ../shared/models/stories260K.gguf -p "Once upon a time" -n 120 "$@"
