@@ -2,6 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -62,6 +66,30 @@ std::string make_temp_dir(const std::string& prefix) {
   std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
   if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
   return tmpl;
+}
+
+CliResult run_cli(const std::string& args, const std::string& stdin_text) {
+  const std::string dir = make_temp_dir("ebb-cli");
+  const std::string err_path = dir + "/err", in_path = dir + "/in";
+  if (FILE* f = std::fopen(in_path.c_str(), "w")) {
+    std::fputs(stdin_text.c_str(), f);
+    std::fclose(f);
+  }
+  const std::string cmd = std::string(EBB_CLI_PATH) + " " + args + " <" + in_path + " 2>" + err_path;
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("popen failed: " + cmd);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (FILE* f = std::fopen(err_path.c_str(), "r")) {
+    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
+    std::fclose(f);
+  }
+  std::filesystem::remove_all(dir);
+  return r;
 }
 
 }  // namespace ebb::test

@@ -24,4 +24,13 @@ std::vector<GoldenCase> load_golden(const std::string& model_name);
 // A fresh empty directory under the system temp dir, removed by the caller.
 std::string make_temp_dir(const std::string& prefix);
 
+// Runs the ebb binary with `args` (shell words) and `stdin_text` on its
+// standard input; returns its exit status and what it wrote to each stream.
+struct CliResult {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+CliResult run_cli(const std::string& args, const std::string& stdin_text = "");
+
 }  // namespace ebb::test

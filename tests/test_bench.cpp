@@ -132,29 +132,8 @@ TEST(BenchMembw, SmallBufferGivesPlausibleBandwidth) {
   EXPECT_THROW(measure_read_bandwidth(pool, 1 << 20, 0), Error);
 }
 
-struct CliResult {
-  int status = -1;
-  std::string out, err;
-};
-
-CliResult run_cli(const std::string& args) {
-  const std::string dir = test::make_temp_dir("ebb-bench");
-  const std::string err_path = dir + "/err";
-  const std::string cmd = std::string(EBB_CLI_PATH) + " " + args + " </dev/null 2>" + err_path;
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  if (FILE* f = std::fopen(err_path.c_str(), "r")) {
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
-    std::fclose(f);
-  }
-  std::system(("rm -rf " + dir).c_str());
-  return r;
-}
+using test::CliResult;
+using test::run_cli;
 
 TEST(BenchCli, SpeedJsonHasTheRequiredKeys) {
   const std::string model = test::model_path("stories260K.gguf");

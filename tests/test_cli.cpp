@@ -12,34 +12,8 @@
 namespace ebb {
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-Result run_cli(const std::string& args, const std::string& stdin_text = "") {
-  const std::string dir = test::make_temp_dir("ebb-cli");
-  const std::string err_path = dir + "/err", in_path = dir + "/in";
-  if (FILE* f = std::fopen(in_path.c_str(), "w")) {
-    std::fputs(stdin_text.c_str(), f);
-    std::fclose(f);
-  }
-  const std::string cmd = std::string(EBB_CLI_PATH) + " " + args + " <" + in_path + " 2>" + err_path;
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  if (FILE* f = std::fopen(err_path.c_str(), "r")) {
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
-    std::fclose(f);
-  }
-  std::system(("rm -rf " + dir).c_str());
-  return r;
-}
+using test::run_cli;
+using Result = test::CliResult;
 
 TEST(Cli, RunPrintsTheGoldenContinuation) {
   const auto golden = test::load_golden("stories260K");
