@@ -340,6 +340,41 @@ TEST_P(MatmulKernels, EdgeValues) {
   }
 }
 
+// The register-blocked tile computes each (row, token) dot bit-identically to
+// vec_dot (the golden tests rely on the exact arithmetic order).
+TEST_P(MatmulKernels, TileMatchesVecDotBitExact) {
+  if (fk_->vec_dot_tile == nullptr) GTEST_SKIP() << "no tile kernel";
+  const int R = fk_->tile_rows, T = fk_->tile_tokens;
+  ASSERT_GT(R, 0);
+  ASSERT_GT(T, 0);
+  const int64_t bs = std::max(type_info(type_).block_size, type_info(fk_->act).block_size);
+  for (int64_t n : {bs, 2 * bs, 3 * bs, 7 * bs, 32 * bs, int64_t{40}, int64_t{1000}}) {
+    if (n % type_info(type_).block_size || n % type_info(fk_->act).block_size) continue;
+    const size_t wrow = row_bytes(type_, n), arow = row_bytes(fk_->act, n) + 64;  // padded activation rows
+    std::vector<uint8_t> w(wrow * R), a(arow * T);
+    for (int r = 0; r < R; ++r) {
+      const auto wr = random_blocks(type_, n, 77 + static_cast<uint32_t>(r * 13 + n));
+      std::memcpy(w.data() + r * wrow, wr.data(), wrow);
+    }
+    for (int t = 0; t < T; ++t) {
+      const auto x = normal(n, 500 + static_cast<uint32_t>(t + n), t == 1 ? 50.f : 1.f);
+      fk_->quantize_act(x.data(), a.data() + t * arow, n);
+    }
+    const int64_t ys = R + 3;
+    std::vector<float> got(static_cast<size_t>(ys * T), -1.f);
+    fk_->vec_dot_tile(n, w.data(), wrow, a.data(), arow, got.data(), ys);
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) {
+        float want = 0.f;
+        fk_->vec_dot(n, w.data() + r * wrow, a.data() + t * arow, &want);
+        uint32_t gb, wb;
+        std::memcpy(&gb, &got[t * ys + r], 4);
+        std::memcpy(&wb, &want, 4);
+        EXPECT_EQ(gb, wb) << "n=" << n << " r=" << r << " t=" << t << " got " << got[t * ys + r] << " want " << want;
+      }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, MatmulKernels, ::testing::Combine(::testing::ValuesIn(supported_isas()), ::testing::ValuesIn(kFormats)),
                          [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); });
 
@@ -532,3 +567,4 @@ TEST(MatmulApi, TableAndScratch) {
 
 }  // namespace
 }  // namespace ebb
+

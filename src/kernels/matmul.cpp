@@ -109,8 +109,11 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   //    several tokens, a block of weight rows (sized to stay in L2) is reused
   //    for every token before moving on, so weights stream from memory once.
   const auto vec_dot = fk->vec_dot;
+  const auto tile = fk->vec_dot_tile;
+  const int64_t TR = tile ? fk->tile_rows : 1, TT = tile ? fk->tile_tokens : 1;
   const uint64_t rstride = w.row_stride;
-  const int64_t block_rows = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(rstride, 1)), 4, 64);
+  int64_t block_rows = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(rstride, 1)), 4, 64);
+  block_rows = std::max<int64_t>(TR, block_rows / TR * TR);
   pool.parallel_for(rows, kRowGrain, [&](int64_t r0, int64_t r1, int) {
     if (n_tok == 1) {
       for (int64_t r = r0; r < r1; ++r) vec_dot(cols, w.row(r), act, args.y + r);
@@ -118,7 +121,20 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
     }
     for (int64_t rb = r0; rb < r1; rb += block_rows) {
       const int64_t re = std::min(r1, rb + block_rows);
-      for (int64_t t = 0; t < n_tok; ++t) {
+      int64_t t = 0;
+      if (tile) {
+        // Tiles of TR rows x TT tokens; leftover rows go through vec_dot.
+        const int64_t re_tiled = rb + (re - rb) / TR * TR;
+        for (; t + TT <= n_tok; t += TT) {
+          const uint8_t* a = act + t * act_stride;
+          float* y = args.y + t * args.y_stride;
+          for (int64_t r = rb; r < re_tiled; r += TR) tile(cols, w.row(r), rstride, a, act_stride, y + r, args.y_stride);
+          for (int64_t tt = 0; tt < TT; ++tt)
+            for (int64_t r = re_tiled; r < re; ++r)
+              vec_dot(cols, w.row(r), a + tt * act_stride, y + tt * args.y_stride + r);
+        }
+      }
+      for (; t < n_tok; ++t) {
         const uint8_t* a = act + t * act_stride;
         float* y = args.y + t * args.y_stride;
         for (int64_t r = rb; r < re; ++r) vec_dot(cols, w.row(r), a, y + r);

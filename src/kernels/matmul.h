@@ -29,6 +29,16 @@ struct FormatKernels {
   void (*quantize_act)(const float* src, void* dst, int64_t n) = nullptr;
   // *out = dot(weight row w, activation row a), both of n elements.
   void (*vec_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
+  // Optional register-blocked tile for several tokens: for r < tile_rows,
+  // t < tile_tokens, y[t * y_stride + r] = vec_dot(n, w + r * w_stride,
+  // a + t * a_stride), each dot computed in exactly vec_dot's arithmetic
+  // order (same integer block sums, same float accumulation), so results are
+  // bit-identical; weight blocks are unpacked once per tile and reused across
+  // the tokens. nullptr: matmul calls vec_dot per (row, token).
+  void (*vec_dot_tile)(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
+                       int64_t y_stride) = nullptr;
+  int tile_rows = 0;
+  int tile_tokens = 0;
 };
 
 // All kernels of one instruction-set target.

@@ -365,6 +365,131 @@ void dot_q6_k(int64_t n, const void* w, const void* a, float* out) {
   *out = hsum(acc);
 }
 
+// ---- register-blocked tiles (several tokens at once) ---------------------------
+//
+// Each (row, token) dot below performs exactly the operations of the matching
+// dot_* above in the same order, so results are bit-identical. dot_q8_0 and
+// dot_q4_0 accumulate even blocks into one vector and odd blocks into another
+// (an odd tail block is the last even one), then hsum(even + odd): the tiles
+// run the even chain, then the odd chain, keeping R*T accumulators live.
+// dot_f16 keeps four chains (element offset 8k within each 32) for n % 32 == 0.
+
+template <int R, int T>
+void tile_q4_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  const int64_t nb = n / kQK8_0;
+  const BlockQ4_0* x[R];
+  const BlockQ8_0* q[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ4_0*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(a) + t * as);
+  const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
+  __m256 even[R][T];
+  for (int par = 0; par < 2; ++par) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = par; i < nb; i += 2) {
+      __m256i qx[R];
+      float dx[R];
+      for (int r = 0; r < R; ++r) {
+        qx[r] = nibbles_32(x[r][i].qs);
+        dx[r] = _cvtsh_ss(x[r][i].d);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs));
+        const __m256i m8 = _mm256_maddubs_epi16(eight, qy);
+        const float dy = _cvtsh_ss(q[t][i].d);
+        for (int r = 0; r < R; ++r) {
+          const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(qx[r], qy), m8);
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r] * dy), f, acc[r][t]);
+        }
+      }
+    }
+    if (par == 0) {
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) even[r][t] = acc[r][t];
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(_mm256_add_ps(even[r][t], acc[r][t]));
+    }
+  }
+}
+
+template <int R, int T>
+void tile_q8_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  const int64_t nb = n / kQK8_0;
+  const BlockQ8_0* x[R];
+  const BlockQ8_0* q[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(a) + t * as);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 even[R][T];
+  for (int par = 0; par < 2; ++par) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = par; i < nb; i += 2) {
+      __m256i qx[R], ax[R];
+      float dx[R];
+      for (int r = 0; r < R; ++r) {
+        qx[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs));
+        ax[r] = _mm256_sign_epi8(qx[r], qx[r]);
+        dx[r] = _cvtsh_ss(x[r][i].d);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs));
+        const float dy = _cvtsh_ss(q[t][i].d);
+        for (int r = 0; r < R; ++r) {
+          const __m256i p16 = _mm256_maddubs_epi16(ax[r], _mm256_sign_epi8(qy, qx[r]));
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r] * dy), f, acc[r][t]);
+        }
+      }
+    }
+    if (par == 0) {
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) even[r][t] = acc[r][t];
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(_mm256_add_ps(even[r][t], acc[r][t]));
+    }
+  }
+}
+
+template <int R, int T>
+void tile_f16(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  if (n % 32 != 0) {  // tails: vec_dot itself
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r)
+        dot_f16(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as, y + t * ys + r);
+    return;
+  }
+  const uint16_t* x[R];
+  const uint16_t* q[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a) + t * as);
+  __m256 chain[4][R][T];
+  for (int k = 0; k < 4; ++k) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = 8 * k; i < n; i += 32) {
+      __m256 wx[R];
+      for (int r = 0; r < R; ++r) wx[r] = load_f16x8(x[r] + i);
+      for (int t = 0; t < T; ++t) {
+        const __m256 ay = load_f16x8(q[t] + i);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wx[r], ay, acc[r][t]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) chain[k][r][t] = acc[r][t];
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      y[t * ys + r] = hsum(_mm256_add_ps(_mm256_add_ps(chain[0][r][t], chain[1][r][t]),
+                                         _mm256_add_ps(chain[2][r][t], chain[3][r][t])));
+}
+
 }  // namespace
 
 FormatTable avx2_format_table() {
@@ -375,6 +500,13 @@ FormatTable avx2_format_table() {
   row(DType::kBF16) = {DType::kBF16, DType::kBF16, bf16_to_float, quantize_bf16, dot_bf16};
   row(DType::kQ8_0) = {DType::kQ8_0, DType::kQ8_0, q8_0_to_float, quantize_q8_0, dot_q8_0};
   row(DType::kQ4_0) = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0};
+  row(DType::kF16).vec_dot_tile = tile_f16<2, 4>;
+  row(DType::kQ8_0).vec_dot_tile = tile_q8_0<2, 4>;
+  row(DType::kQ4_0).vec_dot_tile = tile_q4_0<2, 4>;
+  for (DType d : {DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+    row(d).tile_rows = 2;
+    row(d).tile_tokens = 4;
+  }
   row(DType::kQ4_K).quantize_act = quantize_q8_k;
   row(DType::kQ4_K).vec_dot = dot_q4_k;
   row(DType::kQ5_K).quantize_act = quantize_q8_k;

@@ -167,6 +167,9 @@ FormatTable avx512_format_table() {
   row(DType::kBF16).vec_dot = dot_bf16;
   row(DType::kQ8_0).vec_dot = dot_q8_0;
   row(DType::kQ4_0).vec_dot = dot_q4_0;
+  // The AVX2 tiles compute in the AVX2 vec_dot's order: drop them where
+  // vec_dot was replaced.
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) row(d).vec_dot_tile = nullptr;
   return t;
 }
 
