@@ -464,6 +464,49 @@ TEST_P(MatmulProduct, MatchesDoubleReference) {
   }
 }
 
+// matmul_multi gives exactly what separate matmul() calls give (one token:
+// the fused path; several: the fallback), for 1 and 2 threads.
+TEST_P(MatmulProduct, MultiMatchesSeparateCalls) {
+  const Isa isa = std::get<0>(GetParam());
+  const DType type = std::get<1>(GetParam());
+  if (!isa_supported(isa)) GTEST_SKIP() << isa_name(isa) << " not supported on this machine";
+  const KernelSet& ks = kernel_set(isa);
+  const FormatKernels& ref = scalar_fk(type);
+  const int64_t bs = std::max<int64_t>(type_info(type).block_size, type_info(ref.act).block_size);
+  const int64_t cols = 2 * std::max<int64_t>(bs, 32);
+  const int64_t rows_of[3] = {67, 32, 19};
+  std::vector<std::vector<uint8_t>> wdata(3);
+  std::vector<WeightView> w;
+  for (int i = 0; i < 3; ++i) {
+    const auto wsrc = normal(rows_of[i] * cols, 90 + static_cast<uint32_t>(i), 0.5f);
+    const uint64_t rb = row_bytes(type, cols);
+    wdata[i].resize(rows_of[i] * rb);
+    for (int64_t r = 0; r < rows_of[i]; ++r) quantize_row(type, wsrc.data() + r * cols, wdata[i].data() + r * rb, cols);
+    w.push_back(WeightView{type, cols, rows_of[i], wdata[i].data(), rb});
+  }
+  for (int threads : {1, 2}) {
+    ThreadPool& pool = test_pool(threads);
+    for (int64_t n_tok : {1, 5}) {
+      const auto x = normal(n_tok * cols, 7 + static_cast<uint32_t>(n_tok));
+      AlignedBuf scratch(matmul_scratch_bytes(type, cols, n_tok));
+      std::vector<std::vector<float>> got(3), want(3);
+      MatmulArgs args[3];
+      for (int i = 0; i < 3; ++i) {
+        got[i].assign(n_tok * rows_of[i], -3.f);
+        want[i].assign(n_tok * rows_of[i], -4.f);
+        MatmulArgs one{&w[i], x.data(), cols, n_tok, want[i].data(), rows_of[i], scratch.p};
+        matmul(ks, one, pool);
+        args[i] = MatmulArgs{&w[i], x.data(), cols, n_tok, got[i].data(), rows_of[i], scratch.p};
+      }
+      matmul_multi(ks, args, 3, pool);
+      for (int i = 0; i < 3; ++i)
+        for (size_t k = 0; k < got[i].size(); ++k)
+          ASSERT_EQ(std::memcmp(&got[i][k], &want[i][k], 4), 0)
+              << "matrix " << i << " index " << k << " threads " << threads << " n_tok " << n_tok;
+    }
+  }
+}
+
 TEST_P(MatmulProduct, DequantizeRow) {
   const Isa isa = std::get<0>(GetParam());
   const DType type = std::get<1>(GetParam());

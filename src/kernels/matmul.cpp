@@ -143,6 +143,46 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   });
 }
 
+void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool& pool) {
+  constexpr int kMax = 8;
+  EBB_CHECK(n >= 1);
+  const FormatKernels* fks[kMax];
+  bool fused = n <= kMax && args[0].n_tokens == 1;
+  for (int i = 0; fused && i < n; ++i) {
+    fks[i] = ks.format(args[i].w->type);
+    fused = fks[i] != nullptr && fks[i]->act == fks[0]->act && args[i].x == args[0].x &&
+            args[i].n_tokens == 1 && args[i].w->cols == args[0].w->cols && args[i].y != nullptr;
+  }
+  if (!fused) {
+    for (int i = 0; i < n; ++i) matmul(ks, args[i], pool);
+    return;
+  }
+  const int64_t cols = args[0].w->cols;
+  for (int i = 0; i < n; ++i) {
+    EBB_CHECK(cols % type_info(args[i].w->type).block_size == 0);
+    EBB_CHECK(cols % type_info(fks[i]->act).block_size == 0);
+  }
+  const uint8_t* act = reinterpret_cast<const uint8_t*>(args[0].x);
+  if (fks[0]->act != DType::kF32) {
+    EBB_CHECK(args[0].scratch != nullptr);
+    fks[0]->quantize_act(args[0].x, args[0].scratch, cols);  // once, on the calling thread
+    act = static_cast<const uint8_t*>(args[0].scratch);
+  }
+  int64_t first[kMax + 1];
+  first[0] = 0;
+  for (int i = 0; i < n; ++i) first[i + 1] = first[i] + args[i].w->rows;
+  pool.parallel_for(first[n], kRowGrain, [&](int64_t g0, int64_t g1, int) {
+    for (int i = 0; i < n; ++i) {
+      const int64_t b = std::max(g0, first[i]), e = std::min(g1, first[i + 1]);
+      if (b >= e) continue;
+      const WeightView& w = *args[i].w;
+      const auto vec_dot = fks[i]->vec_dot;
+      float* y = args[i].y - first[i];
+      for (int64_t r = b; r < e; ++r) vec_dot(cols, w.row(r - first[i]), act, y + r);
+    }
+  });
+}
+
 void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* dst) {
   const FormatKernels* fk = ks.format(w.type);
   EBB_CHECK_MSG(fk != nullptr, "no kernels for this weight format");

@@ -72,6 +72,14 @@ struct MatmulArgs {
 };
 void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool);
 
+// Several products with the same input x (q/k/v, gate/up): args[i] differ
+// only in w, y and y_stride. For one token whose weights share an activation
+// format, x is converted once and the union of all rows is split over the
+// threads in ONE pool dispatch; otherwise each product runs as matmul().
+// Results are identical to calling matmul() for each. scratch must hold
+// matmul_scratch_bytes for every weight.
+void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool& pool);
+
 // Dequantizes row r of W into dst[W.cols] (for embedding lookups).
 void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* dst);
 

@@ -46,6 +46,12 @@ class Forward {
  private:
   void plan_scratch();
   void matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride);
+  // Products sharing the input x (gate/up; q/k/v): one pool dispatch and one
+  // activation conversion for a single token (matmul_multi).
+  void matmul2(const WeightView& w0, float* y0, int64_t s0, const WeightView& w1, float* y1, int64_t s1,
+               const float* x, int64_t n);
+  void matmul3(const WeightView& w0, float* y0, int64_t s0, const WeightView& w1, float* y1, int64_t s1,
+               const WeightView& w2, float* y2, int64_t s2, const float* x, int64_t n);
 
   const Model& model_;
   const ModelConfig& cfg_;
