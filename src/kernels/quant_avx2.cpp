@@ -490,6 +490,64 @@ void tile_f16(int64_t n, const void* w, size_t ws, const void* a, size_t as, flo
                                          _mm256_add_ps(chain[2][r][t], chain[3][r][t])));
 }
 
+// dot_q4_k per (row, token): per block an exact int32 sum (order free), then
+// one fmadd into a single vector chain and one scalar min term, as there.
+template <int R, int T>
+void tile_q4_k(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  const BlockQ4_K* x[R];
+  const BlockQ8_K* q[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + t * as);
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  __m256 acc[R][T];
+  float acc_m[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      acc_m[r][t] = 0.f;
+    }
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    __m256i sc16[R];
+    for (int r = 0; r < R; ++r) {
+      const __m128i scm = unpack_scales_mins(x[r][i].scales);
+      sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+      const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
+      for (int t = 0; t < T; ++t) {
+        const float dmin = _cvtsh_ss(x[r][i].dmin) * q[t][i].d;
+        acc_m[r][t] += dmin * static_cast<float>(mins_dot_bsums(mn16, q[t][i].bsums));
+      }
+    }
+    __m256i sumi[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) sumi[r][t] = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      __m256i lo[R], hi[R];
+      for (int r = 0; r < R; ++r) {
+        const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs + 32 * k));
+        lo[r] = _mm256_and_si256(q4, m4);
+        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m256i q8l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs + 64 * k));
+        const __m256i q8h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs + 64 * k + 32));
+        for (int r = 0; r < R; ++r) {
+          const __m256i pl = _mm256_maddubs_epi16(lo[r], q8l);
+          const __m256i ph = _mm256_maddubs_epi16(hi[r], q8h);
+          sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(pl, scale_of(sc16[r], 2 * k)));
+          sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(ph, scale_of(sc16[r], 2 * k + 1)));
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) {
+        const float d = _cvtsh_ss(x[r][i].d) * q[t][i].d;
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r][t]), acc[r][t]);
+      }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(acc[r][t]) - acc_m[r][t];
+}
+
 }  // namespace
 
 FormatTable avx2_format_table() {
@@ -503,6 +561,9 @@ FormatTable avx2_format_table() {
   row(DType::kF16).vec_dot_tile = tile_f16<2, 4>;
   row(DType::kQ8_0).vec_dot_tile = tile_q8_0<2, 4>;
   row(DType::kQ4_0).vec_dot_tile = tile_q4_0<2, 4>;
+  row(DType::kQ4_K).vec_dot_tile = tile_q4_k<2, 2>;
+  row(DType::kQ4_K).tile_rows = 2;
+  row(DType::kQ4_K).tile_tokens = 2;
   for (DType d : {DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
     row(d).tile_rows = 2;
     row(d).tile_tokens = 4;
