@@ -548,6 +548,54 @@ void tile_q4_k(int64_t n, const void* w, size_t ws, const void* a, size_t as, fl
     for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(acc[r][t]) - acc_m[r][t];
 }
 
+// dot_q6_k per (row, token): exact int32 block sums, then the same single
+// fmadd chain.
+template <int R, int T>
+void tile_q6_k(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  const BlockQ6_K* x[R];
+  const BlockQ8_K* q[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ6_K*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + t * as);
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    __m256i sumi[R][T];
+    for (int r = 0; r < R; ++r) {
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r][i].scales)));
+      for (int t = 0; t < T; ++t) {
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].bsums));
+        sumi[r][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+      }
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int p = 0; p < 4; ++p) {
+        const int g = 8 * h + 2 * p;
+        __m256i qr[R], sr[R];
+        for (int r = 0; r < R; ++r) {
+          const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].ql + 64 * h + 32 * (p & 1)));
+          const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qh + 32 * h));
+          const __m256i lo = p >= 2 ? _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4) : _mm256_and_si256(q4, m4);
+          qr[r] = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p), m3), 4));
+          sr[r] = _mm256_set_m128i(_mm_set1_epi16(x[r][i].scales[g + 1]), _mm_set1_epi16(x[r][i].scales[g]));
+        }
+        for (int t = 0; t < T; ++t) {
+          const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs + 128 * h + 32 * p));
+          for (int r = 0; r < R; ++r)
+            sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(qr[r], q8), sr[r]));
+        }
+      }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t)
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[r][i].d) * q[t][i].d), _mm256_cvtepi32_ps(sumi[r][t]),
+                                    acc[r][t]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(acc[r][t]);
+}
+
 }  // namespace
 
 FormatTable avx2_format_table() {
@@ -564,6 +612,9 @@ FormatTable avx2_format_table() {
   row(DType::kQ4_K).vec_dot_tile = tile_q4_k<2, 2>;
   row(DType::kQ4_K).tile_rows = 2;
   row(DType::kQ4_K).tile_tokens = 2;
+  row(DType::kQ6_K).vec_dot_tile = tile_q6_k<2, 2>;
+  row(DType::kQ6_K).tile_rows = 2;
+  row(DType::kQ6_K).tile_tokens = 2;
   for (DType d : {DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
     row(d).tile_rows = 2;
     row(d).tile_tokens = 4;
