@@ -72,40 +72,21 @@ void Forward::matmul(const WeightView& w, const float* x, int64_t n, float* y, i
   ebb::matmul(ks_, a, pool_);
 }
 
-void Forward::matmul2(const WeightView& w0, float* y0, int64_t s0, const WeightView& w1, float* y1, int64_t s1,
-                      const float* x, int64_t n) {
-  MatmulArgs a[2];
-  const WeightView* ws[2] = {&w0, &w1};
-  float* ys[2] = {y0, y1};
-  const int64_t ss[2] = {s0, s1};
-  for (int i = 0; i < 2; ++i) {
-    a[i].w = ws[i];
+void Forward::matmul_shared_input(std::initializer_list<MatmulOut> outs, const float* x, int64_t n) {
+  MatmulArgs a[kMaxSharedInput];
+  EBB_CHECK(outs.size() <= kMaxSharedInput);
+  size_t i = 0;
+  for (const MatmulOut& o : outs) {
+    a[i].w = o.w;
     a[i].x = x;
-    a[i].x_stride = w0.cols;
+    a[i].x_stride = o.w->cols;
     a[i].n_tokens = n;
-    a[i].y = ys[i];
-    a[i].y_stride = ss[i];
+    a[i].y = o.y;
+    a[i].y_stride = o.y_stride;
     a[i].scratch = mm_scratch_;
+    ++i;
   }
-  ebb::matmul_multi(ks_, a, 2, pool_);
-}
-
-void Forward::matmul3(const WeightView& w0, float* y0, int64_t s0, const WeightView& w1, float* y1, int64_t s1,
-                      const WeightView& w2, float* y2, int64_t s2, const float* x, int64_t n) {
-  MatmulArgs a[3];
-  const WeightView* ws[3] = {&w0, &w1, &w2};
-  float* ys[3] = {y0, y1, y2};
-  const int64_t ss[3] = {s0, s1, s2};
-  for (int i = 0; i < 3; ++i) {
-    a[i].w = ws[i];
-    a[i].x = x;
-    a[i].x_stride = w0.cols;
-    a[i].n_tokens = n;
-    a[i].y = ys[i];
-    a[i].y_stride = ss[i];
-    a[i].scratch = mm_scratch_;
-  }
-  ebb::matmul_multi(ks_, a, 3, pool_);
+  ebb::matmul_multi(ks_, a, static_cast<int>(outs.size()), pool_);
 }
 
 namespace {
@@ -156,7 +137,7 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
     const LayerWeights w = model_.layer(l);
     // Attention block.
     for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.attn_norm, xn_ + t * d, d, c.rms_eps);
-    matmul3(w.q, q_, qd, w.k, k_, kvd, w.v, v_, kvd, xn_, n);
+    matmul_shared_input({{&w.q, q_, qd}, {&w.k, k_, kvd}, {&w.v, v_, kvd}}, xn_, n);
     add_bias(q_, w.q_bias, n, qd, ops_);
     add_bias(k_, w.k_bias, n, kvd, ops_);
     add_bias(v_, w.v_bias, n, kvd, ops_);
@@ -195,7 +176,7 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
 
     // Feed-forward block (SwiGLU).
     for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.ffn_norm, xn_ + t * d, d, c.rms_eps);
-    matmul2(w.gate, gate_, c.n_ff, w.up, up_, c.n_ff, xn_, n);
+    matmul_shared_input({{&w.gate, gate_, c.n_ff}, {&w.up, up_, c.n_ff}}, xn_, n);
     for (int64_t t = 0; t < n; ++t) ops_.swiglu(gate_ + t * c.n_ff, up_ + t * c.n_ff, gate_ + t * c.n_ff, c.n_ff);
     matmul(w.down, gate_, n, xn_, d);
     for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 
 #include "kernels/cpu.h"
@@ -48,10 +49,15 @@ class Forward {
   void matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride);
   // Products sharing the input x (gate/up; q/k/v): one pool dispatch and one
   // activation conversion for a single token (matmul_multi).
-  void matmul2(const WeightView& w0, float* y0, int64_t s0, const WeightView& w1, float* y1, int64_t s1,
-               const float* x, int64_t n);
-  void matmul3(const WeightView& w0, float* y0, int64_t s0, const WeightView& w1, float* y1, int64_t s1,
-               const WeightView& w2, float* y2, int64_t s2, const float* x, int64_t n);
+  // Several weights that read the same input (q/k/v, gate/up): the input is
+  // quantized once and all their rows run in one pool dispatch.
+  struct MatmulOut {
+    const WeightView* w;
+    float* y;  // [n, y_stride]
+    int64_t y_stride;
+  };
+  static constexpr size_t kMaxSharedInput = 3;
+  void matmul_shared_input(std::initializer_list<MatmulOut> outs, const float* x, int64_t n);
 
   const Model& model_;
   const ModelConfig& cfg_;
