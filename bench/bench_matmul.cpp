@@ -1,5 +1,5 @@
 // Decode / prefill throughput of matmul() per format and target.
-// Not built by CMake; build against the library, e.g.:
+// Built with -DEBB_BENCH=ON (cmake -S . -B build -DEBB_BENCH=ON; build/bench_NAME); or by hand, e.g.:
 //   cmake --build build-mm --target ebb
 //   g++ -O2 -std=c++20 -Isrc bench/bench_matmul.cpp build-mm/libebb.a -lpcre2-8 -lpthread -o build-mm/bench_matmul
 // Usage: bench_matmul [rows=4096] [cols=4096] [n_tokens=1] [reps=20]
