@@ -7,10 +7,8 @@
 //   bench_attention [ctx [layers [n_heads n_kv_heads]]]
 // e.g. `bench_attention 4096 8 16 1` for decode with a single KV head.
 //
-// Not part of the CMake build. Build against a Release libebb.a:
-//   cmake --build build-ops --target ebb
-//   g++ -std=c++20 -O2 -DEBB_ARCH_X86=1 -Isrc bench/bench_attention.cpp \
-//       build-ops/libebb.a -lpcre2-8 -pthread -o build-ops/bench_attention
+// Built with -DEBB_BENCH=ON: cmake -S . -B build -DEBB_BENCH=ON &&
+// cmake --build build --target bench_attention && build/bench_attention
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
