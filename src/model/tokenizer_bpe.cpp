@@ -9,13 +9,6 @@ namespace ebb::tok {
 
 namespace {
 
-struct Symbol {
-  int prev;
-  int next;
-  uint32_t start;
-  uint32_t len;  // 0: merged into the left neighbour
-};
-
 struct Bigram {
   int32_t rank;
   int left;
@@ -82,19 +75,7 @@ void BpeTokenizer::encode_word(const std::string& word, std::string& key,
   };
   for (int i = 1; i < static_cast<int>(sym.size()); ++i) try_add(i - 1, i);
 
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& left = sym[b.left];
-    Symbol& right = sym[b.right];
-    if (left.len == 0 || right.len == 0 || left.len + right.len != b.size) continue;  // stale
-    left.len += right.len;
-    right.len = 0;
-    left.next = right.next;
-    if (right.next >= 0) sym[right.next].prev = b.left;
-    try_add(left.prev, b.left);
-    try_add(b.left, left.next);
-  }
+  merge_best_pairs(sym, queue, try_add);
 
   for (int i = 0; i != -1; i = sym[i].next) {
     const std::string_view piece = text_of(i);

@@ -12,15 +12,6 @@ namespace {
 
 constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581 "▁", SentencePiece's space
 
-// A run of the text in the doubly linked list of symbols; len 0 marks a
-// symbol that was merged into its left neighbour.
-struct Symbol {
-  int prev;
-  int next;
-  uint32_t start;
-  uint32_t len;
-};
-
 // A candidate merge of two adjacent symbols into a vocabulary token. `size`
 // records the merged length so stale entries (a side changed since) can be
 // recognised and skipped when popped.
@@ -102,21 +93,7 @@ void SpmTokenizer::encode_fragment(std::string_view text, bool after_special,
   };
   for (int i = 1; i < static_cast<int>(sym.size()); ++i) try_add(i - 1, i);
 
-  // Merge the best pair until none is left: O(n log n) overall, since each
-  // merge adds at most two candidates.
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& left = sym[b.left];
-    Symbol& right = sym[b.right];
-    if (left.len == 0 || right.len == 0 || left.len + right.len != b.size) continue;  // stale
-    left.len += right.len;
-    right.len = 0;
-    left.next = right.next;
-    if (right.next >= 0) sym[right.next].prev = b.left;
-    try_add(left.prev, b.left);
-    try_add(b.left, left.next);
-  }
+  merge_best_pairs(sym, queue, try_add);
 
   for (int i = 0; i != -1; i = sym[i].next) {
     const std::string_view piece = std::string_view(s).substr(sym[i].start, sym[i].len);

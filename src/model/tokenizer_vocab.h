@@ -116,4 +116,34 @@ class VocabTokenizer : public Tokenizer {
   const Vocab vocab_;
 };
 
+// A run of the text in the doubly linked list of symbols that both merge
+// tokenizers work on; len 0 marks a symbol merged into its left neighbour.
+struct Symbol {
+  int prev;
+  int next;
+  uint32_t start;
+  uint32_t len;
+};
+
+// Pops candidate merges (Bigram: left, right, size = merged length) best
+// first and merges them in the symbol list, skipping stale candidates (a side
+// changed since it was queued); try_add(left, right) queues the new
+// neighbours of each merge. O(n log n): each merge adds at most two.
+template <class Queue, class TryAdd>
+void merge_best_pairs(std::vector<Symbol>& sym, Queue& queue, TryAdd&& try_add) {
+  while (!queue.empty()) {
+    const auto b = queue.top();
+    queue.pop();
+    Symbol& left = sym[b.left];
+    Symbol& right = sym[b.right];
+    if (left.len == 0 || right.len == 0 || left.len + right.len != b.size) continue;  // stale
+    left.len += right.len;
+    right.len = 0;
+    left.next = right.next;
+    if (right.next >= 0) sym[right.next].prev = b.left;
+    try_add(left.prev, b.left);
+    try_add(b.left, left.next);
+  }
+}
+
 }  // namespace ebb::tok
