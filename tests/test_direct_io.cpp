@@ -1,0 +1,314 @@
+// Direct I/O: CRC-32C against its table reference and the standard vector;
+// DirectFile; IoEngine on both backends (io_uring and I/O threads): round
+// trips split into many pieces, concurrent tickets, short reads at end of
+// file, errors that name the file, a destructor that waits; read_range.
+#include <fcntl.h>
+#include <liburing.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "platform/allocator.h"
+#include "platform/checksum.h"
+#include "platform/direct_io.h"
+#include "platform/error.h"
+#include "support.h"
+
+namespace ebb {
+namespace {
+
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+// Bitwise CRC-32C straight from the definition: the reference of references.
+uint32_t crc32c_bitwise(const uint8_t* p, size_t n) {
+  uint32_t c = ~0u;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1) ? 0x82F63B78u : 0);
+  }
+  return ~c;
+}
+
+TEST(Crc32c, StandardVector) {
+  const char* s = "123456789";
+  EXPECT_EQ(crc32c_scalar(s, 9), 0xE3069283u);
+  EXPECT_EQ(crc32c(s, 9), 0xE3069283u);
+  if (crc32c_hw_available()) {
+    EXPECT_EQ(crc32c_hw(s, 9), 0xE3069283u);
+  }
+  EXPECT_EQ(crc32c(s, 0), 0u);
+}
+
+TEST(Crc32c, ImplementationsAgreeOnRandomDataAndOddLengths) {
+  const auto data = random_bytes(70000, 7);
+  std::mt19937 rng(11);
+  for (int i = 0; i < 300; ++i) {
+    const size_t off = rng() % 64, n = i < 100 ? static_cast<size_t>(i) : rng() % (data.size() - 64);
+    const uint8_t* p = data.data() + off;
+    const uint32_t want = crc32c_bitwise(p, n);
+    ASSERT_EQ(crc32c_scalar(p, n), want) << "off " << off << " n " << n;
+    ASSERT_EQ(crc32c(p, n), want) << "off " << off << " n " << n;
+    if (crc32c_hw_available()) {
+      ASSERT_EQ(crc32c_hw(p, n), want) << "off " << off << " n " << n;
+    }
+  }
+}
+
+TEST(Crc32c, SeedChainsPieces) {
+  const auto data = random_bytes(10007, 3);
+  const uint32_t whole = crc32c(data.data(), data.size());
+  for (size_t k : {size_t{0}, size_t{1}, size_t{13}, size_t{4096}, size_t{10007}}) {
+    const uint32_t a = crc32c(data.data(), k);
+    EXPECT_EQ(crc32c(data.data() + k, data.size() - k, a), whole) << k;
+    EXPECT_EQ(crc32c_scalar(data.data() + k, data.size() - k, crc32c_scalar(data.data(), k)), whole) << k;
+  }
+}
+
+TEST(DirectIo, AlignHelpers) {
+  EXPECT_EQ(align_down(4095), 0u);
+  EXPECT_EQ(align_down(4096), 4096u);
+  EXPECT_EQ(align_up(1), 4096u);
+  EXPECT_EQ(align_up(4096), 4096u);
+  EXPECT_EQ(align_up(0), 0u);
+  EXPECT_EQ(align_up(65, 64), 128u);
+}
+
+// A temporary directory removed at the end of each test.
+class TempDir {
+ public:
+  TempDir() : path_(test::make_temp_dir("ebb-dio")) {}
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+void write_plain(const std::string& path, const std::vector<uint8_t>& data) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+  ::close(fd);
+}
+
+TEST(DirectIo, OpenErrorsNameThePath) {
+  TempDir dir;
+  try {
+    DirectFile::open_read(dir.file("missing.bin"));
+    FAIL() << "opening a missing file must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.bin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("No such file"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(DirectFile::create(dir.file("no/such/dir/x.bin"), 4096), Error);
+}
+
+TEST(DirectIo, CreatePreallocatesAndMoves) {
+  TempDir dir;
+  DirectFile f = DirectFile::create(dir.file("a.bin"), 3 * kDirectAlign);
+  EXPECT_TRUE(f.is_open());
+  EXPECT_EQ(f.size(), 3 * kDirectAlign);
+  EXPECT_EQ(std::filesystem::file_size(dir.file("a.bin")), 3 * kDirectAlign);
+  // /tmp is a disk filesystem on the development machines; tmpfs would refuse O_DIRECT.
+  const int flags = fcntl(f.fd(), F_GETFL);
+  EXPECT_EQ((flags & O_DIRECT) != 0, f.direct());
+  const int fd = f.fd();
+  DirectFile g = std::move(f);
+  EXPECT_FALSE(f.is_open());
+  EXPECT_EQ(g.fd(), fd);
+  EXPECT_EQ(DirectFile::open_read(dir.file("a.bin")).size(), 3 * kDirectAlign);
+}
+
+bool kernel_has_uring() {
+  io_uring ring;
+  if (io_uring_queue_init(4, &ring, 0) != 0) return false;
+  io_uring_queue_exit(&ring);
+  return true;
+}
+
+class IoEngineTest : public ::testing::TestWithParam<bool> {
+ protected:
+  IoOptions opts(int qd = 4, uint64_t max_request = 16 << 10) const {
+    return IoOptions{.queue_depth = qd, .max_request = max_request, .use_uring = GetParam()};
+  }
+  Buffer aligned(uint64_t bytes) { return alloc_.allocate(bytes, MemCategory::kIoBuffer, kDirectAlign); }
+  TempDir dir_;
+  Ledger ledger_;
+  Allocator alloc_{&ledger_};
+};
+
+TEST_P(IoEngineTest, UsesTheRequestedBackend) {
+  IoEngine io(opts());
+  // The engine falls back to threads only when the kernel refuses io_uring.
+  EXPECT_EQ(io.uses_uring(), GetParam() && kernel_has_uring());
+  EXPECT_EQ(io.options().use_uring, io.uses_uring());
+}
+
+TEST_P(IoEngineTest, RoundTripManyPiecesAndRequests) {
+  IoEngine io(opts(3, 8 << 10));
+  const uint64_t n = 1 << 20;
+  DirectFile f = DirectFile::create(dir_.file("rt.bin"), n);
+  const auto data = random_bytes(n, 21);
+  Buffer src = aligned(n), dst = aligned(n);
+  std::memcpy(src.data(), data.data(), n);
+  // Four requests of unequal sizes, each split into 8 KiB pieces.
+  const uint64_t cuts[] = {0, 12288, 409600, 794624, n};
+  std::vector<IoRequest> w, r;
+  for (int i = 0; i < 4; ++i) {
+    w.push_back({f.fd(), cuts[i], src.as<uint8_t>() + cuts[i], cuts[i + 1] - cuts[i], true});
+    r.push_back({f.fd(), cuts[i], dst.as<uint8_t>() + cuts[i], cuts[i + 1] - cuts[i], false});
+  }
+  io.run(w, f.path());
+  std::memset(dst.data(), 0xAB, n);
+  io.run(r, f.path());
+  EXPECT_EQ(std::memcmp(dst.data(), data.data(), n), 0);
+}
+
+TEST_P(IoEngineTest, ConcurrentTicketsFromSeveralThreads) {
+  IoEngine io(opts(4, 4096));
+  const uint64_t per = 64 << 10;
+  const int n_threads = 4, rounds = 20;
+  DirectFile f = DirectFile::create(dir_.file("cc.bin"), per * n_threads);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < n_threads; ++t) {
+    ts.emplace_back([&, t] {
+      Buffer src = aligned(per), dst = aligned(per);
+      for (int round = 0; round < rounds; ++round) {
+        const auto data = random_bytes(per, 100 * t + round);
+        std::memcpy(src.data(), data.data(), per);
+        const IoRequest w{f.fd(), t * per, src.data(), per, true};
+        IoEngine::Ticket tw = io.submit(std::span(&w, 1));
+        io.wait(tw);
+        const IoRequest rd{f.fd(), t * per, dst.data(), per, false};
+        IoEngine::Ticket tr = io.submit(std::span(&rd, 1));
+        while (!io.done(tr)) std::this_thread::yield();
+        io.wait(tr);  // already done: returns at once
+        if (std::memcmp(dst.data(), data.data(), per) != 0) bad.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST_P(IoEngineTest, TicketsCompleteOutOfOrder) {
+  IoEngine io(opts(2, 4096));
+  const uint64_t n = 256 << 10;
+  DirectFile f = DirectFile::create(dir_.file("oo.bin"), n);
+  const auto data = random_bytes(n, 5);
+  Buffer src = aligned(n);
+  std::memcpy(src.data(), data.data(), n);
+  const IoRequest w{f.fd(), 0, src.data(), n, true};
+  io.run(std::span(&w, 1));
+  std::vector<Buffer> dsts;
+  std::vector<IoEngine::Ticket> tickets;
+  for (int i = 0; i < 8; ++i) {
+    dsts.push_back(aligned(n / 8));
+    const IoRequest r{f.fd(), i * n / 8, dsts.back().data(), n / 8, false};
+    tickets.push_back(io.submit(std::span(&r, 1)));
+  }
+  for (int i = 7; i >= 0; --i) {  // wait newest first
+    io.wait(tickets[i]);
+    EXPECT_EQ(std::memcmp(dsts[i].data(), data.data() + i * n / 8, n / 8), 0) << i;
+  }
+  EXPECT_TRUE(io.done(tickets[0]));
+}
+
+TEST_P(IoEngineTest, ShortReadAtEndOfFileZeroFills) {
+  IoEngine io(opts(4, 8192));
+  const auto data = random_bytes(10000, 9);  // not a multiple of 4 KiB
+  write_plain(dir_.file("eof.bin"), data);
+  DirectFile f = DirectFile::open_read(dir_.file("eof.bin"));
+  EXPECT_EQ(f.size(), 10000u);
+  Buffer dst = aligned(24576);
+  std::memset(dst.data(), 0xCD, 24576);
+  // Pieces: [0,8K) full, [8K,16K) short (1808 bytes), [16K,24K) past the end.
+  const IoRequest r{f.fd(), 0, dst.data(), 24576, false};
+  io.run(std::span(&r, 1));
+  EXPECT_EQ(std::memcmp(dst.data(), data.data(), data.size()), 0);
+  for (uint64_t i = data.size(); i < 24576; ++i) ASSERT_EQ(dst.as<uint8_t>()[i], 0) << i;
+}
+
+TEST_P(IoEngineTest, FailureNamesFileOffsetAndReason) {
+  IoEngine io(opts());
+  write_plain(dir_.file("ro.bin"), random_bytes(8192, 1));
+  DirectFile f = DirectFile::open_read(dir_.file("ro.bin"));
+  Buffer buf = aligned(8192);
+  // Writing through a read-only descriptor fails with EBADF.
+  const IoRequest w{f.fd(), 4096, buf.data(), 4096, true};
+  try {
+    io.run(std::span(&w, 1), f.path());
+    FAIL() << "a write to a read-only descriptor must throw";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("ro.bin"), std::string::npos) << m;
+    EXPECT_NE(m.find("write"), std::string::npos) << m;
+    EXPECT_NE(m.find("offset 4096"), std::string::npos) << m;
+    EXPECT_NE(m.find("Bad file descriptor"), std::string::npos) << m;
+  }
+  // done() keeps a failed ticket's error for wait().
+  IoEngine::Ticket t = io.submit(std::span(&w, 1));
+  while (!io.done(t)) std::this_thread::yield();
+  EXPECT_THROW(io.wait(t), Error);
+  // The engine still works afterwards.
+  const IoRequest r{f.fd(), 0, buf.data(), 8192, false};
+  EXPECT_NO_THROW(io.run(std::span(&r, 1)));
+}
+
+TEST_P(IoEngineTest, DestructorWaitsForEverythingInFlight) {
+  const uint64_t n = 2 << 20;
+  const auto data = random_bytes(n, 33);
+  write_plain(dir_.file("d.bin"), data);
+  DirectFile f = DirectFile::open_read(dir_.file("d.bin"));
+  Buffer dst = aligned(n);
+  std::memset(dst.data(), 0, n);
+  {
+    IoEngine io(opts(2, 4096));  // 512 pieces, two at a time
+    const IoRequest r{f.fd(), 0, dst.data(), n, false};
+    io.submit(std::span(&r, 1));
+  }
+  EXPECT_EQ(std::memcmp(dst.data(), data.data(), n), 0);
+}
+
+TEST_P(IoEngineTest, ReadRangeAnyOffsetAnyDestination) {
+  IoEngine io(opts(4, 16 << 10));
+  const uint64_t n = 300000;  // ends mid-block
+  const auto data = random_bytes(n, 44);
+  write_plain(dir_.file("rr.bin"), data);
+  DirectFile f = DirectFile::open_read(dir_.file("rr.bin"));
+  std::vector<uint8_t> dst(n + 8192 + 64);
+  std::mt19937 rng(45);
+  for (int i = 0; i < 60; ++i) {
+    const uint64_t off = rng() % n, len = 1 + rng() % (n - off);
+    // Half the time the destination lines up with the file's blocks so the
+    // middle goes straight into it.
+    uint8_t* base = dst.data() + (4096 - reinterpret_cast<uintptr_t>(dst.data()) % 4096);
+    uint8_t* out = (i % 2 == 0) ? base + off % 4096 : base + 1 + rng() % 63;
+    read_range(io, f, off, out, len);
+    ASSERT_EQ(std::memcmp(out, data.data() + off, len), 0) << "off " << off << " len " << len;
+  }
+  // Past the end reads as zeros.
+  std::vector<uint8_t> tail(5000, 0xEE);
+  read_range(io, f, n - 1000, tail.data(), tail.size());
+  EXPECT_EQ(std::memcmp(tail.data(), data.data() + n - 1000, 1000), 0);
+  for (size_t i = 1000; i < tail.size(); ++i) ASSERT_EQ(tail[i], 0) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "uring" : "threads"; });
+
+}  // namespace
+}  // namespace ebb
