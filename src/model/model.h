@@ -16,11 +16,16 @@ class Model {
  public:
   // Parses and validates the file and reads every weight unit. Throws
   // ebb::Error naming the file and the problem.
-  static std::unique_ptr<Model> load(const std::string& path, Allocator& alloc);
+  // With load_weights false no unit is read: elastic restore or budget mode
+  // (which loads only what its plan keeps) fills them later.
+  static std::unique_ptr<Model> load(const std::string& path, Allocator& alloc, bool load_weights = true);
 
   const GgufFile& file() const { return *file_; }
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+
+  WeightUnit& mutable_globals_unit() { return layout_.globals; }
+  const WeightLayout& layout() const { return layout_; }
 
   int n_layers() const { return static_cast<int>(layout_.layers.size()); }
   WeightUnit& layer_unit(int l) { return layout_.layers[l]; }

@@ -13,6 +13,7 @@ namespace ebb {
 Forward::Forward(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc, ForwardOptions opts)
     : model_(model),
       cfg_(model.config()),
+      resident_(model),
       isa_(isa),
       ks_(kernel_set(isa)),
       ops_(ops_kernels(isa)),
@@ -34,12 +35,13 @@ void Forward::plan_scratch() {
   const ModelConfig& c = cfg_;
   // Largest activation scratch any weight needs for B rows.
   size_t mm = 0;
-  auto consider = [&](const WeightView& w) { mm = std::max(mm, matmul_scratch_bytes(w.type, w.cols, B)); };
-  for (int l = 0; l < model_.n_layers(); ++l) {
-    const LayerWeights w = model_.layer(l);
-    for (const WeightView* v : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down}) consider(*v);
-  }
-  consider(model_.globals().output);
+  // From the unit layouts, not the data: units need not be resident here.
+  auto consider = [&](const WeightUnit& u) {
+    for (const TensorSlot& s : u.slots())
+      if (s.dims.size() == 2) mm = std::max(mm, matmul_scratch_bytes(s.type, s.dims[0], B));
+  };
+  for (int l = 0; l < model_.n_layers(); ++l) consider(model_.layer_unit(l));
+  consider(model_.globals_unit());
 
   const size_t floats[] = {
       static_cast<size_t>(B * c.n_embd), static_cast<size_t>(B * c.n_embd), static_cast<size_t>(B * c.q_dim()),
@@ -113,7 +115,9 @@ void store_rows(KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float
 
 }  // namespace
 
-void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits) {
+void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits,
+                  WeightSource* source) {
+  WeightSource& src = source ? *source : resident_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   EBB_CHECK(n >= 1 && n <= opts_.max_batch);
   const ModelConfig& c = cfg_;
@@ -122,19 +126,27 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
   EBB_CHECK(kv.options().chunk_size <= opts_.max_chunk_size);
   const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
 
-  const GlobalWeights g = model_.globals();
   for (int64_t t = 0; t < n; ++t) {
     if (tokens[t] < 0 || tokens[t] >= c.n_vocab) {
       throw Error("token id " + std::to_string(tokens[t]) + " is outside the vocabulary [0, " +
                   std::to_string(c.n_vocab) + ")");
     }
-    dequantize_row(ks_, g.token_embd, tokens[t], x_ + t * d);
+  }
+  // Ends the pass on every exit, so a streamer's window is reset after an error too.
+  struct PassGuard {
+    WeightSource& s;
+    ~PassGuard() { s.end_pass(); }
+  };
+  src.begin_pass(tokens);
+  PassGuard guard{src};
+  for (int64_t t = 0; t < n; ++t) {
+    dequantize_row(ks_, src.embedding_row(tokens[t]), 0, x_ + t * d);
     rope_cos_sin(pos0 + t, c.rope_dim, c.rope_base, c.rope_freq_scale, rope_ + t * c.rope_dim);
   }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (int l = 0; l < model_.n_layers(); ++l) {
-    const LayerWeights w = model_.layer(l);
+    const LayerWeights w = src.acquire_layer(l);
     // Attention block.
     for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.attn_norm, xn_ + t * d, d, c.rms_eps);
     matmul_shared_input({{&w.q, q_, qd}, {&w.k, k_, kvd}, {&w.v, v_, kvd}}, xn_, n);
@@ -180,15 +192,18 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
     for (int64_t t = 0; t < n; ++t) ops_.swiglu(gate_ + t * c.n_ff, up_ + t * c.n_ff, gate_ + t * c.n_ff, c.n_ff);
     matmul(w.down, gate_, n, xn_, d);
     for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
+    src.release_layer(l);
   }
   kv.set_n_tokens(pos0 + n);
 
   // Output head on the rows the caller wants.
   const int64_t first = all_logits ? 0 : n - 1;
   const int64_t n_out = n - first;
+  const GlobalWeights g = src.acquire_head();
   for (int64_t t = first; t < n; ++t)
     ops_.rmsnorm(x_ + t * d, g.output_norm, xn_ + (t - first) * d, d, c.rms_eps);
   matmul(g.output, xn_, n_out, logits, c.n_vocab);
+  src.release_head();
 }
 
 }  // namespace ebb

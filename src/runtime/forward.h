@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "model/weight_source.h"
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
 
@@ -34,7 +35,9 @@ class Forward {
   // and advances kv.n_tokens(). tokens.size() <= max_batch.
   //   logits: [n_out, n_vocab] where n_out = tokens.size() when all_logits,
   //           else 1 (the last token's logits).
-  void run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits);
+  // Weights come from `source` (nullptr: the model's resident units).
+  void run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits,
+           WeightSource* source = nullptr);
 
   // Re-plans scratch for a larger KV chunk size (called when a session is
   // created, never during generation).
@@ -61,6 +64,7 @@ class Forward {
 
   const Model& model_;
   const ModelConfig& cfg_;
+  ResidentWeights resident_;
   Isa isa_;
   const KernelSet& ks_;
   const OpsKernels& ops_;
