@@ -56,6 +56,11 @@ class Engine {
   Forward& forward() { return *forward_; }
   Isa isa() const { return isa_; }
 
+  // Where forward passes take their weights: nullptr while every unit is
+  // resident, else elastic restore's latches or budget mode's streamer.
+  WeightSource* weight_source() const { return weight_source_; }
+  void set_weight_source(WeightSource* s) { weight_source_ = s; }
+
   Footprint footprint() const;
   // A short identity of the model (architecture, shapes, types and sampled
   // weight bytes), recorded in saved sessions.
@@ -74,6 +79,7 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Forward> forward_;
   uint64_t fingerprint_ = 0;
+  WeightSource* weight_source_ = nullptr;
   mutable std::mutex sessions_mu_;
   std::vector<Session*> sessions_;
 };

@@ -67,10 +67,10 @@ std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::v
     const int64_t n = std::min(fwd.max_batch(), todo - done);
     std::span<const TokenId> batch(tokens_.data() + start + done, static_cast<size_t>(n));
     if (all_logits) {
-      fwd.run(batch, *kv_, all_logits->data() + done * n_vocab, true);
+      fwd.run(batch, *kv_, all_logits->data() + done * n_vocab, true, engine_.weight_source());
       std::memcpy(logits_.as<float>(), all_logits->data() + (done + n - 1) * n_vocab, n_vocab * sizeof(float));
     } else {
-      fwd.run(batch, *kv_, logits_.as<float>(), false);
+      fwd.run(batch, *kv_, logits_.as<float>(), false, engine_.weight_source());
     }
     done += n;
     have_logits_ = true;
