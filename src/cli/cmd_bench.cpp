@@ -166,10 +166,13 @@ void add_speed_command(CLI::App* bench, int* rc) {
 
 }  // namespace
 
+void add_kvcodec_command(CLI::App* bench, int* rc);  // cmd_bench_kvcodec.cpp
+
 void add_bench_command(CLI::App& app, int* rc) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks (speed)");
   bench->require_subcommand(1);
   add_speed_command(bench, rc);
+  add_kvcodec_command(bench, rc);
 }
 
 }  // namespace ebb::cli
