@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
     ebb::cli::add_inspect_command(app, &rc);
     ebb::cli::add_synth_command(app, &rc);
     ebb::cli::add_bench_command(app, &rc);
+    ebb::cli::add_profile_command(app, &rc);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

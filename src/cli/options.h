@@ -43,5 +43,6 @@ void add_chat_command(CLI::App& app, int* rc);
 void add_inspect_command(CLI::App& app, int* rc);
 void add_synth_command(CLI::App& app, int* rc);
 void add_bench_command(CLI::App& app, int* rc);
+void add_profile_command(CLI::App& app, int* rc);
 
 }  // namespace ebb::cli
