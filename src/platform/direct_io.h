@@ -100,9 +100,8 @@ class IoEngine {
   const IoOptions& options() const;
   bool uses_uring() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
