@@ -236,6 +236,15 @@ TEST(DeviceProfile, CliQuickWithModel) {
   EXPECT_EQ(m.at("threshold").get<int64_t>(), n_layer * m.at("chunks_per_layer").get<int64_t>());
   EXPECT_TRUE(fs::is_empty(dir + "/swap"));
 
+  // --from prints a saved profile without measuring: same model figures.
+  const test::CliResult again =
+      test::run_cli("profile --json --from " + out + " -m " + test::model_path("stories260K.gguf"));
+  ASSERT_EQ(again.status, 0) << again.err;
+  const nlohmann::json k = nlohmann::json::parse(again.out);
+  EXPECT_EQ(k.at("from"), out);
+  EXPECT_EQ(k.at("model").at("threshold"), m.at("threshold"));
+  EXPECT_DOUBLE_EQ(k.at("model").at("t_d").get<double>(), m.at("t_d").get<double>());
+
   const test::CliResult bad = test::run_cli("profile --quick --codec zstd --dir " + dir + " --out " + out);
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.err.find("zstd"), std::string::npos) << bad.err;

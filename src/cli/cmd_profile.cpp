@@ -25,6 +25,7 @@ namespace {
 struct ProfileArgs {
   std::string dir;
   std::string out;
+  std::string from;  // print this saved profile instead of measuring
   std::string model;
   std::string codec = "int8";
   std::string isa;
@@ -136,7 +137,7 @@ void print_profile(const DeviceProfile& p, const ProfileArgs& a, const ModelTime
     }
   }
   if (a.quick) std::printf("\n  note: --quick measures a small grid briefly; run without it for the real profile\n");
-  std::printf("\n  saved to %s\n", saved.c_str());
+  std::printf("\n  %s %s\n", a.from.empty() ? "saved to" : "read from", saved.c_str());
 }
 
 nlohmann::json model_json(const ProfileArgs& a, const ModelTimes& m) {
@@ -170,16 +171,20 @@ int run_profile(const ProfileArgs& a) {
     o.isa = *isa;
   }
   parse_kv_codec(a.codec);  // a bad name fails before the minutes of measuring
-  const DeviceProfile p = measure_device_profile(o, [](std::string_view line) {
-    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
-  });
+  const bool measure = a.from.empty();
+  const DeviceProfile p = measure ? measure_device_profile(o,
+                                                           [](std::string_view line) {
+                                                             std::fprintf(stderr, "%.*s\n",
+                                                                          static_cast<int>(line.size()), line.data());
+                                                           })
+                                  : DeviceProfile::load(a.from);
   std::unique_ptr<ModelTimes> m;
   if (!a.model.empty()) m = std::make_unique<ModelTimes>(model_times(a, p));
-  const std::string saved = a.out.empty() ? default_profile_path() : a.out;
-  p.save(saved);
+  const std::string saved = measure ? (a.out.empty() ? default_profile_path() : a.out) : a.from;
+  if (measure) p.save(saved);
   if (a.json) {
     nlohmann::json j = p.to_json();
-    j["saved"] = saved;
+    j[measure ? "saved" : "from"] = saved;
     if (m) j["model"] = model_json(a, *m);
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -196,6 +201,7 @@ void add_profile_command(CLI::App& app, int* rc) {
   CLI::App* sub = app.add_subcommand("profile", "Measure storage, KV codecs and allocation; save the device profile");
   sub->add_option("--dir", a->dir, "Directory on the storage to measure (default: the swap directory)");
   sub->add_option("--out", a->out, "Where to save the profile (default: " + default_profile_path() + ")");
+  sub->add_option("--from", a->from, "Print this saved profile (and the model's times) instead of measuring");
   sub->add_option("-m,--model", a->model, "GGUF model: also print its per-unit times and threshold T");
   sub->add_option("--codec", a->codec, "KV codec for the model's t_d (int8, int4)")->capture_default_str();
   sub->add_option("--kv-chunk", a->kv_chunk, "KV chunk size in tokens for the model's unit times")
