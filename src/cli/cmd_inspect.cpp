@@ -7,6 +7,8 @@
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/weights.h"
+#include "platform/error.h"
+#include "runtime/budget_mode.h"
 
 namespace ebb::cli {
 namespace {
@@ -14,7 +16,34 @@ namespace {
 struct InspectArgs {
   std::string model;
   bool tensors = true;
+  std::string budget;         // --memory-budget: print the budget plan
+  std::string system = "ebb";
+  int window = 3;
+  int64_t ctx = 0;
+  int64_t batch = 64;
+  int threads = 0;
 };
+
+// The plan budget mode would run with (ebb run -m MODEL --memory-budget SIZE).
+void print_budget_plan(const InspectArgs& a) {
+  Ledger ledger;
+  Allocator alloc(&ledger);
+  auto model = Model::load(a.model, alloc, false);
+  ThreadPool pool(ThreadPoolOptions{.n_threads = a.threads});
+  ForwardOptions fo;
+  fo.max_batch = a.batch;
+  Forward fwd(*model, best_isa(), pool, alloc, fo);
+  BudgetOptions b;
+  b.budget = parse_size(a.budget, model->weight_bytes());
+  auto sys = parse_budget_system(a.system);
+  if (!sys || *sys == BudgetSystem::kMmap) throw ebb::Error("--budget-system '" + a.system + "' has no plan");
+  b.system = *sys;
+  b.window = a.window;
+  b.n_ctx = a.ctx;
+  const BudgetPlan p = plan_for(*model, fwd, b, 256);
+  std::printf("\nmodel weights %s\n%s", format_bytes(model->weight_bytes()).c_str(),
+              describe_plan(p, model->layout()).c_str());
+}
 
 std::string value_str(const GgufValue& v) {
   switch (v.type) {
@@ -71,6 +100,7 @@ int inspect(const InspectArgs& a) {
   const uint64_t kv_f16 = 2ull * c.n_layer * c.kv_dim() * 2 * 1000;
   std::printf("\nKV per 1k tokens: %s (F16), %s (F32)\n", format_bytes(kv_f16).c_str(),
               format_bytes(kv_f16 * 2).c_str());
+  if (!a.budget.empty()) print_budget_plan(a);
   return 0;
 }
 
@@ -81,6 +111,12 @@ void add_inspect_command(CLI::App& app, int* rc) {
   CLI::App* sub = app.add_subcommand("inspect", "Show a model's metadata, tensors, bytes per layer and KV size");
   sub->add_option("model", a->model, "GGUF model file")->required();
   sub->add_flag("!--no-tensors", a->tensors, "Do not list the tensors");
+  sub->add_option("--memory-budget", a->budget, "Print the budget-mode plan for this budget (600MiB, 1.5GiB, 40%)");
+  sub->add_option("--budget-system", a->system, "Planner: ebb, attn-first, ffn-first, unbalanced, sync, prefetch")
+      ->capture_default_str();
+  sub->add_option("--window", a->window, "Prefetch window in layers")->capture_default_str();
+  sub->add_option("-c,--ctx", a->ctx, "Context the KV reserve covers (0: min(training context, 4096))");
+  sub->add_option("--batch", a->batch, "Prefill micro-batch in tokens")->capture_default_str();
   sub->callback([a, rc] { *rc = inspect(*a); });
 }
 

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "model/gguf.h"
 #include "platform/error.h"
 
 namespace ebb::cli {
@@ -14,6 +15,12 @@ void add_model_options(CLI::App* app, ModelArgs& a) {
   app->add_option("--kv-chunk", a.kv_chunk, "Tokens per KV chunk")->capture_default_str();
   app->add_option("--kv-type", a.kv_type, "KV cache element type: f16 or f32")->capture_default_str();
   app->add_option("--batch", a.batch, "Prefill micro-batch in tokens")->capture_default_str();
+  app->add_option("--memory-budget", a.memory_budget,
+                  "Keep all LLM memory within this size, streaming weights that do not fit (600MiB, 1.5GiB, 40%)");
+  app->add_option("--budget-system", a.budget_system,
+                  "Budget mode system: ebb, sync, prefetch, unbalanced, attn-first, ffn-first, mmap")
+      ->capture_default_str();
+  app->add_option("--budget-window", a.budget_window, "Budget mode prefetch window in layers")->capture_default_str();
 }
 
 void add_sampling_options(CLI::App* app, SamplerOptions& s) {
@@ -42,6 +49,16 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a) {
   }
   o.prefill_batch = a.batch;
   o.kv_chunk_size = a.kv_chunk;
+  if (!a.memory_budget.empty()) {
+    uint64_t weights = 0;
+    for (const GgufTensorInfo& t : GgufFile::open(a.model)->tensors()) weights += t.n_bytes;
+    o.budget.budget = parse_size(a.memory_budget, weights);
+    auto sys = parse_budget_system(a.budget_system);
+    if (!sys) throw Error("--budget-system '" + a.budget_system + "' is not one of ebb, sync, prefetch, unbalanced, attn-first, ffn-first, mmap");
+    o.budget.system = *sys;
+    o.budget.window = a.budget_window;
+    o.budget.n_ctx = a.ctx;
+  }
   return std::make_unique<Engine>(o);
 }
 

@@ -23,6 +23,9 @@ struct ModelArgs {
   int64_t kv_chunk = 256;
   std::string kv_type = "f16";
   int64_t batch = 64;
+  std::string memory_budget;          // budget mode: "600MiB", "1.5GiB", "40%" (empty: off)
+  std::string budget_system = "ebb";  // budget mode planner / baseline
+  int budget_window = 3;              // budget mode prefetch window in layers
 };
 
 void add_model_options(CLI::App* app, ModelArgs& a);

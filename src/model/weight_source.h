@@ -32,7 +32,9 @@ class WeightSource {
   // until the next call or end_pass(). t was checked against the vocabulary.
   virtual WeightView embedding_row(int32_t t) = 0;
 
-  // Output norm and head (GlobalWeights::token_embd is not set).
+  // Output norm and head (GlobalWeights::token_embd is not set). A source may
+  // serve the head in row ranges (output.rows < n_vocab): the forward pass then
+  // calls acquire_head/release_head again for the next rows until n_vocab.
   virtual GlobalWeights acquire_head() = 0;
   virtual void release_head() {}
 };

@@ -5,6 +5,7 @@
 
 #include "kernels/matmul.h"
 #include "platform/error.h"
+#include "runtime/budget_mode.h"
 #include "runtime/session.h"
 
 namespace ebb {
@@ -59,7 +60,8 @@ uint64_t Footprint::kv() const {
 
 Engine::Engine(const EngineOptions& opts)
     : opts_(opts), pool_(ThreadPoolOptions{.n_threads = opts.n_threads}), isa_(choose_isa(opts.isa)) {
-  model_ = Model::load(opts_.model_path, alloc_);
+  const bool budget_mode = opts_.budget.budget > 0;  // budget mode reads only what its plan keeps
+  model_ = Model::load(opts_.model_path, alloc_, !budget_mode);
   const ModelConfig& c = model_->config();
   // Every weight format must have kernels on the chosen target.
   const KernelSet& ks = kernel_set(isa_);
@@ -77,6 +79,10 @@ Engine::Engine(const EngineOptions& opts)
   fo.max_chunk_size = opts_.kv_chunk_size;
   forward_ = std::make_unique<Forward>(*model_, isa_, pool_, alloc_, fo);
   fingerprint_ = fingerprint(*model_);
+  if (budget_mode) {
+    budget_source_ = make_budget_source(*model_, *forward_, alloc_, opts_.budget, opts_.kv_chunk_size);
+    weight_source_ = budget_source_.get();
+  }
 }
 
 Engine::~Engine() = default;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu.h"
+#include "memory/budget_plan.h"
 #include "model/model.h"
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
@@ -25,6 +26,7 @@ struct EngineOptions {
   std::optional<Isa> isa;       // force a (lower) kernel target; default: best supported
   int64_t prefill_batch = 64;   // tokens per prefill micro-batch
   int64_t kv_chunk_size = 256;  // default KV chunk size of sessions
+  BudgetOptions budget;         // budget mode (FlexInfer) when budget.budget > 0
 };
 
 // Bytes by category, equal to what went through the engine's allocator.
@@ -61,6 +63,9 @@ class Engine {
   WeightSource* weight_source() const { return weight_source_; }
   void set_weight_source(WeightSource* s) { weight_source_ = s; }
 
+  // Budget mode: the source that streams weights (nullptr when off).
+  WeightSource* budget_source() const { return budget_source_.get(); }
+
   Footprint footprint() const;
   // A short identity of the model (architecture, shapes, types and sampled
   // weight bytes), recorded in saved sessions.
@@ -80,6 +85,7 @@ class Engine {
   std::unique_ptr<Forward> forward_;
   uint64_t fingerprint_ = 0;
   WeightSource* weight_source_ = nullptr;
+  std::unique_ptr<WeightSource> budget_source_;  // budget mode
   mutable std::mutex sessions_mu_;
   std::vector<Session*> sessions_;
 };

@@ -199,11 +199,17 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
   // Output head on the rows the caller wants.
   const int64_t first = all_logits ? 0 : n - 1;
   const int64_t n_out = n - first;
-  const GlobalWeights g = src.acquire_head();
+  GlobalWeights g = src.acquire_head();
   for (int64_t t = first; t < n; ++t)
     ops_.rmsnorm(x_ + t * d, g.output_norm, xn_ + (t - first) * d, d, c.rms_eps);
-  matmul(g.output, xn_, n_out, logits, c.n_vocab);
-  src.release_head();
+  // A streamer may serve the head in row ranges: each acquire_head() gives the next.
+  for (int64_t r0 = 0;;) {
+    matmul(g.output, xn_, n_out, logits + r0, c.n_vocab);
+    r0 += g.output.rows;
+    src.release_head();
+    if (r0 >= c.n_vocab) break;
+    g = src.acquire_head();
+  }
 }
 
 }  // namespace ebb
