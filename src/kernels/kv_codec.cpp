@@ -65,6 +65,13 @@ uint16_t get16(const uint8_t* p) {
   return v;
 }
 
+// Work buffers of one compress() call, reused across its blocks.
+struct Scratch {
+  std::vector<float> lo, hi, m, id;  // ColU4 per-channel parameters
+  std::vector<uint8_t> rec2, typed;  // refinement: E(D(b)) and D(b) in the chunk type
+  std::vector<float> y;              // D(b) as floats
+};
+
 // ---- blocks: the unit the refinement works on ----------------------------------
 // encode(x, rec): x [count()] floats -> rec [rec_bytes()]
 // decode(rec, y): rec -> y [count()] in the chunk type
@@ -152,13 +159,15 @@ struct ColU4 {  // `rows` K rows; each channel is one asymmetric group
   int64_t dim;
   int64_t rows;
   bool f16;
+  Scratch* ws;
   int64_t pitch() const { return (dim + 1) / 2; }  // code bytes per row
   int64_t count() const { return rows * dim; }
   // Padded to an even size so that the next record's F16 arrays stay 2-aligned.
   size_t rec_bytes() const { return static_cast<size_t>(4 * dim + (rows * pitch() + 1) / 2 * 2); }
   void encode(const float* x, uint8_t* rec) const {
     if ((rows * pitch()) & 1) rec[rec_bytes() - 1] = 0;
-    std::vector<float> lo(dim), hi(dim), m(dim), id(dim);
+    std::vector<float>&lo = ws->lo, &hi = ws->hi, &m = ws->m, &id = ws->id;
+    for (auto* v : {&lo, &hi, &m, &id}) v->resize(static_cast<size_t>(dim));
     k.col_minmax(x, rows, dim, lo.data(), hi.data());
     for (int64_t c = 0; c < dim; ++c) {
       uint16_t mh, dh;
@@ -195,12 +204,16 @@ struct ColU4 {  // `rows` K rows; each channel is one asymmetric group
 
 // Encodes x into rec so that E(D(rec)) == rec (the idempotency contract).
 template <class Block>
-void encode_settled(const Block& b, const float* x, uint8_t* rec, KvCodecStats* stats) {
+void encode_settled(const Block& b, const float* x, uint8_t* rec, Scratch& ws, KvCodecStats* stats) {
   const size_t rb = b.rec_bytes();
   const int64_t n = b.count();
   const size_t es = b.f16 ? 2 : 4;
-  std::vector<uint8_t> rec2(rb), typed(static_cast<size_t>(n) * es);
-  std::vector<float> y(static_cast<size_t>(n));
+  std::vector<uint8_t>& rec2 = ws.rec2;
+  std::vector<uint8_t>& typed = ws.typed;
+  std::vector<float>& y = ws.y;
+  rec2.resize(rb);
+  typed.resize(static_cast<size_t>(n) * es);
+  y.resize(static_cast<size_t>(n));
   auto step = [&]() {  // rec2 = E(D(rec)); y = D(rec) as floats
     b.decode(rec, typed.data());
     b.k.to_f32(typed.data(), b.f16, n, y.data());
@@ -256,7 +269,7 @@ class Codec final : public KvCodec {
     if (id_ == KvCodecId::kInt8) return kHeaderBytes + 2 * rows * RowI8{k_, s.row_dim, f16}.rec_bytes();
     size_t k_bytes = 0;
     for (int64_t t = 0; t < s.n_tokens; t += kTokenGroup)
-      k_bytes += ColU4{k_, s.row_dim, std::min(kTokenGroup, s.n_tokens - t), f16}.rec_bytes();
+      k_bytes += ColU4{k_, s.row_dim, std::min(kTokenGroup, s.n_tokens - t), f16, nullptr}.rec_bytes();
     return kHeaderBytes + k_bytes + rows * RowU4{k_, s.row_dim, f16}.rec_bytes();
   }
 
@@ -271,28 +284,29 @@ class Codec final : public KvCodec {
     std::memcpy(out, &h, kHeaderBytes);
     out += kHeaderBytes;
     auto row = [&](int part, int64_t t) { return in + (part * s.chunk_tokens + t) * row_bytes; };
+    Scratch ws;
     if (id_ == KvCodecId::kInt8) {
       const RowI8 b{k_, s.row_dim, f16};
       std::vector<float> x(static_cast<size_t>(s.row_dim));
       for (int part = 0; part < 2; ++part) {
         for (int64_t t = 0; t < s.n_tokens; ++t) {
           k_.to_f32(row(part, t), f16, s.row_dim, x.data());
-          encode_settled(b, x.data(), out, stats);
+          encode_settled(b, x.data(), out, ws, stats);
           out += b.rec_bytes();
         }
       }
     } else {
       std::vector<float> x(static_cast<size_t>(std::min(kTokenGroup, s.n_tokens) * s.row_dim));
       for (int64_t t = 0; t < s.n_tokens; t += kTokenGroup) {  // K: token groups, rows contiguous
-        const ColU4 b{k_, s.row_dim, std::min(kTokenGroup, s.n_tokens - t), f16};
+        const ColU4 b{k_, s.row_dim, std::min(kTokenGroup, s.n_tokens - t), f16, &ws};
         k_.to_f32(row(0, t), f16, b.count(), x.data());
-        encode_settled(b, x.data(), out, stats);
+        encode_settled(b, x.data(), out, ws, stats);
         out += b.rec_bytes();
       }
       const RowU4 b{k_, s.row_dim, f16};
       for (int64_t t = 0; t < s.n_tokens; ++t) {
         k_.to_f32(row(1, t), f16, s.row_dim, x.data());
-        encode_settled(b, x.data(), out, stats);
+        encode_settled(b, x.data(), out, ws, stats);
         out += b.rec_bytes();
       }
     }
@@ -325,7 +339,7 @@ class Codec final : public KvCodec {
       }
     } else {
       for (int64_t t = 0; t < s.n_tokens; t += kTokenGroup) {
-        const ColU4 b{k_, s.row_dim, std::min(kTokenGroup, s.n_tokens - t), f16};
+        const ColU4 b{k_, s.row_dim, std::min(kTokenGroup, s.n_tokens - t), f16, nullptr};
         b.decode(in, row(0, t));
         in += b.rec_bytes();
       }
