@@ -167,12 +167,14 @@ void add_speed_command(CLI::App* bench, int* rc) {
 }  // namespace
 
 void add_kvcodec_command(CLI::App* bench, int* rc);  // cmd_bench_kvcodec.cpp
+void add_budget_command(CLI::App* bench, int* rc);   // cmd_bench_budget.cpp
 
 void add_bench_command(CLI::App& app, int* rc) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks (speed)");
   bench->require_subcommand(1);
   add_speed_command(bench, rc);
   add_kvcodec_command(bench, rc);
+  add_budget_command(bench, rc);
 }
 
 }  // namespace ebb::cli
