@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -12,36 +13,97 @@
 namespace ebb {
 
 int WeightUnit::add(const TensorSlot& slot) {
-  TensorSlot s = slot;
-  s.unit_offset = (bytes_ + 63) & ~uint64_t{63};
-  bytes_ = s.unit_offset + s.unit_bytes;
-  slots_.push_back(std::move(s));
+  slots_.push_back(slot);
+  relayout();
   return static_cast<int>(slots_.size()) - 1;
 }
 
-void WeightUnit::load(const GgufFile& file, Allocator& alloc) {
-  Buffer buf = alloc.allocate(bytes_, category_);
-  auto* base = buf.as<uint8_t>();
-  for (const TensorSlot& s : slots_) {
-    uint8_t* dst = base + s.unit_offset;
-    if (s.type == s.file_type) {
-      file.read(s.file_offset, dst, s.file_bytes);
-      continue;
+void WeightUnit::relayout() {
+  // Segments: the slots' file ranges in file order, merged when the gap
+  // between them is small, each widened to whole pages.
+  constexpr uint64_t kMaxGap = 64 * 1024;
+  std::vector<size_t> order(slots_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return slots_[a].file_offset < slots_[b].file_offset; });
+  segments_.clear();
+  raw_offset_.assign(slots_.size(), 0);
+  std::vector<size_t> seg_of(slots_.size());
+  uint64_t seg_end = 0;  // file end of the current segment's tensors
+  for (size_t i : order) {
+    const TensorSlot& s = slots_[i];
+    const uint64_t begin = s.file_offset / kPage * kPage;
+    if (segments_.empty() || s.file_offset > seg_end + kMaxGap || s.file_offset < seg_end) {
+      segments_.push_back({begin, 0, 0});
+      seg_end = s.file_offset;
     }
-    // A small 1-D tensor stored as F16/BF16: widen to F32 in place, reading
-    // the narrow values into the upper half of the destination first.
-    EBB_CHECK(s.type == DType::kF32 && s.unit_bytes == s.file_bytes * 2);
-    uint8_t* tmp = dst + s.file_bytes;
-    file.read(s.file_offset, tmp, s.file_bytes);
-    const size_t n = s.file_bytes / 2;
-    auto* out = reinterpret_cast<float*>(dst);
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, tmp + 2 * i, 2);
-      out[i] = s.file_type == DType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+    seg_end = std::max(seg_end, s.file_offset + s.file_bytes);
+    UnitSegment& g = segments_.back();
+    g.bytes = (seg_end + kPage - 1) / kPage * kPage - g.file_offset;
+    seg_of[i] = segments_.size() - 1;
+  }
+  uint64_t at = 0;
+  for (UnitSegment& g : segments_) {
+    g.unit_offset = at;
+    at += g.bytes;
+  }
+  // Slots used as stored point into their segment; widened slots get their
+  // own F32 area after the segments.
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    TensorSlot& s = slots_[i];
+    const UnitSegment& g = segments_[seg_of[i]];
+    raw_offset_[i] = g.unit_offset + (s.file_offset - g.file_offset);
+    if (s.type == s.file_type) {
+      s.unit_offset = raw_offset_[i];
+    } else {
+      at = (at + 63) & ~uint64_t{63};
+      s.unit_offset = at;
+      at += s.unit_bytes;
     }
   }
-  buffer_ = std::move(buf);
+  bytes_ = at;
+}
+
+void WeightUnit::allocate(Allocator& alloc) {
+  loaded_ = false;
+  buffer_.reset();
+  buffer_ = alloc.allocate(bytes_, category_, kPage);
+}
+
+void WeightUnit::finish_load() {
+  EBB_CHECK_MSG(!buffer_.empty(), "finish_load() without allocate()");
+  const uint8_t* base = buffer_.as<uint8_t>();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const TensorSlot& s = slots_[i];
+    if (s.type == s.file_type) continue;
+    // A small 1-D tensor stored as F16/BF16: widen to F32.
+    EBB_CHECK(s.type == DType::kF32 && s.unit_bytes == s.file_bytes * 2);
+    const uint8_t* raw = base + raw_offset_[i];
+    auto* out = reinterpret_cast<float*>(buffer_.as<uint8_t>() + s.unit_offset);
+    const size_t n = s.file_bytes / 2;
+    for (size_t j = 0; j < n; ++j) {
+      uint16_t h;
+      std::memcpy(&h, raw + 2 * j, 2);
+      out[j] = s.file_type == DType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+    }
+  }
+  loaded_ = true;
+}
+
+void WeightUnit::load(const GgufFile& file, Allocator& alloc) {
+  allocate(alloc);
+  try {
+    for (const UnitSegment& g : segments_) {
+      // The last page may run past the end of the file.
+      const uint64_t n = std::min(g.bytes, file.file_size() - std::min(file.file_size(), g.file_offset));
+      file.read(g.file_offset, base() + g.unit_offset, n);
+      std::memset(base() + g.unit_offset + n, 0, g.bytes - n);
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+  finish_load();
 }
 
 const void* WeightUnit::data(int slot) const {

@@ -24,12 +24,24 @@ struct TensorSlot {
   std::vector<int64_t> dims;      // ne0 first
   uint64_t file_offset = 0;       // absolute offset in the GGUF
   uint64_t file_bytes = 0;
-  uint64_t unit_offset = 0;  // offset inside the unit's allocation (64-byte aligned)
+  uint64_t unit_offset = 0;  // offset inside the unit's allocation
   uint64_t unit_bytes = 0;
+};
+
+// A contiguous run of the file mirrored into the unit: file bytes
+// [file_offset, file_offset + bytes) sit at unit bytes [unit_offset, ...).
+// Offsets and sizes are multiples of 4 KiB, so a segment is one direct read
+// straight into the unit (DESIGN.md: restoring a unit is a direct read).
+struct UnitSegment {
+  uint64_t file_offset = 0;
+  uint64_t unit_offset = 0;
+  uint64_t bytes = 0;
 };
 
 class WeightUnit {
  public:
+  static constexpr uint64_t kPage = 4096;
+
   WeightUnit(int layer, MemCategory category) : layer_(layer), category_(category) {}
 
   // Adds a tensor to the unit's layout; returns its slot index.
@@ -37,24 +49,41 @@ class WeightUnit {
 
   int layer() const { return layer_; }  // -1 for the globals unit
   uint64_t bytes() const { return bytes_; }
-  bool resident() const { return !buffer_.empty(); }
+  bool resident() const { return loaded_; }
   const std::vector<TensorSlot>& slots() const { return slots_; }
+  const std::vector<UnitSegment>& segments() const { return segments_; }
 
-  // Allocates the unit and reads every tensor from the file. Throws on I/O
-  // errors; the unit stays non-resident then.
+  // Allocates the unit and reads every tensor from the file (buffered reads;
+  // used at start-up). Throws on I/O errors; the unit stays non-resident then.
   void load(const GgufFile& file, Allocator& alloc);
+
+  // Restoring in two steps: allocate() gives the 4 KiB-aligned block that
+  // the segments are read into (by direct I/O, at base() + unit_offset);
+  // finish_load() widens the converted slots and makes the unit resident.
+  void allocate(Allocator& alloc);
+  uint8_t* base() { return buffer_.as<uint8_t>(); }
+  void finish_load();
+
   // Frees the unit's memory (its backing store is the GGUF itself).
-  void release() { buffer_.reset(); }
+  void release() {
+    loaded_ = false;
+    buffer_.reset();
+  }
 
   const void* data(int slot) const;
   WeightView matrix(int slot) const;  // a 2-D slot as a weight view
   const float* vector(int slot) const;  // a 1-D F32 slot; nullptr for slot -1
 
  private:
+  void relayout();
+
   int layer_;
   MemCategory category_;
   std::vector<TensorSlot> slots_;
+  std::vector<uint64_t> raw_offset_;  // [slot] where the file bytes of each slot sit in the unit
+  std::vector<UnitSegment> segments_;
   uint64_t bytes_ = 0;
+  bool loaded_ = false;
   Buffer buffer_;
 };
 
