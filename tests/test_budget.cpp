@@ -2,8 +2,13 @@
 // are bit-identical to the fully resident run under every budget and system.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <sstream>
 
 #include "memory/budget_plan.h"
 #include "memory/weight_streamer.h"
@@ -213,6 +218,67 @@ INSTANTIATE_TEST_SUITE_P(Models, BudgetLogits,
                              if (!isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
+
+}  // namespace
+}  // namespace ebb
+
+namespace ebb {
+namespace {
+
+// Within budget for real: `ebb run --memory-budget` inside a memory cgroup
+// (v1) whose limit is the budget plus the process's non-LLM memory, measured
+// as the peak usage of the same command on stories260K (whose LLM memory is
+// about 2 MiB): binary, libraries, tokenizer, thread stacks, page tables.
+std::string cg_read(const std::string& path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+test::CliResult run_in_cgroup(const std::string& cg, uint64_t limit, const std::string& args) {
+  std::filesystem::create_directory(cg);
+  std::ofstream(cg + "/memory.limit_in_bytes") << limit;
+  // run_cli prefixes the binary: let it print its help, then run ours in the cgroup.
+  return test::run_cli("--help >/dev/null; sh -c 'echo $$ > " + cg + "/cgroup.procs && exec " + EBB_CLI_PATH +
+                       " " + args + "'");
+}
+
+TEST(BudgetCgroup, RunStaysWithinBudgetUnderMemoryCgroup) {
+  const std::string root = "/sys/fs/cgroup/memory";
+  if (::access((root + "/cgroup.procs").c_str(), W_OK) != 0) GTEST_SKIP() << "cgroup v1 memory controller not writable";
+  const std::string cg = root + "/ebb-test-budget-" + std::to_string(::getpid());
+  const std::string gen = " -p \"Once upon a time\" -n 12 --temp 0 --seed 1 -t 1 -c 128";
+  // Non-LLM allowance.
+  auto base = run_in_cgroup(cg, 1ull << 34, "run -m " + test::model_path("stories260K.gguf") + gen);
+  ASSERT_EQ(base.status, 0) << base.err;
+  const uint64_t allowance = std::stoull(cg_read(cg + "/memory.max_usage_in_bytes"));
+  std::filesystem::remove(cg);
+  std::printf("non-LLM allowance (peak of ebb run on stories260K): %.1f MiB\n", allowance / 1048576.0);
+
+  const std::string model = test::model_path("tiny-qwen3-f16.gguf");
+  auto want = run_in_cgroup(cg, 1ull << 34, "run -m " + model + gen);
+  ASSERT_EQ(want.status, 0) << want.err;
+  const uint64_t unbudgeted_peak = std::stoull(cg_read(cg + "/memory.max_usage_in_bytes"));
+  std::filesystem::remove(cg);
+  for (const char* budget : {"4MiB", "5MiB"}) {
+    const uint64_t b = parse_size(budget, 0);
+    // The limit binds: the unbudgeted run needed more.
+    EXPECT_GT(unbudgeted_peak, allowance + b) << budget;
+    auto got = run_in_cgroup(cg, allowance + b, "run -m " + model + " --budget-window 1 --memory-budget " + budget + gen);
+    std::string all;
+    {
+      std::ifstream f(cg + "/memory.oom_control");
+      std::stringstream ss;
+      ss << f.rdbuf();
+      all = ss.str();
+    }
+    std::filesystem::remove(cg);
+    EXPECT_EQ(got.status, 0) << budget << ": " << got.err;
+    EXPECT_EQ(got.out, want.out) << budget;
+    EXPECT_NE(all.find("oom_kill 0"), std::string::npos) << all;
+  }
+}
 
 }  // namespace
 }  // namespace ebb

@@ -45,15 +45,21 @@ double measure_storage_gbps(const std::string& path, uint64_t bytes) {
   Allocator alloc(&ledger);
   Buffer buf = alloc.allocate(8 * kReq, MemCategory::kIoBuffer, kDirectAlign);
   std::vector<IoRequest> reqs;
-  const double t0 = now_seconds();
-  for (uint64_t off = 0; off < bytes;) {
-    reqs.clear();
-    for (int i = 0; i < 8 && off < bytes; ++i, off += kReq)
-      reqs.push_back({f.fd(), off, buf.as<uint8_t>() + i * kReq, kReq, false});
-    io.run(reqs, path);
-    f.drop_cache(0, f.size());
+  // Best of three passes: the streamer re-reads the same bytes every token,
+  // so a storage layer below the OS (a VM host's cache) is warm for it too.
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const double t0 = now_seconds();
+    for (uint64_t off = 0; off < bytes;) {
+      reqs.clear();
+      for (int i = 0; i < 8 && off < bytes; ++i, off += kReq)
+        reqs.push_back({f.fd(), off, buf.as<uint8_t>() + i * kReq, kReq, false});
+      io.run(reqs, path);
+      f.drop_cache(0, f.size());
+    }
+    best = std::max(best, bytes / (now_seconds() - t0) / 1e9);
   }
-  return bytes / (now_seconds() - t0) / 1e9;
+  return best;
 }
 
 BenchBudgetRow bench_budget_one(const BenchBudgetOptions& o, BudgetSystem system, uint64_t budget,

@@ -33,7 +33,8 @@ struct BenchBudgetRow {
   double storage_gbps = 0;
 };
 
-// Direct-I/O read bandwidth of the model file: 4 MiB requests, 8 in flight.
+// Direct-I/O read bandwidth of the model file: 4 MiB requests, 8 in flight,
+// best of three passes over the first `bytes`.
 double measure_storage_gbps(const std::string& path, uint64_t bytes = 512ull << 20);
 
 // One system at one budget (budget 0: fully resident). storage_gbps sets the roofline.
