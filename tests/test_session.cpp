@@ -147,12 +147,12 @@ TEST_F(SessionTest, FootprintEqualsAllocatorLedger) {
     check("after generation");
     const Footprint f = engine->footprint();
     // 34 processed tokens in chunks of 8: 5 chunks per layer.
-    for (uint64_t kv : f.kv_per_layer) EXPECT_EQ(kv, 5 * s.kv().chunk_bytes());
+    for (uint64_t kv : f.kv_per_layer) EXPECT_EQ(kv, 5 * s.kv().chunk_alloc_bytes());
     EXPECT_GT(f.weights(), 0u);
     EXPECT_GT(f.globals, 0u);
     s.truncate(3);
     check("after truncate");
-    EXPECT_EQ(engine->footprint().kv_per_layer[0], s.kv().chunk_bytes());
+    EXPECT_EQ(engine->footprint().kv_per_layer[0], s.kv().chunk_alloc_bytes());
   }
   check("after session end");
   EXPECT_EQ(engine->footprint().kv(), 0u);

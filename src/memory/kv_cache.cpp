@@ -20,10 +20,13 @@ KvCache::KvCache(KvShape shape, KvCacheOptions opts, Allocator* alloc)
   storage_.resize(shape_.n_layer);
   tables_.resize(shape_.n_layer);
   n_alloc_.assign(shape_.n_layer, 0);
+  n_resident_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(shape_.n_layer));
+  meta_.resize(shape_.n_layer);
   for (int64_t l = 0; l < shape_.n_layer; ++l) {
     // Tables are sized once so that growing the context never reallocates them.
     storage_[l].resize(max_chunks);
     tables_[l].resize(max_chunks);
+    meta_[l].resize(max_chunks);
   }
 }
 
@@ -43,9 +46,8 @@ void KvCache::reserve(int64_t n) {
   for (int64_t l = 0; l < shape_.n_layer; ++l) {
     while (n_alloc_[l] < need) {
       const size_t c = n_alloc_[l];
-      storage_[l][c] = alloc_->allocate(chunk_bytes(), MemCategory::kKvCache);
-      uint8_t* base = storage_[l][c].as<uint8_t>();
-      tables_[l][c] = KvChunkRef{base, base + row_bytes_ * opts_.chunk_size};
+      put_chunk(l, static_cast<int64_t>(c), new_chunk_buffer());
+      meta_[l][c] = {};
       ++n_alloc_[l];
     }
   }
@@ -58,28 +60,60 @@ void KvCache::truncate(int64_t n) {
   for (int64_t l = 0; l < shape_.n_layer; ++l) {
     while (n_alloc_[l] > keep) {
       --n_alloc_[l];
-      storage_[l][n_alloc_[l]].reset();
-      tables_[l][n_alloc_[l]] = {};
+      EBB_CHECK_MSG(chunk_resident(l, n_alloc_[l]), "truncating an evicted KV chunk: restore first");
+      (void)take_chunk(l, n_alloc_[l]);
+      meta_[l][n_alloc_[l]] = {};
     }
   }
 }
 
 void* KvCache::k_row(int64_t layer, int64_t pos) {
   const int64_t c = pos / opts_.chunk_size;
-  EBB_CHECK(c < static_cast<int64_t>(n_alloc_[layer]));
+  EBB_CHECK(c < static_cast<int64_t>(n_alloc_[layer]) && chunk_resident(layer, c));
   return storage_[layer][c].as<uint8_t>() + (pos % opts_.chunk_size) * row_bytes_;
 }
 
 void* KvCache::v_row(int64_t layer, int64_t pos) {
   const int64_t c = pos / opts_.chunk_size;
-  EBB_CHECK(c < static_cast<int64_t>(n_alloc_[layer]));
+  EBB_CHECK(c < static_cast<int64_t>(n_alloc_[layer]) && chunk_resident(layer, c));
   return storage_[layer][c].as<uint8_t>() + (opts_.chunk_size + pos % opts_.chunk_size) * row_bytes_;
 }
 
 uint64_t KvCache::total_bytes() const {
   uint64_t t = 0;
-  for (size_t c : n_alloc_) t += c * chunk_bytes();
+  for (int64_t l = 0; l < shape_.n_layer; ++l) t += n_resident_[l].load() * chunk_alloc_bytes();
   return t;
+}
+
+Buffer KvCache::take_chunk(int64_t layer, int64_t chunk) {
+  EBB_CHECK(chunk_resident(layer, chunk));
+  Buffer b = std::move(storage_[layer][chunk]);
+  tables_[layer][chunk] = {};
+  --n_resident_[layer];
+  return b;
+}
+
+Buffer KvCache::new_chunk_buffer() const {
+  return alloc_->allocate(chunk_alloc_bytes(), MemCategory::kKvCache, 4096);
+}
+
+void KvCache::put_chunk(int64_t layer, int64_t chunk, Buffer b) {
+  EBB_CHECK(!chunk_resident(layer, chunk) && b.size() >= chunk_bytes());
+  storage_[layer][chunk] = std::move(b);
+  uint8_t* base = storage_[layer][chunk].as<uint8_t>();
+  tables_[layer][chunk] = KvChunkRef{base, base + row_bytes_ * opts_.chunk_size};
+  meta_[layer][chunk].state = UnitState::kResident;
+  ++n_resident_[layer];
+}
+
+bool KvCache::all_resident() const {
+  for (int64_t l = 0; l < shape_.n_layer; ++l)
+    if (n_resident_[l].load() != n_alloc_[l]) return false;
+  return true;
+}
+
+int64_t KvCache::chunk_tokens(int64_t chunk) const {
+  return std::clamp<int64_t>(n_tokens_ - chunk * opts_.chunk_size, 0, opts_.chunk_size);
 }
 
 }  // namespace ebb

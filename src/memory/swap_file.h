@@ -66,6 +66,7 @@ class SwapFile {
   uint64_t largest_free() const;             // largest extent allocate() could return now
   const std::string& path() const { return file_.path(); }
   bool direct() const { return file_.direct(); }
+  int fd() const { return file_.fd(); }
 
   // Fault injection: flips the byte at `at` (< slot.bytes) of the slot on disk
   // with a plain pwrite + fsync.

@@ -82,18 +82,38 @@ Engine::Engine(const EngineOptions& opts)
   if (budget_mode) {
     budget_source_ = make_budget_source(*model_, *forward_, alloc_, opts_.budget, opts_.kv_chunk_size);
     weight_source_ = budget_source_.get();
+  } else if (opts_.elastic) {
+    ElasticOptions eo = opts_.elastic_opts;
+    eo.isa = isa_;
+    elastic_ = std::make_unique<ElasticMemory>(*model_, alloc_, std::move(eo));
+    weight_source_ = elastic_.get();
   }
 }
 
-Engine::~Engine() = default;
+EvictReport Engine::evict(uint64_t bytes) {
+  if (!elastic_) throw Error("elastic memory is off (budget mode); nothing can be evicted");
+  return elastic_->evict(bytes);
+}
+
+RestoreReport Engine::restore() {
+  if (!elastic_) return {};
+  RestoreReport r = elastic_->restore();
+  return r;
+}
+
+Engine::~Engine() {
+  elastic_.reset();  // joins a restore in flight before the model goes
+}
 
 void Engine::attach(Session* s) {
   std::lock_guard lock(sessions_mu_);
   sessions_.push_back(s);
+  if (elastic_) elastic_->attach(&s->kv());
 }
 
 void Engine::detach(Session* s) {
   std::lock_guard lock(sessions_mu_);
+  if (elastic_) elastic_->detach(&s->kv());
   sessions_.erase(std::remove(sessions_.begin(), sessions_.end(), s), sessions_.end());
 }
 
@@ -115,6 +135,13 @@ Footprint Engine::footprint() const {
     }
   }
   f.scratch += forward_->scratch_bytes();
+  f.io_buffers = static_cast<uint64_t>(ledger_.bytes(MemCategory::kIoBuffer));
+  if (elastic_) {
+    const ElasticFootprint e = elastic_->footprint();
+    f.compressed = e.compressed;
+    f.kv_stored = e.kv_stored;
+    f.weights_stored = e.weights_stored;
+  }
   return f;
 }
 

@@ -11,6 +11,7 @@
 
 #include "kernels/cpu.h"
 #include "memory/budget_plan.h"
+#include "memory/elastic.h"
 #include "model/model.h"
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
@@ -27,6 +28,8 @@ struct EngineOptions {
   int64_t prefill_batch = 64;   // tokens per prefill micro-batch
   int64_t kv_chunk_size = 256;  // default KV chunk size of sessions
   BudgetOptions budget;         // budget mode (FlexInfer) when budget.budget > 0
+  bool elastic = true;          // elastic memory (evict/restore); off in budget mode
+  ElasticOptions elastic_opts;  // its isa is set to the engine's target
 };
 
 // Bytes by category, equal to what went through the engine's allocator.
@@ -35,9 +38,13 @@ struct Footprint {
   uint64_t globals = 0;                     // embedding, output norm, output head
   std::vector<uint64_t> kv_per_layer;       // resident KV chunk bytes of all sessions, per layer
   uint64_t scratch = 0;                     // planned work buffers
+  uint64_t compressed = 0;                  // compressed KV stack (elastic memory)
+  uint64_t io_buffers = 0;                  // direct-I/O staging and streaming windows
+  uint64_t kv_stored = 0;                   // KV in swap files (not in RAM)
+  uint64_t weights_stored = 0;              // dropped weight layers (backed by the GGUF, not in RAM)
   uint64_t weights() const;
   uint64_t kv() const;
-  uint64_t total() const { return weights() + globals + kv() + scratch; }
+  uint64_t total() const { return weights() + globals + kv() + scratch + compressed + io_buffers; }
 };
 
 class Engine {
@@ -67,6 +74,13 @@ class Engine {
   WeightSource* budget_source() const { return budget_source_.get(); }
 
   Footprint footprint() const;
+
+  // Elastic memory (nullptr in budget mode or when off).
+  ElasticMemory* elastic() { return elastic_.get(); }
+  // Gives back at least `bytes` (see ElasticMemory::evict).
+  EvictReport evict(uint64_t bytes);
+  // Restores everything evicted, waiting for it.
+  RestoreReport restore();
   // A short identity of the model (architecture, shapes, types and sampled
   // weight bytes), recorded in saved sessions.
   uint64_t model_fingerprint() const { return fingerprint_; }
@@ -86,6 +100,7 @@ class Engine {
   uint64_t fingerprint_ = 0;
   WeightSource* weight_source_ = nullptr;
   std::unique_ptr<WeightSource> budget_source_;  // budget mode
+  std::unique_ptr<ElasticMemory> elastic_;        // declared after model_: destroyed first
   mutable std::mutex sessions_mu_;
   std::vector<Session*> sessions_;
 };

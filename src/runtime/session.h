@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/elastic.h"
 #include "memory/kv_cache.h"
 #include "model/tokenizer.h"
 #include "platform/allocator.h"
@@ -67,14 +68,27 @@ class Session {
   const SessionOptions& options() const { return opts_; }
   uint64_t scratch_bytes() const { return logits_.size(); }
   Engine& engine() { return engine_; }
+  // The last restore this session waited for, and how many times KV that
+  // could not be restored was recomputed.
+  const RestoreReport& last_restore() const { return last_restore_; }
+  int64_t recomputes() const { return recomputes_; }
+  // Restores whatever elastic memory evicted (save/load/truncate need it).
+  void make_resident();
 
  private:
+  // Runs tokens [kv n_tokens, tokens.size()); rows of all_logits start at
+  // position rows_from.
+  void run_to_end(std::vector<float>* all_logits, int64_t rows_from, const ProgressFn& progress);
+
   Engine& engine_;
   SessionOptions opts_;
   std::unique_ptr<KvCache> kv_;
   std::vector<TokenId> tokens_;
   Buffer logits_;  // [n_vocab] logits after the last processed token
   bool have_logits_ = false;
+  std::vector<float> scratch_rows_;  // all-logits rows of one micro-batch
+  RestoreReport last_restore_;
+  int64_t recomputes_ = 0;
 };
 
 }  // namespace ebb

@@ -61,6 +61,8 @@ class HashedWriter {
 }  // namespace
 
 void Session::save(const std::string& path) const {
+  // Evicted KV is brought back first; that changes residency, not the session.
+  const_cast<Session*>(this)->make_resident();
   const ModelConfig& c = engine_.config();
   const std::string tmp = path + ".tmp";
   {
@@ -97,6 +99,7 @@ void Session::save(const std::string& path) const {
 }
 
 void Session::load(const std::string& path) {
+  make_resident();
   const ModelConfig& c = engine_.config();
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) throw Error(path + ": cannot open session file: " + std::strerror(errno));
@@ -146,6 +149,10 @@ void Session::load(const std::string& path) {
     throw Error(path + ": session file truncated in checksum");
   }
   if (stored != expect) throw Error(path + ": session file checksum mismatch (file is corrupt)");
+  if (ElasticMemory* em = engine_.elastic()) {
+    em->detach(kv_.get());
+    em->attach(kv.get());
+  }
   kv_ = std::move(kv);
   opts_.kv_type = ko.type;
   tokens_ = std::move(toks);

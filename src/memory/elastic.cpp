@@ -1,0 +1,138 @@
+// ElasticMemory: construction, bookkeeping, footprint and the WeightSource
+// face. Eviction is in elastic_evict.cpp, restoration in elastic_restore.cpp.
+#include "memory/elastic.h"
+
+#include <algorithm>
+
+#include "platform/error.h"
+
+namespace ebb {
+
+OverlapMode parse_overlap_mode(std::string_view s) {
+  if (s == "none") return OverlapMode::kNone;
+  if (s == "alloc-reload") return OverlapMode::kAllocReload;
+  if (s == "reload-prefill") return OverlapMode::kReloadPrefill;
+  if (s == "full") return OverlapMode::kFull;
+  throw Error("unknown overlap mode '" + std::string(s) + "' (choices: none, alloc-reload, reload-prefill, full)");
+}
+
+std::string_view overlap_mode_name(OverlapMode m) {
+  switch (m) {
+    case OverlapMode::kNone: return "none";
+    case OverlapMode::kAllocReload: return "alloc-reload";
+    case OverlapMode::kReloadPrefill: return "reload-prefill";
+    case OverlapMode::kFull: return "full";
+  }
+  return "?";
+}
+
+namespace {
+
+IoOptions io_options(const DeviceProfile& p) {
+  IoOptions o;
+  o.queue_depth = std::max(4, p.best_queue_depth);
+  o.max_request = std::max<uint64_t>(1ull << 20, p.best_request_bytes);
+  return o;
+}
+
+}  // namespace
+
+ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts)
+    : model_(model),
+      alloc_(alloc),
+      opts_(std::move(opts)),
+      io_(std::make_unique<IoEngine>(io_options(opts_.profile))),
+      gguf_(DirectFile::open_read(model.file().path())),
+      stack_(alloc) {}
+// The destructor is in elastic_restore.cpp, where Latches is complete.
+
+void ElasticMemory::attach(KvCache* kv) { caches_.push_back(kv); }
+
+void ElasticMemory::detach(KvCache* kv) {
+  if (restoring_.load()) {
+    try {
+      wait_restored();
+    } catch (const Error&) {
+      // The weights' error is reported to whoever asks next; the cache goes.
+    }
+  }
+  flush_writes();
+  const int64_t nl = kv->shape().n_layer;
+  for (int64_t l = 0; l < nl; ++l) {
+    for (int64_t c = 0; c < kv->n_chunks(l); ++c) {
+      KvChunkMeta& m = kv->meta(l, c);
+      if (m.state == UnitState::kCompressed && stack_.contains(m.handle)) stack_.erase(m.handle);
+      if ((m.state == UnitState::kStored || m.state == UnitState::kStoredCompressed) && m.slot.valid() && swap_)
+        swap_->free(m.slot);
+      m = {};
+    }
+  }
+  caches_.erase(std::remove(caches_.begin(), caches_.end(), kv), caches_.end());
+}
+
+bool ElasticMemory::fully_resident() const {
+  if (restoring_.load()) return false;
+  for (int l = 0; l < model_.n_layers(); ++l)
+    if (!model_.layer_unit(l).resident()) return false;
+  for (const KvCache* kv : caches_)
+    if (!kv->all_resident()) return false;
+  return true;
+}
+
+UnitTimes ElasticMemory::unit_times() const {
+  uint64_t chunk = 0;
+  for (const KvCache* kv : caches_) chunk = std::max(chunk, kv->chunk_bytes());
+  if (chunk == 0) chunk = 1;
+  const uint64_t layer = model_.n_layers() > 0 ? model_.layer_unit(0).bytes() : 1;
+  try {
+    return opts_.profile.unit_times(chunk, layer, kv_codec_name(opts_.codec));
+  } catch (const Error&) {
+    return DeviceProfile::defaults().unit_times(chunk, layer, kv_codec_name(opts_.codec));
+  }
+}
+
+ElasticFootprint ElasticMemory::footprint() const {
+  ElasticFootprint f;
+  for (int l = 0; l < model_.n_layers(); ++l) {
+    const WeightUnit& u = model_.layer_unit(l);
+    (u.resident() ? f.weights_resident : f.weights_stored) += u.bytes();
+  }
+  for (const KvCache* kv : caches_) {
+    f.kv_resident += kv->total_bytes();
+    for (int64_t l = 0; l < kv->shape().n_layer; ++l)
+      for (int64_t c = 0; c < kv->n_chunks(l); ++c) {
+        const KvChunkMeta& m = kv->meta(l, c);
+        if (m.state == UnitState::kStored || m.state == UnitState::kStoredCompressed) f.kv_stored += m.slot.stored;
+      }
+  }
+  f.compressed = stack_.bytes_reserved();
+  return f;
+}
+
+ResidencyMap ElasticMemory::residency() const {
+  ResidencyMap r;
+  const int nl = model_.n_layers();
+  r.weights.resize(nl);
+  r.kv.resize(nl);
+  for (int l = 0; l < nl; ++l) {
+    r.weights[l] = model_.layer_unit(l).resident() ? UnitState::kResident : UnitState::kStored;
+    for (const KvCache* kv : caches_)
+      for (int64_t c = 0; c < kv->n_chunks(l); ++c) r.kv[l].push_back(kv->meta(l, c).state);
+  }
+  return r;
+}
+
+WeightView ElasticMemory::embedding_row(int32_t t) {
+  WeightView e = model_.globals().token_embd;
+  e.rows = 1;
+  e.data = static_cast<const uint8_t*>(e.data) + static_cast<uint64_t>(t) * e.row_stride;
+  return e;
+}
+
+GlobalWeights ElasticMemory::acquire_head() {
+  GlobalWeights g = model_.globals();
+  g.token_embd = {};
+  return g;
+}
+
+}  // namespace ebb

@@ -1,0 +1,202 @@
+// Elastic memory (mzCache; DESIGN.md "Eviction and restoration"): evict(bytes)
+// gives back at least `bytes` by moving weight layers and KV chunks out of
+// RAM — KV into the in-memory compressed stack or a storage swap file, weight
+// layers back to their GGUF — in the order and proportions of the hybrid-swap
+// policy. Restoration runs forward-in on restore workers and opens a latch per
+// layer, so a forward pass (through this class's WeightSource face) starts
+// layer i as soon as layer i is whole, overlapping restore with prefill.
+//
+// Thread model: evict(), restore() and begin_restore() are called between
+// requests by the thread that owns the engine; the restore workers only touch
+// units of the restore plan, and the forward pass only touches a layer after
+// its latch opened.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/cpu.h"
+#include "kernels/kv_codec.h"
+#include "memory/compressed_stack.h"
+#include "memory/device_profile.h"
+#include "memory/hybrid_policy.h"
+#include "memory/kv_cache.h"
+#include "memory/residency.h"
+#include "memory/swap_file.h"
+#include "model/model.h"
+#include "model/weight_source.h"
+#include "platform/direct_io.h"
+
+namespace ebb {
+
+// Which parts of a restore overlap (the paper's Figure 11a).
+enum class OverlapMode : uint8_t {
+  kNone,           // allocate all, then read all, then decompress, then prefill
+  kAllocReload,    // allocation pipelined with reads; prefill waits for all
+  kReloadPrefill,  // allocate all first; reads and prefill overlap per layer
+  kFull,           // allocation, reads, decompression and prefill all overlap
+};
+OverlapMode parse_overlap_mode(std::string_view s);  // "none"|"alloc-reload"|"reload-prefill"|"full"
+std::string_view overlap_mode_name(OverlapMode m);
+
+struct ElasticOptions {
+  std::string swap_dir;          // "": default_swap_dir()
+  uint64_t swap_bytes = 0;       // swap file size; 0: the KV of the attached sessions at full context
+  KvCodecId codec = KvCodecId::kInt8;
+  EvictOrder order = EvictOrder::kBackward;
+  OverlapMode overlap = OverlapMode::kFull;
+  bool allow_storage = true;     // false: KV only to the compressed stack
+  DeviceProfile profile = DeviceProfile::defaults();
+  Isa isa = Isa::kScalar;        // codec target
+  uint64_t seed = 1;             // random order
+};
+
+// Bytes by state.
+struct ElasticFootprint {
+  uint64_t weights_resident = 0;   // layer units in RAM
+  uint64_t weights_stored = 0;     // layer units dropped (backed by the GGUF)
+  uint64_t kv_resident = 0;        // KV chunks in RAM
+  uint64_t compressed = 0;         // compressed stack segments in RAM
+  uint64_t kv_stored = 0;          // swap-file slot bytes (raw and compressed chunks)
+  uint64_t in_ram() const { return weights_resident + kv_resident + compressed; }
+};
+
+struct EvictReport {
+  uint64_t requested = 0;
+  uint64_t freed = 0;              // bytes the process gave back (ledger delta)
+  int64_t kv_to_compressed = 0, kv_to_storage = 0, weights_dropped = 0, compressed_to_storage = 0;
+  EvictStage last_stage = EvictStage::kDone;
+  double seconds = 0;
+  std::string note;                // fallbacks and refusals, "" when none
+  ElasticFootprint after;
+};
+
+struct RestoreReport {
+  double seconds = 0;              // begin to last latch
+  double alloc_s = 0, read_s = 0, decompress_s = 0;  // busy time of each path
+  uint64_t bytes_read = 0;         // from storage (weights and swap)
+  int64_t weights_loaded = 0, chunks_read = 0, chunks_decompressed = 0, chunks_lost = 0;
+};
+
+class ElasticMemory final : public WeightSource {
+ public:
+  ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts);
+  ~ElasticMemory() override;
+  ElasticMemory(const ElasticMemory&) = delete;
+  ElasticMemory& operator=(const ElasticMemory&) = delete;
+
+  // Sessions' caches take part in eviction while attached. detach() drops
+  // what the cache has in swap spaces.
+  void attach(KvCache* kv);
+  void detach(KvCache* kv);
+
+  EvictReport evict(uint64_t bytes);
+  // Starts restoring everything evicted (no-op when nothing is); returns at
+  // once. Forward passes then wait per layer through acquire_layer().
+  void begin_restore();
+  // Waits for the restore in flight (if any) and returns its report. Throws
+  // the first weight-restore error (e.g. the GGUF changed on disk).
+  RestoreReport wait_restored();
+  RestoreReport restore() {
+    begin_restore();
+    return wait_restored();
+  }
+  bool fully_resident() const;
+  bool restoring() const { return restoring_.load(); }
+
+  ElasticFootprint footprint() const;
+  ResidencyMap residency() const;
+  const ElasticOptions& options() const { return opts_; }
+  void set_overlap(OverlapMode m) { opts_.overlap = m; }
+  void set_order(EvictOrder o) { opts_.order = o; }
+  UnitTimes unit_times() const;
+  // For fault-injection tests: the swap file (nullptr before first use).
+  SwapFile* swap_file() { return swap_.get(); }
+
+  // WeightSource: globals stay resident; a layer waits for its latch.
+  LayerWeights acquire_layer(int l) override;
+  WeightView embedding_row(int32_t t) override;
+  GlobalWeights acquire_head() override;
+
+ private:
+  struct ChunkId {
+    KvCache* kv;
+    int64_t layer, chunk;
+  };
+  struct LayerPlan;  // elastic_restore.cpp
+  // One latch per layer: open when both restore paths are done with it.
+  struct Latches {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int> pending;         // [layer] paths still working on it
+    std::vector<std::string> error;   // [layer] why its weights could not be restored
+    std::string first_error;
+  
+    void open(int layer, const std::string& err = {}) {
+      std::lock_guard lock(mu);
+      if (!err.empty() && error[layer].empty()) error[layer] = err;
+      if (!err.empty() && first_error.empty()) first_error = err;
+      --pending[layer];
+      cv.notify_all();
+    }
+    void wait(int layer) {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return pending[layer] <= 0; });
+    }
+  };
+
+
+  // eviction (elastic_evict.cpp)
+  bool ensure_swap(std::string* why);
+  void kv_to_compressed(const ChunkId& c);
+  bool kv_to_storage(const ChunkId& c, std::string* why);
+  void drop_weights(int layer);
+  bool compressed_to_storage(std::string* why);
+  std::vector<ChunkId> kv_order(bool resident) const;
+  int next_weight_layer() const;
+  KvChunkShape chunk_shape(const KvCache& kv, int64_t chunk) const;
+  KvChunkShape chunk_shape_n(const KvCache& kv, int64_t n_tokens) const;
+  int swap_fd() const;
+  void flush_writes();
+
+  // restoration (elastic_restore.cpp)
+  void run_restore(std::vector<LayerPlan> plan);
+  void io_path(std::vector<LayerPlan>& plan, bool open_latches);
+  void decompress_path(std::vector<LayerPlan>& plan, bool open_latches);
+
+  Model& model_;
+  Allocator& alloc_;
+  ElasticOptions opts_;
+  std::unique_ptr<IoEngine> io_;
+  DirectFile gguf_;                  // the model file, for direct reads of weights
+  std::unique_ptr<SwapFile> swap_;
+  bool swap_failed_ = false;
+  std::string swap_error_;
+  CompressedStack stack_;
+  std::vector<KvCache*> caches_;
+  // Pending swap writes of this eviction: tickets and the chunks they read from.
+  struct PendingWrite {
+    IoEngine::Ticket ticket;
+    Buffer src;
+    ChunkId id;
+  };
+  int64_t write_failures_ = 0;
+  std::mutex owner_mu_;
+  std::unordered_map<CompressedStack::Handle, ChunkId> blob_owner_;  // compressed blob -> its chunk
+  std::vector<PendingWrite> pending_;
+  uint64_t pending_bytes_ = 0;
+  // Restore in flight.
+  std::unique_ptr<Latches> latches_;
+  std::thread restore_thread_;
+  std::atomic<bool> restoring_{false};
+  RestoreReport last_restore_;
+};
+
+}  // namespace ebb

@@ -1,0 +1,286 @@
+// ElasticMemory::evict: the hybrid-swap policy (mzCache Algorithm 1) decides
+// the kind of each move; the order (backward-out by default) decides which
+// unit. Moves: KV chunk -> compressed stack, KV chunk -> swap slot (raw),
+// weight layer -> dropped (the GGUF backs it), compressed chunk -> swap slot.
+#include <algorithm>
+#include <cstring>
+
+#include "memory/elastic.h"
+#include "platform/error.h"
+#include "platform/timer.h"
+
+namespace ebb {
+
+namespace {
+
+uint64_t held_bytes(const Ledger& l) {
+  return static_cast<uint64_t>(l.bytes(MemCategory::kWeights) + l.bytes(MemCategory::kKvCache) +
+                               l.bytes(MemCategory::kCompressed) + l.bytes(MemCategory::kIoBuffer));
+}
+
+}  // namespace
+
+KvChunkShape ElasticMemory::chunk_shape(const KvCache& kv, int64_t chunk) const {
+  KvChunkShape s;
+  s.chunk_tokens = kv.options().chunk_size;
+  s.n_tokens = kv.chunk_tokens(chunk);
+  s.row_dim = kv.shape().n_kv_heads * kv.shape().head_dim;
+  s.type = kv.options().type;
+  return s;
+}
+
+KvChunkShape ElasticMemory::chunk_shape_n(const KvCache& kv, int64_t n_tokens) const {
+  KvChunkShape s = chunk_shape(kv, 0);
+  s.n_tokens = n_tokens;
+  return s;
+}
+
+int ElasticMemory::swap_fd() const { return swap_ ? swap_->fd() : -1; }
+
+std::vector<ElasticMemory::ChunkId> ElasticMemory::kv_order(bool resident) const {
+  std::vector<ChunkId> all;
+  for (KvCache* kv : caches_)
+    for (int64_t l = 0; l < kv->shape().n_layer; ++l)
+      for (int64_t c = 0; c < kv->n_chunks(l); ++c)
+        if (kv->chunk_resident(l, c) == resident) all.push_back({kv, l, c});
+  // Forward order: layer, then session, then chunk. Backward is its reverse.
+  std::stable_sort(all.begin(), all.end(), [](const ChunkId& a, const ChunkId& b) { return a.layer < b.layer; });
+  if (opts_.order == EvictOrder::kForward) return all;
+  if (opts_.order == EvictOrder::kBackward) {
+    std::reverse(all.begin(), all.end());
+    return all;
+  }
+  std::vector<ChunkId> out;
+  for (int64_t i : eviction_sequence(EvictOrder::kRandom, static_cast<int64_t>(all.size()), opts_.seed))
+    out.push_back(all[static_cast<size_t>(i)]);
+  return out;
+}
+
+int ElasticMemory::next_weight_layer() const {
+  const int nl = model_.n_layers();
+  for (int64_t i : eviction_sequence(opts_.order, nl, opts_.seed + 1))
+    if (model_.layer_unit(static_cast<int>(i)).resident()) return static_cast<int>(i);
+  return -1;
+}
+
+bool ElasticMemory::ensure_swap(std::string* why) {
+  if (swap_) return true;
+  if (swap_failed_ || !opts_.allow_storage) {
+    *why = swap_failed_ ? swap_error_ : "storage swap is off";
+    return false;
+  }
+  uint64_t cap = opts_.swap_bytes;
+  if (cap == 0) {
+    for (const KvCache* kv : caches_) {
+      const uint64_t chunks = static_cast<uint64_t>((kv->options().max_tokens + kv->options().chunk_size - 1) /
+                                                    kv->options().chunk_size);
+      cap += static_cast<uint64_t>(kv->shape().n_layer) * chunks * kv->chunk_alloc_bytes();
+    }
+  }
+  try {
+    SwapFileOptions so;
+    so.dir = opts_.swap_dir;
+    so.capacity = std::max<uint64_t>(cap, 1 << 20);
+    so.io = io_.get();
+    swap_ = std::make_unique<SwapFile>(so);
+    return true;
+  } catch (const Error& e) {
+    swap_failed_ = true;
+    swap_error_ = e.what();
+    *why = swap_error_;
+    return false;
+  }
+}
+
+void ElasticMemory::kv_to_compressed(const ChunkId& id) {
+  KvCache& kv = *id.kv;
+  const KvChunkShape shape = chunk_shape(kv, id.chunk);
+  const KvCodec& codec = kv_codec(opts_.codec, opts_.isa);
+  auto [handle, dst] = stack_.push(codec.max_compressed_bytes(shape));
+  const size_t n = codec.compress(shape, kv.chunks(id.layer)[id.chunk].k, dst);
+  stack_.shrink_top(handle, n);
+  KvChunkMeta& m = kv.meta(id.layer, id.chunk);
+  (void)kv.take_chunk(id.layer, id.chunk);  // the chunk's pages go back here
+  m.state = UnitState::kCompressed;
+  m.handle = handle;
+  m.compressed_bytes = n;
+  m.n_tokens = shape.n_tokens;
+}
+
+bool ElasticMemory::kv_to_storage(const ChunkId& id, std::string* why) {
+  if (!ensure_swap(why)) return false;
+  KvCache& kv = *id.kv;
+  KvChunkMeta& m = kv.meta(id.layer, id.chunk);
+  SwapSlot slot = swap_->allocate(kv.chunk_bytes());
+  if (!slot.valid()) {
+    *why = swap_->path() + ": swap file full (" + std::to_string(swap_->capacity() >> 20) + " MiB)";
+    return false;
+  }
+  m.slot = slot;
+  m.n_tokens = kv.chunk_tokens(id.chunk);
+  Buffer src = kv.take_chunk(id.layer, id.chunk);
+  m.state = UnitState::kStored;
+  PendingWrite w{swap_->write_async(m.slot, src.data()), std::move(src), id};
+  pending_bytes_ += w.src.size();
+  pending_.push_back(std::move(w));
+  if (static_cast<int>(pending_.size()) >= io_->options().queue_depth) flush_writes();
+  return true;
+}
+
+void ElasticMemory::flush_writes() {
+  for (PendingWrite& w : pending_) {
+    try {
+      io_->wait(w.ticket);
+    } catch (const Error&) {
+      // The write failed: the chunk is still in w.src, so it stays resident.
+      KvCache& kv = *w.id.kv;
+      KvChunkMeta& m = kv.meta(w.id.layer, w.id.chunk);
+      if (m.slot.valid()) swap_->free(m.slot);
+      m = {};
+      kv.put_chunk(w.id.layer, w.id.chunk, std::move(w.src));
+      write_failures_++;
+    }
+  }
+  pending_.clear();
+  pending_bytes_ = 0;
+}
+
+void ElasticMemory::drop_weights(int layer) { model_.layer_unit(layer).release(); }
+
+bool ElasticMemory::compressed_to_storage(std::string* why) {
+  if (stack_.empty()) {
+    *why = "no compressed KV left";
+    return false;
+  }
+  if (!ensure_swap(why)) return false;
+  const CompressedStack::Handle h = stack_.bottom();
+  std::lock_guard lock(owner_mu_);
+  auto owner = blob_owner_.find(h);
+  EBB_CHECK(owner != blob_owner_.end());
+  const ChunkId id = owner->second;
+  const uint64_t n = stack_.size(h);
+  SwapSlot slot = swap_->allocate(n);
+  if (!slot.valid()) {
+    *why = swap_->path() + ": swap file full (" + std::to_string(swap_->capacity() >> 20) + " MiB)";
+    return false;
+  }
+  Buffer staging = alloc_.allocate(slot.stored, MemCategory::kIoBuffer, kDirectAlign);
+  std::memcpy(staging.data(), stack_.data(h), n);
+  std::memset(staging.as<uint8_t>() + n, 0, slot.stored - n);
+  KvChunkMeta& m = id.kv->meta(id.layer, id.chunk);
+  m.slot = slot;
+  try {
+    swap_->write(m.slot, staging.data());
+  } catch (const Error& e) {
+    swap_->free(m.slot);
+    m.slot = {};
+    *why = e.what();
+    return false;
+  }
+  stack_.erase(h);
+  blob_owner_.erase(owner);
+  m.state = UnitState::kStoredCompressed;
+  return true;
+}
+
+EvictReport ElasticMemory::evict(uint64_t bytes) {
+  Stopwatch timer;
+  if (restoring_.load()) {
+    try {
+      wait_restored();
+    } catch (const Error&) {
+      // Units that failed to restore stay evicted; eviction goes on.
+    }
+  }
+  EvictReport r;
+  r.requested = bytes;
+  const Ledger& ledger = *alloc_.ledger();
+  const uint64_t start = held_bytes(ledger);
+  auto freed = [&]() -> int64_t {
+    return static_cast<int64_t>(start) - static_cast<int64_t>(held_bytes(ledger)) + static_cast<int64_t>(pending_bytes_);
+  };
+
+  PolicyCounts counts;
+  int64_t n_kv_total = 0;
+  for (const KvCache* kv : caches_)
+    for (int64_t l = 0; l < kv->shape().n_layer; ++l) {
+      n_kv_total += kv->n_chunks(l);
+      for (int64_t c = 0; c < kv->n_chunks(l); ++c) {
+        if (kv->chunk_resident(l, c)) ++counts.kv_resident;
+        if (kv->meta(l, c).state == UnitState::kCompressed) ++counts.kv_compressed_mem;
+      }
+    }
+  for (int l = 0; l < model_.n_layers(); ++l) counts.w_resident += model_.layer_unit(l).resident() ? 1 : 0;
+
+  HybridSwapPolicy::Options po;
+  po.allow_storage = opts_.allow_storage && !swap_failed_;
+  auto policy = std::make_unique<HybridSwapPolicy>(unit_times(), n_kv_total, model_.n_layers(), po);
+  std::vector<ChunkId> order = kv_order(true);
+  size_t next_kv = 0;
+  auto take_kv = [&]() -> const ChunkId* {
+    while (next_kv < order.size() && !order[next_kv].kv->chunk_resident(order[next_kv].layer, order[next_kv].chunk))
+      ++next_kv;
+    return next_kv < order.size() ? &order[next_kv] : nullptr;
+  };
+  auto note = [&](const std::string& s) { r.note += (r.note.empty() ? "" : "; ") + s; };
+
+  while (freed() < static_cast<int64_t>(bytes)) {
+    r.last_stage = policy->stage(counts);
+    const EvictAction a = policy->next(counts);
+    if (a == EvictAction::kNone) {
+      note("nothing left to evict");
+      break;
+    }
+    if (a == EvictAction::kKvToCompressed || a == EvictAction::kKvToStorage) {
+      const ChunkId* id = take_kv();
+      if (!id) break;  // counts said otherwise: the policy and the caches disagree
+      const ChunkId c = *id;
+      ++next_kv;
+      std::string why;
+      if (a == EvictAction::kKvToStorage && !kv_to_storage(c, &why)) {
+        note("storage swap unavailable, KV goes to the compressed stack only: " + why);
+        po.allow_storage = false;
+        policy = std::make_unique<HybridSwapPolicy>(unit_times(), n_kv_total, model_.n_layers(), po);
+        kv_to_compressed(c);
+        ++r.kv_to_compressed;
+        ++counts.kv_compressed_mem;
+      } else if (a == EvictAction::kKvToStorage) {
+        ++r.kv_to_storage;
+      } else {
+        kv_to_compressed(c);
+        ++r.kv_to_compressed;
+        ++counts.kv_compressed_mem;
+      }
+      if (c.kv->meta(c.layer, c.chunk).state == UnitState::kCompressed) {
+        std::lock_guard lock(owner_mu_);
+        blob_owner_[c.kv->meta(c.layer, c.chunk).handle] = c;
+      }
+      --counts.kv_resident;
+    } else if (a == EvictAction::kDropWeightLayer) {
+      const int l = next_weight_layer();
+      if (l < 0) break;
+      drop_weights(l);
+      ++r.weights_dropped;
+      --counts.w_resident;
+    } else {  // kCompressedToStorage
+      std::string why;
+      if (!compressed_to_storage(&why)) {
+        note("cannot move compressed KV to storage, nothing more can be given back: " + why);
+        break;
+      }
+      ++r.compressed_to_storage;
+      --counts.kv_compressed_mem;
+    }
+  }
+  flush_writes();
+  r.freed = static_cast<uint64_t>(std::max<int64_t>(0, freed()));
+  if (write_failures_ > 0) {
+    note(std::to_string(write_failures_) + " swap writes failed; those chunks stayed resident");
+    write_failures_ = 0;
+  }
+  r.seconds = timer.seconds();
+  r.after = footprint();
+  return r;
+}
+
+}  // namespace ebb
