@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -46,7 +47,14 @@ enum class OverlapMode : uint8_t {
 OverlapMode parse_overlap_mode(std::string_view s);  // "none"|"alloc-reload"|"reload-prefill"|"full"
 std::string_view overlap_mode_name(OverlapMode m);
 
+// How eviction places units: mzCache's hybrid swap, or the partial-offload
+// baseline (whole layers — weights and raw KV — to storage, rearmost first,
+// restored sequentially before compute).
+enum class EvictPolicyKind : uint8_t { kHybrid, kPartialOffload };
+
 struct ElasticOptions {
+  EvictPolicyKind policy = EvictPolicyKind::kHybrid;
+  bool parallel_paths = true;    // false: the I/O path, then the decompression path
   std::string swap_dir;          // "": default_swap_dir()
   uint64_t swap_bytes = 0;       // swap file size; 0: the KV of the attached sessions at full context
   KvCodecId codec = KvCodecId::kInt8;
@@ -81,6 +89,7 @@ struct EvictReport {
 struct RestoreReport {
   double seconds = 0;              // begin to last latch
   double alloc_s = 0, read_s = 0, decompress_s = 0;  // busy time of each path
+  double stall_s = 0;              // time forward passes waited on layer latches
   uint64_t bytes_read = 0;         // from storage (weights and swap)
   int64_t weights_loaded = 0, chunks_read = 0, chunks_decompressed = 0, chunks_lost = 0;
 };
@@ -116,6 +125,8 @@ class ElasticMemory final : public WeightSource {
   const ElasticOptions& options() const { return opts_; }
   void set_overlap(OverlapMode m) { opts_.overlap = m; }
   void set_order(EvictOrder o) { opts_.order = o; }
+  void set_policy(EvictPolicyKind p) { opts_.policy = p; }
+  void set_parallel_paths(bool on) { opts_.parallel_paths = on; }
   UnitTimes unit_times() const;
   // For fault-injection tests: the swap file (nullptr before first use).
   SwapFile* swap_file() { return swap_.get(); }
@@ -165,6 +176,7 @@ class ElasticMemory final : public WeightSource {
   KvChunkShape chunk_shape_n(const KvCache& kv, int64_t n_tokens) const;
   int swap_fd() const;
   void flush_writes();
+  void evict_partial_offload(uint64_t bytes, EvictReport& r, const std::function<int64_t()>& freed);
 
   // restoration (elastic_restore.cpp)
   void run_restore(std::vector<LayerPlan> plan);

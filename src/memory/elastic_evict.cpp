@@ -200,6 +200,15 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
     return static_cast<int64_t>(start) - static_cast<int64_t>(held_bytes(ledger)) + static_cast<int64_t>(pending_bytes_);
   };
 
+  if (opts_.policy == EvictPolicyKind::kPartialOffload) {
+    evict_partial_offload(bytes, r, freed);
+    flush_writes();
+    r.freed = static_cast<uint64_t>(std::max<int64_t>(0, freed()));
+    r.seconds = timer.seconds();
+    r.after = footprint();
+    return r;
+  }
+
   PolicyCounts counts;
   int64_t n_kv_total = 0;
   for (const KvCache* kv : caches_)
@@ -281,6 +290,26 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
   r.seconds = timer.seconds();
   r.after = footprint();
   return r;
+}
+
+void ElasticMemory::evict_partial_offload(uint64_t bytes, EvictReport& r, const std::function<int64_t()>& freed) {
+  // Layer-granular, rearmost layer first: its KV raw to storage, then its weights.
+  for (int l = model_.n_layers() - 1; l >= 0 && freed() < static_cast<int64_t>(bytes); --l) {
+    for (KvCache* kv : caches_)
+      for (int64_t c = kv->n_chunks(l) - 1; c >= 0 && freed() < static_cast<int64_t>(bytes); --c) {
+        if (!kv->chunk_resident(l, c)) continue;
+        std::string why;
+        if (!kv_to_storage({kv, l, c}, &why)) {
+          r.note = "partial offload needs storage: " + why;
+          return;
+        }
+        ++r.kv_to_storage;
+      }
+    if (freed() < static_cast<int64_t>(bytes) && model_.layer_unit(l).resident()) {
+      drop_weights(l);
+      ++r.weights_dropped;
+    }
+  }
 }
 
 }  // namespace ebb

@@ -62,10 +62,12 @@ void ElasticMemory::begin_restore() {
 
 void ElasticMemory::run_restore(std::vector<LayerPlan> plan) {
   Stopwatch sw;
-  const OverlapMode mode = opts_.overlap;
+  // The partial-offload baseline restores everything, one step after the
+  // other, before compute starts.
+  const OverlapMode mode = opts_.policy == EvictPolicyKind::kPartialOffload ? OverlapMode::kNone : opts_.overlap;
   // Latches open per layer only when prefill may overlap the restore.
   const bool per_layer = mode == OverlapMode::kReloadPrefill || mode == OverlapMode::kFull;
-  if (mode == OverlapMode::kNone) {
+  if (mode == OverlapMode::kNone || !opts_.parallel_paths) {
     io_path(plan, false);
     decompress_path(plan, false);
   } else {
@@ -203,10 +205,11 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
   };
 
   // No overlap of allocation with reads: allocate every layer first.
-  if (opts_.overlap == OverlapMode::kNone || opts_.overlap == OverlapMode::kReloadPrefill)
+  if (opts_.overlap == OverlapMode::kNone || opts_.overlap == OverlapMode::kReloadPrefill ||
+      opts_.policy == EvictPolicyKind::kPartialOffload)
     for (LayerPlan& p : plan) allocate(p);
   // Keep a few layers of reads in flight ahead of the one completing.
-  constexpr size_t kLayersInFlight = 3;
+  const size_t kLayersInFlight = opts_.policy == EvictPolicyKind::kPartialOffload ? 0 : 3;
   std::deque<LayerPlan*> inflight;
   for (LayerPlan& p : plan) {
     submit(p);
@@ -269,7 +272,9 @@ RestoreReport ElasticMemory::wait_restored() {
 
 LayerWeights ElasticMemory::acquire_layer(int l) {
   if (Latches* lt = latches_.get()) {
+    Stopwatch sw;
     lt->wait(l);
+    last_restore_.stall_s += sw.seconds();
     std::lock_guard lock(lt->mu);
     if (!lt->error[l].empty()) throw Error(lt->error[l]);
   }
