@@ -84,6 +84,7 @@ std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::v
     const int64_t from = kv_->lost_from();
     kv_->clear_lost();
     kv_->truncate(from);
+    kv_->reserve(total);
     ++recomputes_;
     run_to_end(all_logits, start, progress);
   }
