@@ -20,7 +20,8 @@ struct ChatArgs {
 };
 
 constexpr const char* kHelp =
-    "commands: /help, /reset (forget the conversation), /save FILE, /load FILE, /memory, /quit\n";
+    "commands: /help, /reset (forget the conversation), /save FILE, /load FILE, /memory,\n"
+    "          /evict SIZE|PCT (give memory back, e.g. /evict 50%), /restore, /quit\n";
 
 class Chat {
  public:
@@ -91,6 +92,40 @@ class Chat {
                  session_.tokens().size(), static_cast<long long>(session_.n_ctx()),
                  format_bytes(f.weights() + f.globals).c_str(), format_bytes(f.kv()).c_str(),
                  format_bytes(f.scratch).c_str(), format_bytes(f.total()).c_str());
+    if (ElasticMemory* em = engine_.elastic()) {
+      std::fprintf(stderr, "in RAM: weights %s, kv %s, compressed %s | on storage: weights %s (the model file), kv %s\n",
+                   format_bytes(f.weights()).c_str(), format_bytes(f.kv()).c_str(), format_bytes(f.compressed).c_str(),
+                   format_bytes(f.weights_stored).c_str(), format_bytes(f.kv_stored).c_str());
+      std::fprintf(stderr, "layer W |KV chunks|   W resident, . dropped;  # resident, c compressed, s stored, z stored compressed\n%s",
+                   em->residency().grid().c_str());
+    }
+  }
+
+  // `/evict 50%` or `/evict 200MiB`: percent of what can be evicted (layer
+  // weights and KV in RAM).
+  void evict(const std::string& arg) {
+    const Footprint f = engine_.footprint();
+    const uint64_t evictable = f.weights() + f.kv();
+    const uint64_t bytes = parse_size(arg, evictable);
+    const EvictReport r = engine_.evict(bytes);
+    std::fprintf(stderr,
+                 "evicted %s of %s asked in %.1f ms (stage %s): %lld KV chunks compressed, %lld to storage, "
+                 "%lld weight layers dropped, %lld compressed chunks to storage; in RAM now %s\n",
+                 format_bytes(r.freed).c_str(), format_bytes(bytes).c_str(), r.seconds * 1e3,
+                 std::string(evict_stage_name(r.last_stage)).c_str(), static_cast<long long>(r.kv_to_compressed),
+                 static_cast<long long>(r.kv_to_storage), static_cast<long long>(r.weights_dropped),
+                 static_cast<long long>(r.compressed_to_storage), format_bytes(r.after.in_ram()).c_str());
+    if (!r.note.empty()) std::fprintf(stderr, "note: %s\n", r.note.c_str());
+  }
+
+  void restore() {
+    const RestoreReport r = engine_.restore();
+    std::fprintf(stderr, "restored in %.1f ms: %lld weight layers, %lld chunks read, %lld decompressed, %s from storage\n",
+                 r.seconds * 1e3, static_cast<long long>(r.weights_loaded), static_cast<long long>(r.chunks_read),
+                 static_cast<long long>(r.chunks_decompressed), format_bytes(r.bytes_read).c_str());
+    if (r.chunks_lost > 0)
+      std::fprintf(stderr, "%lld KV chunks failed their checksum; they are recomputed on the next turn\n",
+                   static_cast<long long>(r.chunks_lost));
   }
 
   Session& session() { return session_; }
@@ -122,6 +157,10 @@ int chat(ChatArgs& a) {
         chat.reset();
       } else if (line == "/memory") {
         chat.memory();
+      } else if (line.rfind("/evict ", 0) == 0) {
+        chat.evict(line.substr(7));
+      } else if (line == "/restore") {
+        chat.restore();
       } else if (line.rfind("/save ", 0) == 0) {
         chat.session().save(line.substr(6));
         std::fprintf(stderr, "saved %zu tokens\n", chat.session().tokens().size());

@@ -171,4 +171,15 @@ size_t CompressedStack::segments() const {
   return segs_.size();
 }
 
+void CompressedStack::set_segment_bytes(uint64_t n) {
+  std::lock_guard lock(mu_);
+  EBB_CHECK(n >= kAlign);
+  opts_.segment_bytes = align_up(n, kAlign);
+}
+
+uint64_t CompressedStack::segment_bytes() const {
+  std::lock_guard lock(mu_);
+  return opts_.segment_bytes;
+}
+
 }  // namespace ebb

@@ -58,6 +58,10 @@ class CompressedStack {
   // is marked dead and its space comes back when it reaches the top or bottom.
   void erase(Handle h);
 
+  // Segment size of segments allocated from now on (>= kAlign).
+  void set_segment_bytes(uint64_t n);
+  uint64_t segment_bytes() const;
+
   uint64_t bytes_used() const;      // payload bytes of live blobs
   uint64_t bytes_reserved() const;  // bytes of allocated segments (what the ledger sees)
   size_t segments() const;
