@@ -68,8 +68,10 @@ void ElasticMemory::run_restore(std::vector<LayerPlan> plan) {
   // Latches open per layer only when prefill may overlap the restore.
   const bool per_layer = mode == OverlapMode::kReloadPrefill || mode == OverlapMode::kFull;
   if (mode == OverlapMode::kNone || !opts_.parallel_paths) {
-    io_path(plan, false);
-    decompress_path(plan, false);
+    // Sequential paths still open the latches per layer when prefill may
+    // overlap (each path opens its half), else every latch stayed shut.
+    io_path(plan, per_layer);
+    decompress_path(plan, per_layer);
   } else {
     std::thread decomp([&] { decompress_path(plan, per_layer); });
     io_path(plan, per_layer);
