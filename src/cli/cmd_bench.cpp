@@ -168,6 +168,7 @@ void add_speed_command(CLI::App* bench, int* rc) {
 
 void add_kvcodec_command(CLI::App* bench, int* rc);  // cmd_bench_kvcodec.cpp
 void add_budget_command(CLI::App* bench, int* rc);   // cmd_bench_budget.cpp
+void add_ttft_command(CLI::App* bench, int* rc);     // cmd_bench_ttft.cpp
 
 void add_bench_command(CLI::App& app, int* rc) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks (speed)");
@@ -175,6 +176,7 @@ void add_bench_command(CLI::App& app, int* rc) {
   add_speed_command(bench, rc);
   add_kvcodec_command(bench, rc);
   add_budget_command(bench, rc);
+  add_ttft_command(bench, rc);
 }
 
 }  // namespace ebb::cli

@@ -1,0 +1,118 @@
+// ebb bench ttft: time to first token after eviction (mzCache Figures 9, 11, 12).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli/options.h"
+#include "platform/error.h"
+#include "runtime/bench_ttft.h"
+
+namespace ebb::cli {
+namespace {
+
+struct TtftArgs {
+  BenchTtftOptions o;
+  std::string contexts = "2048";
+  std::string remaining = "0,25,50,75,100";
+  std::string systems = "ebb,partial_offload,os_paging";
+  std::string orders = "backward";
+  std::string overlaps = "full";
+  std::string paths = "parallel";
+  bool json = false;
+  std::string plot;
+};
+
+std::vector<std::string> split(const std::string& s, const char* what) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) v.push_back(item);
+  if (v.empty()) throw Error(std::string(what) + ": empty list");
+  return v;
+}
+
+int64_t parse_int(const std::string& s, const char* what) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != s.size()) throw Error(std::string(what) + ": '" + s + "' is not an integer");
+  return v;
+}
+
+int run_ttft(TtftArgs& a) {
+  BenchTtftOptions& o = a.o;
+  o.contexts.clear();
+  for (const std::string& c : split(a.contexts, "--context")) o.contexts.push_back(parse_int(c, "--context"));
+  o.remaining_pct.clear();
+  for (const std::string& r : split(a.remaining, "--remaining"))
+    o.remaining_pct.push_back(static_cast<int>(parse_int(r, "--remaining")));
+  o.systems.clear();
+  for (const std::string& s : split(a.systems, "--systems")) o.systems.push_back(parse_ttft_system(s));
+  o.orders.clear();
+  for (const std::string& s : split(a.orders, "--order")) o.orders.push_back(parse_evict_order(s));
+  o.overlaps.clear();
+  for (const std::string& s : split(a.overlaps, "--overlap")) o.overlaps.push_back(parse_overlap_mode(s));
+  o.parallel_paths.clear();
+  for (const std::string& s : split(a.paths, "--paths")) {
+    if (s != "parallel" && s != "sequential") throw Error("--paths: '" + s + "' is not parallel or sequential");
+    o.parallel_paths.push_back(s == "parallel");
+  }
+  o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  const BenchTtftResult res = bench_ttft(o);
+  if (a.json) {
+    std::printf("%s\n", ttft_rows_json(res.rows).dump(2).c_str());
+  } else {
+    std::printf("model %s, %lld-token query, %d reps (median), %d threads, KV chunk %lld, storage %.2f GB/s (direct I/O)\n",
+                o.model.c_str(), static_cast<long long>(o.query_tokens), o.reps, o.n_threads,
+                static_cast<long long>(o.kv_chunk_size), res.storage_gbps);
+    std::printf("os_paging: weights paged out of an mmap and faulted back in; no swap device here, so its KV share\n"
+                "           is lost and recomputed (truncated and re-fed), as a mobile OS does under pressure.\n");
+    std::printf("%-15s %6s %4s %8s %8s %6s %7s %7s %7s %7s %7s %10s %-9s %-14s %s\n", "system", "ctx", "rem",
+                "ttft_s", "bound_s", "x_po", "alloc", "reload", "decomp", "prefill", "stall", "read", "order",
+                "overlap", "paths");
+    for (const BenchTtftRow& r : res.rows) {
+      std::printf("%-15s %6lld %3d%% %8.3f %8.3f %6.2f %7.3f %7.3f %7.3f %7.3f %7.3f %10s %-9s %-14s %s\n",
+                  r.system.c_str(), static_cast<long long>(r.context), r.remaining_pct, r.ttft_s, r.bound_s,
+                  r.ratio_vs_partial_offload, r.alloc_s, r.reload_s, r.decompress_s, r.prefill_s, r.stall_s,
+                  format_bytes(r.bytes_read).c_str(), r.order.c_str(), r.overlap.c_str(), r.paths.c_str());
+    }
+    std::printf("x_po: partial_offload TTFT / this TTFT. bound: max(read bytes / storage GB/s, decompression, TTFT at 100%%).\n");
+  }
+  if (!a.plot.empty()) {
+    std::ofstream f(a.plot);
+    f << ttft_plot_svg(res.rows);
+    if (!f) throw Error("--plot: cannot write " + a.plot);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+void add_ttft_command(CLI::App* bench, int* rc) {
+  auto a = std::make_shared<TtftArgs>();
+  CLI::App* sub = bench->add_subcommand("ttft", "TTFT of a query after evicting part of memory (elastic memory vs baselines)");
+  sub->add_option("-m,--model", a->o.model, "GGUF model file")->required();
+  sub->add_option("--context", a->contexts, "Context lengths in tokens, comma-separated")->capture_default_str();
+  sub->add_option("--remaining", a->remaining, "Remaining memory levels in % of weights + KV")->capture_default_str();
+  sub->add_option("--query", a->o.query_tokens, "Query tokens fed after the context")->capture_default_str();
+  sub->add_option("-r,--reps", a->o.reps, "Repetitions per level; medians are reported")->capture_default_str();
+  sub->add_option("-t,--threads", a->o.n_threads, "Compute threads")->capture_default_str();
+  sub->add_option("--kv-chunk", a->o.kv_chunk_size, "KV chunk size in tokens")->capture_default_str();
+  sub->add_option("--systems", a->systems, "ebb, partial_offload, os_paging")->capture_default_str();
+  sub->add_option("--order", a->orders, "ebb eviction orders: backward, forward, random")->capture_default_str();
+  sub->add_option("--overlap", a->overlaps, "ebb overlap: none, alloc-reload, reload-prefill, full")->capture_default_str();
+  sub->add_option("--paths", a->paths, "ebb restore paths: sequential, parallel")->capture_default_str();
+  sub->add_option("--swap-dir", a->o.swap_dir, "Directory of the swap file (default: the elastic default)");
+  sub->add_option("--seed", a->o.seed, "Seed of the random context and query tokens")->capture_default_str();
+  sub->add_flag("--json", a->json, "Print JSON rows");
+  sub->add_option("--plot", a->plot, "Write TTFT against remaining memory as an SVG");
+  sub->callback([a, rc] { *rc = run_ttft(*a); });
+}
+
+}  // namespace ebb::cli

@@ -1,0 +1,81 @@
+// `ebb bench ttft`: time to first token of a short query after part of the
+// LLM's memory was evicted (mzCache Figures 9, 11 and 12). For each system and
+// context the session is prefilled once; then, per remaining-memory level and
+// rep, (1 - r/100) of the evictable bytes (every layer weight unit + the
+// session's KV) is evicted and feed(query) is timed, restoration included.
+//
+// Systems:
+//   ebb              elastic memory, hybrid-swap policy, restore overlapped
+//   partial_offload  layer-granular raw weights + KV to storage, restored
+//                    sequentially before compute (EvictPolicyKind::kPartialOffload)
+//   os_paging        weights served from an mmap of the GGUF; the weight share is
+//                    paged out (MADV_DONTNEED + fadvise DONTNEED, front layers
+//                    first, like LRU after a forward pass) and faults back in.
+//                    The machine has no swap device, so the KV share is handled
+//                    as a mobile OS does under pressure: it is lost and
+//                    recomputed (KV truncated to the kept point, re-fed).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "memory/elastic.h"
+#include "memory/hybrid_policy.h"
+
+namespace ebb {
+
+enum class TtftSystem : uint8_t { kEbb, kPartialOffload, kOsPaging };
+TtftSystem parse_ttft_system(std::string_view s);  // "ebb"|"partial_offload"|"os_paging"; Error otherwise
+std::string_view ttft_system_name(TtftSystem s);
+
+struct BenchTtftOptions {
+  std::string model;
+  std::vector<int64_t> contexts = {2048};
+  std::vector<int> remaining_pct = {0, 25, 50, 75, 100};
+  int64_t query_tokens = 8;
+  int reps = 5;
+  int n_threads = 2;
+  int64_t kv_chunk_size = 256;
+  int64_t prefill_batch = 64;
+  std::vector<TtftSystem> systems = {TtftSystem::kEbb, TtftSystem::kPartialOffload, TtftSystem::kOsPaging};
+  // Ablations of the ebb system: one row set per value.
+  std::vector<EvictOrder> orders = {EvictOrder::kBackward};
+  std::vector<OverlapMode> overlaps = {OverlapMode::kFull};
+  std::vector<bool> parallel_paths = {true};
+  std::string swap_dir;      // "": the elastic default
+  double storage_gbps = -1;  // < 0: measure on the model file; 0: leave the storage term out of the bound
+  uint64_t seed = 1;
+  std::function<void(const std::string&)> log;  // progress lines (stderr in the CLI)
+};
+
+struct BenchTtftRow {
+  std::string system;
+  int64_t context = 0;
+  int remaining_pct = 0;
+  double ttft_s = 0;        // median over reps: feed(query) until its logits
+  double bound_s = 0;       // max(bytes_read / storage GB/s, decompress_s, TTFT at 100%)
+  double ratio_vs_partial_offload = 0;  // partial_offload ttft / this ttft (0: no partial_offload row)
+  double alloc_s = 0, reload_s = 0, decompress_s = 0;  // restore paths' busy time (medians)
+  double prefill_s = 0;     // ttft_s - stall_s: time the forward pass computed
+  double stall_s = 0;       // time the forward pass waited on restore latches
+  uint64_t bytes_read = 0;  // from storage (os_paging: /proc/self/io read_bytes)
+  uint64_t evicted_bytes = 0;  // requested eviction
+  std::string order, overlap, paths;  // "-" where not applicable
+};
+
+struct BenchTtftResult {
+  std::vector<BenchTtftRow> rows;
+  double storage_gbps = 0;
+};
+
+BenchTtftResult bench_ttft(const BenchTtftOptions& o);
+
+nlohmann::json ttft_rows_json(const std::vector<BenchTtftRow>& rows);
+// TTFT against remaining memory %, one panel per context, one line per
+// system (and ablation), as an SVG document.
+std::string ttft_plot_svg(const std::vector<BenchTtftRow>& rows);
+
+}  // namespace ebb

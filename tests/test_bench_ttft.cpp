@@ -1,0 +1,120 @@
+// ebb bench ttft: rows for every system and level, sane times, ebb reads from
+// storage when everything was evicted, the JSON fields, and the plot.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "platform/error.h"
+#include "runtime/bench_ttft.h"
+#include "support.h"
+
+namespace ebb {
+namespace {
+
+BenchTtftOptions small_options(const std::string& swap_dir) {
+  BenchTtftOptions o;
+  o.model = test::model_path("stories260K.gguf");
+  o.contexts = {96};
+  o.remaining_pct = {0, 50, 100};
+  o.query_tokens = 8;
+  o.reps = 1;
+  o.n_threads = 1;
+  o.kv_chunk_size = 32;
+  o.prefill_batch = 32;
+  o.swap_dir = swap_dir;
+  o.storage_gbps = 1.0;  // the model is too small to measure a bandwidth on
+  return o;
+}
+
+TEST(BenchTtft, RowsForEverySystemAndLevel) {
+  const std::string dir = test::make_temp_dir("ebb-ttft");
+  const BenchTtftResult res = bench_ttft(small_options(dir));
+  std::filesystem::remove_all(dir);
+
+  ASSERT_EQ(res.rows.size(), 3u * 3u);
+  std::set<std::pair<std::string, int>> seen;
+  for (const BenchTtftRow& r : res.rows) {
+    seen.insert({r.system, r.remaining_pct});
+    EXPECT_EQ(r.context, 96);
+    EXPECT_TRUE(std::isfinite(r.ttft_s) && r.ttft_s > 0) << r.system << " " << r.remaining_pct;
+    EXPECT_TRUE(std::isfinite(r.bound_s) && r.bound_s > 0) << r.system << " " << r.remaining_pct;
+    EXPECT_GT(r.ratio_vs_partial_offload, 0) << r.system;
+    EXPECT_GE(r.prefill_s, 0);
+    EXPECT_LE(r.stall_s, r.ttft_s + 1e-9);
+    if (r.remaining_pct == 100) {
+      EXPECT_EQ(r.evicted_bytes, 0u);
+      if (r.system != "os_paging") {
+        EXPECT_EQ(r.bytes_read, 0u) << r.system;
+      }
+    } else {
+      EXPECT_GT(r.evicted_bytes, 0u) << r.system;
+    }
+  }
+  for (const char* s : {"ebb", "partial_offload", "os_paging"})
+    for (int level : {0, 50, 100}) EXPECT_TRUE(seen.count({s, level})) << s << " " << level;
+
+  for (const BenchTtftRow& r : res.rows) {
+    if (r.system == "ebb" && r.remaining_pct == 0) {
+      EXPECT_GT(r.bytes_read, 0u);  // dropped weight layers come back from the GGUF
+      EXPECT_EQ(r.order, "backward");
+      EXPECT_EQ(r.overlap, "full");
+      EXPECT_EQ(r.paths, "parallel");
+    }
+    if (r.system == "partial_offload") {
+      EXPECT_NEAR(r.ratio_vs_partial_offload, 1.0, 1e-12);
+      if (r.remaining_pct == 0) {
+        EXPECT_GT(r.bytes_read, 0u);
+      }
+    }
+  }
+
+  const nlohmann::json j = ttft_rows_json(res.rows);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), res.rows.size());
+  for (const auto& row : j) {
+    for (const char* f : {"system", "context", "remaining_pct", "ttft_s", "bound_s", "ratio_vs_partial_offload",
+                          "alloc_s", "reload_s", "decompress_s", "prefill_s", "stall_s", "bytes_read", "order",
+                          "overlap", "paths"})
+      EXPECT_TRUE(row.contains(f)) << f;
+  }
+
+  const std::string svg = ttft_plot_svg(res.rows);
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("remaining memory"), std::string::npos);
+  EXPECT_NE(svg.find("TTFT (s)"), std::string::npos);
+  for (const char* s : {"ebb", "partial_offload", "os_paging"}) EXPECT_NE(svg.find(s), std::string::npos) << s;
+}
+
+TEST(BenchTtft, AblationsAreRowSets) {
+  const std::string dir = test::make_temp_dir("ebb-ttft");
+  BenchTtftOptions o = small_options(dir);
+  o.systems = {TtftSystem::kEbb};
+  o.remaining_pct = {0};  // 100% is still measured for the bound, not reported
+  o.orders = {EvictOrder::kBackward, EvictOrder::kForward};
+  o.parallel_paths = {true, false};
+  const BenchTtftResult res = bench_ttft(o);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(res.rows.size(), 4u);
+  std::set<std::string> cfgs;
+  for (const BenchTtftRow& r : res.rows) {
+    EXPECT_EQ(r.remaining_pct, 0);
+    EXPECT_GT(r.bytes_read, 0u);
+    EXPECT_GE(r.bound_s, r.decompress_s);
+    EXPECT_EQ(r.ratio_vs_partial_offload, 0.0);  // no partial_offload rows
+    cfgs.insert(r.order + "/" + r.paths);
+  }
+  EXPECT_EQ(cfgs.size(), 4u);
+}
+
+TEST(BenchTtft, RejectsBadLevels) {
+  BenchTtftOptions o;
+  o.model = test::model_path("stories260K.gguf");
+  o.remaining_pct = {120};
+  EXPECT_THROW(bench_ttft(o), Error);
+  EXPECT_THROW(parse_ttft_system("swap"), Error);
+}
+
+}  // namespace
+}  // namespace ebb
