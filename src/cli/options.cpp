@@ -21,6 +21,12 @@ void add_model_options(CLI::App* app, ModelArgs& a) {
                   "Budget mode system: ebb, sync, prefetch, unbalanced, attn-first, ffn-first, mmap")
       ->capture_default_str();
   app->add_option("--budget-window", a.budget_window, "Budget mode prefetch window in layers")->capture_default_str();
+  app->add_option("--swap-dir", a.swap_dir, "Elastic memory: directory of swap files (default: ~/.cache/ebb/swap)");
+  app->add_option("--kv-codec", a.kv_codec, "Elastic memory: codec of compressed KV: int8, int4")->capture_default_str();
+  app->add_option("--evict-order", a.evict_order, "Elastic memory: backward, forward, random")->capture_default_str();
+  app->add_option("--overlap", a.overlap, "Elastic memory restore overlap: none, alloc-reload, reload-prefill, full")
+      ->capture_default_str();
+  app->add_option("--profile", a.profile, "Device profile from `ebb profile` (default: the saved one)");
 }
 
 void add_sampling_options(CLI::App* app, SamplerOptions& s) {
@@ -59,6 +65,12 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a) {
     o.budget.window = a.budget_window;
     o.budget.n_ctx = a.ctx;
   }
+  o.elastic_opts.swap_dir = a.swap_dir;
+  o.elastic_opts.codec = parse_kv_codec(a.kv_codec);
+  o.elastic_opts.order = parse_evict_order(a.evict_order);
+  o.elastic_opts.overlap = parse_overlap_mode(a.overlap);
+  o.elastic_opts.profile = a.profile.empty() ? load_profile_or_defaults(default_profile_path())
+                                             : DeviceProfile::load(a.profile);
   return std::make_unique<Engine>(o);
 }
 

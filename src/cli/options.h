@@ -26,6 +26,11 @@ struct ModelArgs {
   std::string memory_budget;          // budget mode: "600MiB", "1.5GiB", "40%" (empty: off)
   std::string budget_system = "ebb";  // budget mode planner / baseline
   int budget_window = 3;              // budget mode prefetch window in layers
+  std::string swap_dir;               // elastic memory: swap files ("": the user's cache directory)
+  std::string kv_codec = "int8";      // elastic memory: codec of compressed KV
+  std::string evict_order = "backward";
+  std::string overlap = "full";
+  std::string profile;                // device profile ("": the saved one, else defaults)
 };
 
 void add_model_options(CLI::App* app, ModelArgs& a);
