@@ -243,5 +243,28 @@ TEST_F(ElasticTest, ChangedModelFileFailsWeightRestoreAndKeepsTokens) {
   EXPECT_EQ(s.tokens().size(), context.size() + query.size());  // nothing lost
 }
 
+TEST_F(ElasticTest, OverTheMemoryLimitRequestsStreamAndComeBackWhenItRises) {
+  auto eng = make_engine(model, dir, EvictPolicyKind::kPartialOffload);
+  Session s(*eng);
+  s.feed(context);
+  const uint64_t total = evictable(*eng, s);
+  const uint64_t limit = total * 3 / 5;
+  const EvictReport r = eng->set_memory_limit(limit);
+  EXPECT_GT(r.freed, 0u);
+  const auto logits = s.feed(query);  // cannot restore everything: streams
+  EXPECT_TRUE(eng->elastic()->streaming());
+  for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], ref_logits[i]) << i;
+  // Within the limit, but for the KV the query itself added.
+  EXPECT_LE(eng->elastic()->footprint().in_ram(), limit + eng->model().n_layers() * s.kv().chunk_alloc_bytes());
+  // Decoding goes on under the limit, then the limit is lifted.
+  const auto more = tokens(4, n_vocab, 3);
+  s.feed(more);
+  eng->set_memory_limit(0);
+  s.truncate(static_cast<int64_t>(context.size() + query.size()));
+  EXPECT_TRUE(eng->elastic()->fully_resident());
+  EXPECT_FALSE(eng->elastic()->streaming());
+  EXPECT_EQ(eng->elastic()->footprint().stream_window, 0u);
+}
+
 }  // namespace
 }  // namespace ebb

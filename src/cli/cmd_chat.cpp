@@ -21,7 +21,8 @@ struct ChatArgs {
 
 constexpr const char* kHelp =
     "commands: /help, /reset (forget the conversation), /save FILE, /load FILE, /memory,\n"
-    "          /evict SIZE|PCT (give memory back, e.g. /evict 50%), /restore, /quit\n";
+    "          /evict SIZE|PCT (give memory back, e.g. /evict 50%), /restore,\n"
+    "          /limit SIZE|PCT|off (cap memory: answers stream what does not fit), /quit\n";
 
 class Chat {
  public:
@@ -118,6 +119,18 @@ class Chat {
     if (!r.note.empty()) std::fprintf(stderr, "note: %s\n", r.note.c_str());
   }
 
+  void limit(const std::string& arg) {
+    const Footprint f = engine_.footprint();
+    const uint64_t bytes = arg == "off" ? 0 : parse_size(arg, f.weights() + f.weights_stored + f.kv());
+    const EvictReport r = engine_.set_memory_limit(bytes);
+    if (bytes == 0) {
+      std::fprintf(stderr, "no memory limit: the next answer restores everything\n");
+    } else {
+      std::fprintf(stderr, "memory limit %s: gave back %s now; answers stream the weight layers that do not fit\n",
+                   format_bytes(bytes).c_str(), format_bytes(r.freed).c_str());
+    }
+  }
+
   void restore() {
     const RestoreReport r = engine_.restore();
     std::fprintf(stderr, "restored in %.1f ms: %lld weight layers, %lld chunks read, %lld decompressed, %s from storage\n",
@@ -159,6 +172,8 @@ int chat(ChatArgs& a) {
         chat.memory();
       } else if (line.rfind("/evict ", 0) == 0) {
         chat.evict(line.substr(7));
+      } else if (line.rfind("/limit ", 0) == 0) {
+        chat.limit(line.substr(7));
       } else if (line == "/restore") {
         chat.restore();
       } else if (line.rfind("/save ", 0) == 0) {

@@ -71,7 +71,7 @@ void ElasticMemory::detach(KvCache* kv) {
 }
 
 bool ElasticMemory::fully_resident() const {
-  if (restoring_.load()) return false;
+  if (restoring_.load() || streaming_) return false;
   for (int l = 0; l < model_.n_layers(); ++l)
     if (!model_.layer_unit(l).resident()) return false;
   for (const KvCache* kv : caches_)
@@ -106,6 +106,7 @@ ElasticFootprint ElasticMemory::footprint() const {
       }
   }
   f.compressed = stack_.bytes_reserved();
+  for (const StreamSlot& s : stream_) f.stream_window += s.buf.size();
   return f;
 }
 

@@ -64,6 +64,10 @@ struct ElasticOptions {
   DeviceProfile profile = DeviceProfile::defaults();
   Isa isa = Isa::kScalar;        // codec target
   uint64_t seed = 1;             // random order
+  // Bytes of weights, KV, compressed KV and streaming buffers allowed in RAM
+  // (0: no limit). A request that cannot restore everything within it
+  // restores the KV and the first layers that fit and streams the rest.
+  uint64_t memory_limit = 0;
 };
 
 // Bytes by state.
@@ -73,7 +77,8 @@ struct ElasticFootprint {
   uint64_t kv_resident = 0;        // KV chunks in RAM
   uint64_t compressed = 0;         // compressed stack segments in RAM
   uint64_t kv_stored = 0;          // swap-file slot bytes (raw and compressed chunks)
-  uint64_t in_ram() const { return weights_resident + kv_resident + compressed; }
+  uint64_t stream_window = 0;      // weight streaming buffers (over the memory limit)
+  uint64_t in_ram() const { return weights_resident + kv_resident + compressed + stream_window; }
 };
 
 struct EvictReport {
@@ -131,8 +136,18 @@ class ElasticMemory final : public WeightSource {
   // For fault-injection tests: the swap file (nullptr before first use).
   SwapFile* swap_file() { return swap_.get(); }
 
-  // WeightSource: globals stay resident; a layer waits for its latch.
+  // Two regimes in one engine (issue 5): sets the limit and evicts down to it
+  // now when memory holds more. Raising it lets the next request restore all.
+  EvictReport set_memory_limit(uint64_t bytes);
+  uint64_t memory_limit() const { return opts_.memory_limit; }
+  // Some weight layers are served by streaming (the limit did not let them back).
+  bool streaming() const { return streaming_; }
+
+  // WeightSource: globals stay resident; a layer waits for its latch, and a
+  // layer left out by the limit is streamed through two window slots.
+  void begin_pass(std::span<const int32_t> tokens) override;
   LayerWeights acquire_layer(int l) override;
+  void release_layer(int l) override;
   WeightView embedding_row(int32_t t) override;
   GlobalWeights acquire_head() override;
 
@@ -177,6 +192,22 @@ class ElasticMemory final : public WeightSource {
   int swap_fd() const;
   void flush_writes();
   void evict_partial_offload(uint64_t bytes, EvictReport& r, const std::function<int64_t()>& freed);
+
+  // streaming under the memory limit (elastic_stream.cpp)
+  struct StreamSlot {
+    Buffer buf;
+    int layer = -1;
+    IoEngine::Ticket ticket = 0;
+    bool pending = false;  // read in flight
+    bool in_use = false;   // handed to the forward pass
+  };
+  StreamSlot stream_[2];
+  bool streaming_ = false;
+  uint64_t max_unit_bytes() const;
+  int next_streamed_after(int layer) const;
+  void stream_submit(StreamSlot& s, int layer);
+  void stream_prefetch();
+  void stop_streaming();
 
   // restoration (elastic_restore.cpp)
   void run_restore(std::vector<LayerPlan> plan);

@@ -51,6 +51,51 @@ void ElasticMemory::begin_restore() {
       }
     any = any || p.weights || !p.stored.empty() || !p.stored_comp.empty() || !p.compressed.empty();
   }
+  // Under a memory limit: the KV comes back first (attention needs all of
+  // it), then weight layers forward-in while they fit; the rest is streamed.
+  bool stream = false;
+  if (opts_.memory_limit > 0) {
+    uint64_t kv_need = 0, w_need = 0;
+    for (const LayerPlan& p : plan) {
+      for (const auto* list : {&p.stored, &p.stored_comp, &p.compressed})
+        for (const ChunkId& c : *list) kv_need += c.kv->chunk_alloc_bytes();
+      if (p.weights) w_need += model_.layer_unit(p.layer).bytes();
+    }
+    const ElasticFootprint f = footprint();
+    const uint64_t in_ram = f.in_ram() - f.compressed;  // the stack empties as chunks come back
+    const uint64_t room = opts_.memory_limit > in_ram + kv_need ? opts_.memory_limit - in_ram - kv_need : 0;
+    if (w_need > room) {
+      stream = true;
+      const uint64_t window = 2 * max_unit_bytes();
+      uint64_t left = room > window ? room - window : 0;
+      // Not even the window fits: resident layers make way, rearmost first.
+      uint64_t excess = window > room ? window - room : 0;
+      for (int l = model_.n_layers() - 1; l >= 0 && excess > 0; --l) {
+        WeightUnit& u = model_.layer_unit(l);
+        if (!u.resident()) continue;
+        excess -= std::min(excess, u.bytes());
+        u.release();
+      }
+      for (LayerPlan& p : plan) {
+        if (!p.weights) continue;
+        const uint64_t b = model_.layer_unit(p.layer).bytes();
+        if (b <= left) {
+          left -= b;
+        } else {
+          p.weights = false;  // streamed
+          left = 0;           // forward-in: later layers stay out too
+        }
+      }
+    }
+  }
+  if (stream) {
+    streaming_ = true;
+  } else if (streaming_) {
+    stop_streaming();
+  }
+  any = false;
+  for (const LayerPlan& p : plan)
+    any = any || p.weights || !p.stored.empty() || !p.stored_comp.empty() || !p.compressed.empty();
   if (!any) return;
   latches_ = std::make_unique<Latches>();
   latches_->pending.assign(plan.size(), 2);
@@ -280,10 +325,34 @@ LayerWeights ElasticMemory::acquire_layer(int l) {
     std::lock_guard lock(lt->mu);
     if (!lt->error[l].empty()) throw Error(lt->error[l]);
   }
-  if (!model_.layer_unit(l).resident()) {
+  if (model_.layer_unit(l).resident()) return model_.layer(l);
+  if (!streaming_) {
     throw Error("layer " + std::to_string(l) + " of " + model_.file().path() + " is evicted and was not restored");
   }
-  return model_.layer(l);
+  // Over the memory limit: this layer comes through a window slot.
+  StreamSlot* slot = nullptr;
+  for (StreamSlot& s : stream_)
+    if (s.layer == l && (s.pending || !s.in_use)) slot = &s;
+  if (!slot) {
+    for (StreamSlot& s : stream_)
+      if (!s.in_use) {
+        if (s.pending) io_->wait(s.ticket), s.pending = false;
+        stream_submit(s, l);
+        slot = &s;
+        break;
+      }
+  }
+  EBB_CHECK_MSG(slot, "both streaming slots are in use");
+  if (slot->pending) {
+    Stopwatch sw;
+    slot->pending = false;
+    io_->wait(slot->ticket);
+    model_.layer_unit(l).convert_slots(slot->buf.as<uint8_t>());
+    last_restore_.stall_s += sw.seconds();
+  }
+  slot->in_use = true;
+  stream_prefetch();
+  return model_.layer_at(l, slot->buf.as<uint8_t>());
 }
 
 }  // namespace ebb

@@ -33,6 +33,10 @@ class Model {
   const WeightUnit& globals_unit() const { return layout_.globals; }
 
   LayerWeights layer(int l) const { return layer_weights(layout_.layers[l], layout_.layer_slots[l]); }
+  // Views into an image of layer l's unit held elsewhere (streaming).
+  LayerWeights layer_at(int l, const uint8_t* base) const {
+    return layer_weights(layout_.layers[l], layout_.layer_slots[l], base);
+  }
   GlobalWeights globals() const;
 
   uint64_t weight_bytes() const;  // all units, resident or not

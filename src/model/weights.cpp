@@ -72,14 +72,18 @@ void WeightUnit::allocate(Allocator& alloc) {
 
 void WeightUnit::finish_load() {
   EBB_CHECK_MSG(!buffer_.empty(), "finish_load() without allocate()");
-  const uint8_t* base = buffer_.as<uint8_t>();
+  convert_slots(buffer_.as<uint8_t>());
+  loaded_ = true;
+}
+
+void WeightUnit::convert_slots(uint8_t* base) const {
   for (size_t i = 0; i < slots_.size(); ++i) {
     const TensorSlot& s = slots_[i];
     if (s.type == s.file_type) continue;
     // A small 1-D tensor stored as F16/BF16: widen to F32.
     EBB_CHECK(s.type == DType::kF32 && s.unit_bytes == s.file_bytes * 2);
     const uint8_t* raw = base + raw_offset_[i];
-    auto* out = reinterpret_cast<float*>(buffer_.as<uint8_t>() + s.unit_offset);
+    auto* out = reinterpret_cast<float*>(base + s.unit_offset);
     const size_t n = s.file_bytes / 2;
     for (size_t j = 0; j < n; ++j) {
       uint16_t h;
@@ -87,7 +91,6 @@ void WeightUnit::finish_load() {
       out[j] = s.file_type == DType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
     }
   }
-  loaded_ = true;
 }
 
 void WeightUnit::load(const GgufFile& file, Allocator& alloc) {
@@ -106,27 +109,28 @@ void WeightUnit::load(const GgufFile& file, Allocator& alloc) {
   finish_load();
 }
 
-const void* WeightUnit::data(int slot) const {
+const void* WeightUnit::data(int slot, const uint8_t* base) const {
   EBB_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()));
+  if (base) return base + slots_[slot].unit_offset;
   EBB_CHECK_MSG(resident(), "weight unit used while not resident");
   return buffer_.as<uint8_t>() + slots_[slot].unit_offset;
 }
 
-WeightView WeightUnit::matrix(int slot) const {
+WeightView WeightUnit::matrix(int slot, const uint8_t* base) const {
   if (slot < 0) return {};
   const TensorSlot& s = slots_[slot];
   WeightView w;
   w.type = s.type;
   w.cols = s.dims[0];
   w.rows = s.dims.size() > 1 ? s.dims[1] : 1;
-  w.data = data(slot);
+  w.data = data(slot, base);
   w.row_stride = row_bytes(s.type, w.cols);
   return w;
 }
 
-const float* WeightUnit::vector(int slot) const {
+const float* WeightUnit::vector(int slot, const uint8_t* base) const {
   if (slot < 0) return nullptr;
-  return static_cast<const float*>(data(slot));
+  return static_cast<const float*>(data(slot, base));
 }
 
 namespace {
@@ -226,22 +230,22 @@ WeightLayout plan_weights(const GgufFile& file, const ModelConfig& c) {
   return out;
 }
 
-LayerWeights layer_weights(const WeightUnit& u, const LayerLayout& s) {
+LayerWeights layer_weights(const WeightUnit& u, const LayerLayout& s, const uint8_t* b) {
   LayerWeights w;
-  w.q = u.matrix(s.attn_q);
-  w.k = u.matrix(s.attn_k);
-  w.v = u.matrix(s.attn_v);
-  w.o = u.matrix(s.attn_output);
-  w.gate = u.matrix(s.ffn_gate);
-  w.up = u.matrix(s.ffn_up);
-  w.down = u.matrix(s.ffn_down);
-  w.attn_norm = u.vector(s.attn_norm);
-  w.ffn_norm = u.vector(s.ffn_norm);
-  w.q_norm = u.vector(s.q_norm);
-  w.k_norm = u.vector(s.k_norm);
-  w.q_bias = u.vector(s.q_bias);
-  w.k_bias = u.vector(s.k_bias);
-  w.v_bias = u.vector(s.v_bias);
+  w.q = u.matrix(s.attn_q, b);
+  w.k = u.matrix(s.attn_k, b);
+  w.v = u.matrix(s.attn_v, b);
+  w.o = u.matrix(s.attn_output, b);
+  w.gate = u.matrix(s.ffn_gate, b);
+  w.up = u.matrix(s.ffn_up, b);
+  w.down = u.matrix(s.ffn_down, b);
+  w.attn_norm = u.vector(s.attn_norm, b);
+  w.ffn_norm = u.vector(s.ffn_norm, b);
+  w.q_norm = u.vector(s.q_norm, b);
+  w.k_norm = u.vector(s.k_norm, b);
+  w.q_bias = u.vector(s.q_bias, b);
+  w.k_bias = u.vector(s.k_bias, b);
+  w.v_bias = u.vector(s.v_bias, b);
   return w;
 }
 

@@ -70,9 +70,13 @@ class WeightUnit {
     buffer_.reset();
   }
 
-  const void* data(int slot) const;
-  WeightView matrix(int slot) const;  // a 2-D slot as a weight view
-  const float* vector(int slot) const;  // a 1-D F32 slot; nullptr for slot -1
+  // With `base` the views point into a copy of the unit held elsewhere (a
+  // streaming buffer of bytes() bytes, read by segments, then convert_slots()).
+  const void* data(int slot, const uint8_t* base = nullptr) const;
+  WeightView matrix(int slot, const uint8_t* base = nullptr) const;  // a 2-D slot as a weight view
+  const float* vector(int slot, const uint8_t* base = nullptr) const;  // a 1-D F32 slot; nullptr for slot -1
+  // Widens the F16/BF16 1-D slots of a unit image at `base` to F32.
+  void convert_slots(uint8_t* base) const;
 
  private:
   void relayout();
@@ -123,6 +127,6 @@ struct WeightLayout {
 };
 WeightLayout plan_weights(const GgufFile& file, const ModelConfig& config);
 
-LayerWeights layer_weights(const WeightUnit& unit, const LayerLayout& slots);
+LayerWeights layer_weights(const WeightUnit& unit, const LayerLayout& slots, const uint8_t* base = nullptr);
 
 }  // namespace ebb

@@ -95,6 +95,11 @@ EvictReport Engine::evict(uint64_t bytes) {
   return elastic_->evict(bytes);
 }
 
+EvictReport Engine::set_memory_limit(uint64_t bytes) {
+  if (!elastic_) throw Error("elastic memory is off (budget mode); use --memory-budget instead");
+  return elastic_->set_memory_limit(bytes);
+}
+
 RestoreReport Engine::restore() {
   if (!elastic_) return {};
   RestoreReport r = elastic_->restore();

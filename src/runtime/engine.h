@@ -81,6 +81,9 @@ class Engine {
   EvictReport evict(uint64_t bytes);
   // Restores everything evicted, waiting for it.
   RestoreReport restore();
+  // Caps weights + KV + compressed KV + streaming buffers in RAM (0: no cap),
+  // evicting down to it now; requests over it stream weight layers.
+  EvictReport set_memory_limit(uint64_t bytes);
   // A short identity of the model (architecture, shapes, types and sampled
   // weight bytes), recorded in saved sessions.
   uint64_t model_fingerprint() const { return fingerprint_; }
