@@ -39,6 +39,7 @@ IoOptions io_options(const DeviceProfile& p) {
 
 ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts)
     : model_(model),
+      globals_(model),
       alloc_(alloc),
       opts_(std::move(opts)),
       io_(std::make_unique<IoEngine>(io_options(opts_.profile))),
@@ -121,19 +122,6 @@ ResidencyMap ElasticMemory::residency() const {
       for (int64_t c = 0; c < kv->n_chunks(l); ++c) r.kv[l].push_back(kv->meta(l, c).state);
   }
   return r;
-}
-
-WeightView ElasticMemory::embedding_row(int32_t t) {
-  WeightView e = model_.globals().token_embd;
-  e.rows = 1;
-  e.data = static_cast<const uint8_t*>(e.data) + static_cast<uint64_t>(t) * e.row_stride;
-  return e;
-}
-
-GlobalWeights ElasticMemory::acquire_head() {
-  GlobalWeights g = model_.globals();
-  g.token_embd = {};
-  return g;
 }
 
 }  // namespace ebb

@@ -148,8 +148,8 @@ class ElasticMemory final : public WeightSource {
   void begin_pass(std::span<const int32_t> tokens) override;
   LayerWeights acquire_layer(int l) override;
   void release_layer(int l) override;
-  WeightView embedding_row(int32_t t) override;
-  GlobalWeights acquire_head() override;
+  WeightView embedding_row(int32_t t) override { return globals_.embedding_row(t); }
+  GlobalWeights acquire_head() override { return globals_.acquire_head(); }
 
  private:
   struct ChunkId {
@@ -213,8 +213,11 @@ class ElasticMemory final : public WeightSource {
   void run_restore(std::vector<LayerPlan> plan);
   void io_path(std::vector<LayerPlan>& plan, bool open_latches);
   void decompress_path(std::vector<LayerPlan>& plan, bool open_latches);
+  // Puts a restored chunk back; when !ok it is zeroed and marked lost.
+  bool put_restored(const ChunkId& c, Buffer b, bool ok);
 
   Model& model_;
+  ResidentWeights globals_;  // the embedding and head always stay resident
   Allocator& alloc_;
   ElasticOptions opts_;
   std::unique_ptr<IoEngine> io_;

@@ -207,15 +207,7 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
       Buffer b = std::move(p.bufs[i++]);
       const bool ok = swap_ok && swap_->verify(m.slot, b.data());
       swap_->free(m.slot);
-      if (!ok) {
-        std::memset(b.data(), 0, b.size());
-        c.kv->mark_lost(c.chunk * c.kv->options().chunk_size);
-        ++last_restore_.chunks_lost;
-      } else {
-        ++last_restore_.chunks_read;
-      }
-      m = {};
-      c.kv->put_chunk(c.layer, c.chunk, std::move(b));
+      ++(put_restored(c, std::move(b), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
     }
     for (const ChunkId& c : p.stored_comp) {
       KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
@@ -231,15 +223,7 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
         }
       }
       swap_->free(m.slot);
-      if (!ok) {
-        std::memset(b.data(), 0, b.size());
-        c.kv->mark_lost(c.chunk * c.kv->options().chunk_size);
-        ++last_restore_.chunks_lost;
-      } else {
-        ++last_restore_.chunks_read;
-      }
-      m = {};
-      c.kv->put_chunk(c.layer, c.chunk, std::move(b));
+      ++(put_restored(c, std::move(b), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
     }
     p.bufs.clear();
     last_restore_.read_s += sw.seconds();
@@ -278,10 +262,7 @@ void ElasticMemory::decompress_path(std::vector<LayerPlan>& plan, bool open_latc
     Stopwatch sw;
     for (const ChunkId& c : p.compressed) {
       KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
-      Stopwatch sa;
       Buffer b = c.kv->new_chunk_buffer();
-      last_restore_.alloc_s += 0;  // accounted inside decompress time for this path
-      (void)sa;
       bool ok = true;
       try {
         codec.decompress(chunk_shape_n(*c.kv, m.n_tokens), stack_.data(m.handle), stack_.size(m.handle), b.data());
@@ -293,18 +274,24 @@ void ElasticMemory::decompress_path(std::vector<LayerPlan>& plan, bool open_latc
         std::lock_guard lock(owner_mu_);
         blob_owner_.erase(m.handle);
       }
-      if (!ok) {
-        std::memset(b.data(), 0, b.size());
-        c.kv->mark_lost(c.chunk * c.kv->options().chunk_size);
-      } else {
-        ++last_restore_.chunks_decompressed;
-      }
-      m = {};
-      c.kv->put_chunk(c.layer, c.chunk, std::move(b));
+      // A blob that does not decode is recomputed too (its lost count is
+      // left to the I/O path, which owns that counter).
+      if (put_restored(c, std::move(b), ok)) ++last_restore_.chunks_decompressed;
     }
     last_restore_.decompress_s += sw.seconds();
     if (open_latches) latches_->open(p.layer);
   }
+}
+
+bool ElasticMemory::put_restored(const ChunkId& c, Buffer b, bool ok) {
+  if (!ok) {
+    // Never used as it is: zeros in place, and the session recomputes from here.
+    std::memset(b.data(), 0, b.size());
+    c.kv->mark_lost(c.chunk * c.kv->options().chunk_size);
+  }
+  c.kv->meta(c.layer, c.chunk) = {};
+  c.kv->put_chunk(c.layer, c.chunk, std::move(b));
+  return ok;
 }
 
 RestoreReport ElasticMemory::wait_restored() {

@@ -13,20 +13,6 @@
 #include "platform/fp16.h"
 
 namespace ebb {
-namespace {
-
-WeightView view_of(const TensorSlot& s, const void* data, int64_t rows = -1) {
-  WeightView w;
-  w.type = s.type;
-  w.cols = s.dims[0];
-  w.rows = rows >= 0 ? rows : (s.dims.size() > 1 ? s.dims[1] : 1);
-  w.data = data;
-  w.row_stride = row_bytes(s.type, w.cols);
-  return w;
-}
-
-}  // namespace
-
 MmapWeights::MmapWeights(const Model& model, Allocator& alloc) : model_(model) {
   const std::string& path = model.file().path();
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -97,37 +83,20 @@ const uint8_t* MmapWeights::tensor(int layer, int slot) const {
 LayerWeights MmapWeights::acquire_layer(int l) {
   const auto& slots = model_.layer_unit(l).slots();
   const LayerLayout& s = model_.layout().layer_slots[l];
-  auto m = [&](int i) { return i < 0 ? WeightView{} : view_of(slots[i], tensor(l, i)); };
-  auto v = [&](int i) { return i < 0 ? nullptr : reinterpret_cast<const float*>(tensor(l, i)); };
-  LayerWeights w;
-  w.q = m(s.attn_q);
-  w.k = m(s.attn_k);
-  w.v = m(s.attn_v);
-  w.o = m(s.attn_output);
-  w.gate = m(s.ffn_gate);
-  w.up = m(s.ffn_up);
-  w.down = m(s.ffn_down);
-  w.attn_norm = v(s.attn_norm);
-  w.ffn_norm = v(s.ffn_norm);
-  w.q_norm = v(s.q_norm);
-  w.k_norm = v(s.k_norm);
-  w.q_bias = v(s.q_bias);
-  w.k_bias = v(s.k_bias);
-  w.v_bias = v(s.v_bias);
-  return w;
+  return layer_views(slots, s, [&](int i) { return tensor(l, i); });
 }
 
 WeightView MmapWeights::embedding_row(int32_t t) {
   const WeightLayout& lay = model_.layout();
   const TensorSlot& e = lay.globals.slots()[lay.token_embd];
   const uint64_t rb = row_bytes(e.type, e.dims[0]);
-  return view_of(e, tensor(-1, lay.token_embd) + static_cast<uint64_t>(t) * rb, 1);
+  return slot_view(e, tensor(-1, lay.token_embd) + static_cast<uint64_t>(t) * rb, 1);
 }
 
 GlobalWeights MmapWeights::acquire_head() {
   const WeightLayout& lay = model_.layout();
   GlobalWeights g;
-  g.output = view_of(lay.globals.slots()[lay.output], tensor(-1, lay.output));
+  g.output = slot_view(lay.globals.slots()[lay.output], tensor(-1, lay.output));
   g.output_norm = reinterpret_cast<const float*>(tensor(-1, lay.output_norm));
   return g;
 }

@@ -35,15 +35,6 @@ void read_small(IoEngine& io, const DirectFile& f, const TensorSlot& s, uint8_t*
   }
 }
 
-WeightView view_of(const TensorSlot& s, const void* data, int64_t rows = -1) {
-  WeightView w;
-  w.type = s.type;
-  w.cols = s.dims[0];
-  w.rows = rows >= 0 ? rows : (s.dims.size() > 1 ? s.dims[1] : 1);
-  w.data = data;
-  w.row_stride = row_bytes(s.type, w.cols);
-  return w;
-}
 
 }  // namespace
 
@@ -271,24 +262,7 @@ LayerWeights WeightStreamer::acquire_layer(int l) {
     if (plan_.layers[l].preserved[s]) data[s] = resident_[l].as<uint8_t>() + resident_off_[l][s];
   for (const Piece& p : steps_[l].pieces) data[p.slot] = win + p.dest + (p.file_offset - p.span_offset);
   const LayerLayout& s = model_.layout().layer_slots[l];
-  auto m = [&](int i) { return i < 0 ? WeightView{} : view_of(slots[i], data[i]); };
-  auto v = [&](int i) { return i < 0 ? nullptr : static_cast<const float*>(data[i]); };
-  LayerWeights w;
-  w.q = m(s.attn_q);
-  w.k = m(s.attn_k);
-  w.v = m(s.attn_v);
-  w.o = m(s.attn_output);
-  w.gate = m(s.ffn_gate);
-  w.up = m(s.ffn_up);
-  w.down = m(s.ffn_down);
-  w.attn_norm = v(s.attn_norm);
-  w.ffn_norm = v(s.ffn_norm);
-  w.q_norm = v(s.q_norm);
-  w.k_norm = v(s.k_norm);
-  w.q_bias = v(s.q_bias);
-  w.k_bias = v(s.k_bias);
-  w.v_bias = v(s.v_bias);
-  return w;
+  return layer_views(slots, s, [&](int i) { return data[i]; });
 }
 
 void WeightStreamer::release_layer(int l) { release_step(pass_base_ + l); }
@@ -312,7 +286,7 @@ WeightView WeightStreamer::embedding_row(int32_t t) {
     row = rows_.as<uint8_t>() + row_index_ * row_slot_bytes_ + (off - align_down(off));
     ++row_index_;
   }
-  return view_of(e, row, 1);
+  return slot_view(e, row, 1);
 }
 
 GlobalWeights WeightStreamer::acquire_head() {
@@ -321,7 +295,7 @@ GlobalWeights WeightStreamer::acquire_head() {
   GlobalWeights g;
   g.output_norm = norm_.as<float>();
   if (plan_.head_preserved) {
-    g.output = view_of(h, head_.as<uint8_t>() + head_off_);
+    g.output = slot_view(h, head_.as<uint8_t>() + head_off_);
     return g;
   }
   EBB_CHECK(head_part_ < plan_.head_parts);
@@ -331,7 +305,7 @@ GlobalWeights WeightStreamer::acquire_head() {
   const uint8_t* win = wait_step(gs);
   const Step& st = steps_[step];
   const Piece& p = st.pieces[0];
-  g.output = view_of(h, win + p.dest + (p.file_offset - p.span_offset), st.head_rows);
+  g.output = slot_view(h, win + p.dest + (p.file_offset - p.span_offset), st.head_rows);
   return g;
 }
 

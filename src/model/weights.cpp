@@ -118,14 +118,7 @@ const void* WeightUnit::data(int slot, const uint8_t* base) const {
 
 WeightView WeightUnit::matrix(int slot, const uint8_t* base) const {
   if (slot < 0) return {};
-  const TensorSlot& s = slots_[slot];
-  WeightView w;
-  w.type = s.type;
-  w.cols = s.dims[0];
-  w.rows = s.dims.size() > 1 ? s.dims[1] : 1;
-  w.data = data(slot, base);
-  w.row_stride = row_bytes(s.type, w.cols);
-  return w;
+  return slot_view(slots_[slot], data(slot, base));
 }
 
 const float* WeightUnit::vector(int slot, const uint8_t* base) const {
@@ -231,21 +224,16 @@ WeightLayout plan_weights(const GgufFile& file, const ModelConfig& c) {
 }
 
 LayerWeights layer_weights(const WeightUnit& u, const LayerLayout& s, const uint8_t* b) {
-  LayerWeights w;
-  w.q = u.matrix(s.attn_q, b);
-  w.k = u.matrix(s.attn_k, b);
-  w.v = u.matrix(s.attn_v, b);
-  w.o = u.matrix(s.attn_output, b);
-  w.gate = u.matrix(s.ffn_gate, b);
-  w.up = u.matrix(s.ffn_up, b);
-  w.down = u.matrix(s.ffn_down, b);
-  w.attn_norm = u.vector(s.attn_norm, b);
-  w.ffn_norm = u.vector(s.ffn_norm, b);
-  w.q_norm = u.vector(s.q_norm, b);
-  w.k_norm = u.vector(s.k_norm, b);
-  w.q_bias = u.vector(s.q_bias, b);
-  w.k_bias = u.vector(s.k_bias, b);
-  w.v_bias = u.vector(s.v_bias, b);
+  return layer_views(u.slots(), s, [&](int i) { return u.data(i, b); });
+}
+
+WeightView slot_view(const TensorSlot& s, const void* data, int64_t rows) {
+  WeightView w;
+  w.type = s.type;
+  w.cols = s.dims[0];
+  w.rows = rows >= 0 ? rows : (s.dims.size() > 1 ? s.dims[1] : 1);
+  w.data = data;
+  w.row_stride = row_bytes(s.type, w.cols);
   return w;
 }
 

@@ -129,4 +129,31 @@ WeightLayout plan_weights(const GgufFile& file, const ModelConfig& config);
 
 LayerWeights layer_weights(const WeightUnit& unit, const LayerLayout& slots, const uint8_t* base = nullptr);
 
+// A slot's tensor at `data` as a view (rows < 0: all of them).
+WeightView slot_view(const TensorSlot& s, const void* data, int64_t rows = -1);
+
+// A layer's views from `data(slot)`, the address of each present slot's
+// tensor, wherever the caller keeps it (a unit, an mmap, a streaming window).
+template <class DataFn>
+LayerWeights layer_views(const std::vector<TensorSlot>& slots, const LayerLayout& s, DataFn data) {
+  auto m = [&](int i) { return i < 0 ? WeightView{} : slot_view(slots[i], data(i)); };
+  auto v = [&](int i) { return i < 0 ? nullptr : static_cast<const float*>(static_cast<const void*>(data(i))); };
+  LayerWeights w;
+  w.q = m(s.attn_q);
+  w.k = m(s.attn_k);
+  w.v = m(s.attn_v);
+  w.o = m(s.attn_output);
+  w.gate = m(s.ffn_gate);
+  w.up = m(s.ffn_up);
+  w.down = m(s.ffn_down);
+  w.attn_norm = v(s.attn_norm);
+  w.ffn_norm = v(s.ffn_norm);
+  w.q_norm = v(s.q_norm);
+  w.k_norm = v(s.k_norm);
+  w.q_bias = v(s.q_bias);
+  w.k_bias = v(s.k_bias);
+  w.v_bias = v(s.v_bias);
+  return w;
+}
+
 }  // namespace ebb

@@ -12,15 +12,10 @@
 #include "platform/timer.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
+#include "runtime/stats.h"
 
 namespace ebb {
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void drop_caches() {
   ::sync();

@@ -13,16 +13,10 @@
 #include "platform/error.h"
 #include "platform/timer.h"
 #include "runtime/session.h"
+#include "runtime/stats.h"
 
 namespace ebb {
 namespace {
-
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // A plain-English prompt (tokenized, then repeated to the wanted length).
 constexpr const char* kText =
@@ -96,7 +90,7 @@ double gbps(int64_t reps, uint64_t bytes, F fn) {
     fn();
     v.push_back(bytes / std::max(sw.seconds(), 1e-9) / 1e9);
   }
-  return median_of(v);
+  return median(v);
 }
 
 }  // namespace

@@ -9,16 +9,10 @@
 #include "platform/membw.h"
 #include "platform/timer.h"
 #include "runtime/session.h"
+#include "runtime/stats.h"
 
 namespace ebb {
 namespace {
-
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 uint64_t splitmix64(uint64_t* state) {
   uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
@@ -134,8 +128,8 @@ SpeedResult bench_speed(Engine& engine, const SpeedOptions& opts) {
     r.prefill_tok_s_reps.push_back(prefill_s > 0 ? opts.prompt_tokens / prefill_s : 0);
     r.decode_tok_s_reps.push_back(decode_s > 0 ? opts.gen_tokens / decode_s : 0);
   }
-  r.prefill_tok_s = median_of(r.prefill_tok_s_reps);
-  r.decode_tok_s = median_of(r.decode_tok_s_reps);
+  r.prefill_tok_s = median(r.prefill_tok_s_reps);
+  r.decode_tok_s = median(r.decode_tok_s_reps);
 
   r.achieved_gbps = static_cast<double>(r.model_bytes) * r.decode_tok_s / 1e9;
   r.prefill_gflops = static_cast<double>(r.matmul_flops_per_token) * r.prefill_tok_s / 1e9;

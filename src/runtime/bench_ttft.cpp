@@ -19,15 +19,10 @@
 #include "runtime/bench_budget.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
+#include "runtime/stats.h"
 
 namespace ebb {
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Bytes this process caused to be read from storage (page faults included).
 uint64_t proc_read_bytes() {
