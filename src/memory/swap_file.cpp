@@ -47,15 +47,13 @@ SwapFile::SwapFile(SwapFileOptions opts) : io_(opts.io), capacity_(align_up(opts
   } catch (const Error& e) {
     throw Error("swap directory " + dir + " unusable: " + e.what());
   }
+  // Unlinked at once: the open descriptor keeps the space, and a process
+  // that dies leaves no swap file behind.
+  ::unlink(path.c_str());
   if (capacity_ > 0) free_.emplace(0, capacity_);
 }
 
-SwapFile::~SwapFile() {
-  if (file_.is_open()) {
-    file_.close();
-    ::unlink(file_.path().c_str());
-  }
-}
+SwapFile::~SwapFile() = default;
 
 SwapSlot SwapFile::allocate(uint64_t bytes) {
   EBB_CHECK(bytes > 0);
@@ -142,7 +140,9 @@ bool SwapFile::read(const SwapSlot& slot, void* dst) {
 
 void SwapFile::corrupt_for_test(const SwapSlot& slot, uint64_t at) {
   EBB_CHECK(slot.valid() && at < slot.bytes);
-  const int fd = ::open(file_.path().c_str(), O_RDWR | O_CLOEXEC);
+  // The file has no name any more; reach it through this process's descriptor.
+  const std::string self = "/proc/self/fd/" + std::to_string(file_.fd());
+  const int fd = ::open(self.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) throw Error(file_.path() + ": cannot open to corrupt: " + std::strerror(errno));
   const auto off = static_cast<off_t>(slot.offset + at);
   unsigned char b = 0;
