@@ -225,6 +225,27 @@ TEST_F(ElasticTest, CorruptSwapSlotIsRecomputedFromTokens) {
   for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], ref_logits[i]) << i;
 }
 
+TEST_F(ElasticTest, CorruptCompressedSlotIsRecomputedToo) {
+  auto eng = make_engine(model, dir);
+  Session s(*eng);
+  s.feed(context);
+  const auto r = eng->evict(2 * evictable(*eng, s));  // through CompKV: compressed chunks on storage
+  ASSERT_GT(r.compressed_to_storage, 0);
+  bool corrupted = false;
+  for (int l = 0; l < eng->model().n_layers() && !corrupted; ++l)
+    for (int64_t c = 0; c < s.kv().n_chunks(l) && !corrupted; ++c)
+      if (s.kv().meta(l, c).state == UnitState::kStoredCompressed) {
+        eng->elastic()->swap_file()->corrupt_for_test(s.kv().meta(l, c).slot, 40);
+        corrupted = true;
+      }
+  ASSERT_TRUE(corrupted);
+  const auto logits = s.feed(query);
+  EXPECT_EQ(s.recomputes(), 1);
+  EXPECT_EQ(s.last_restore().chunks_lost, 1);
+  EXPECT_LT(kl(ref_logits, logits), 1e-3);
+  EXPECT_EQ(argmax(ref_logits), argmax(logits));
+}
+
 TEST_F(ElasticTest, ChangedModelFileFailsWeightRestoreAndKeepsTokens) {
   const std::string copy = dir + "/model.gguf";
   std::filesystem::copy_file(model, copy);
