@@ -176,17 +176,6 @@ class ElasticMemory final : public WeightSource {
       std::unique_lock lock(mu);
       cv.wait(lock, [&] { return pending[layer] <= 0; });
     }
-    // The I/O path has read (and verified) the layer's stored chunks.
-    std::vector<char> io_done;
-    void mark_io_done(int layer) {
-      std::lock_guard lock(mu);
-      io_done[layer] = 1;
-      cv.notify_all();
-    }
-    void wait_io(int layer) {
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return io_done[layer] != 0; });
-    }
   };
 
 
@@ -254,7 +243,6 @@ class ElasticMemory final : public WeightSource {
   std::thread restore_thread_;
   std::atomic<bool> restoring_{false};
   RestoreReport last_restore_;
-  int64_t decomp_lost_ = 0;  // chunks the decompression path could not restore
 };
 
 }  // namespace ebb

@@ -20,8 +20,6 @@ struct ElasticMemory::LayerPlan {
   std::vector<ChunkId> compressed;   // compressed chunks in the stack
   // I/O path state
   std::vector<Buffer> bufs;          // [stored..., stored_comp...] read targets
-  std::vector<Buffer> comp_staging;  // [stored_comp] read and verified, for the decompression path
-  std::vector<char> comp_ok;         // [stored_comp] checksum matched
   IoEngine::Ticket weights_ticket = 0, swap_ticket = 0;
   bool have_weights_ticket = false, have_swap_ticket = false;
   bool allocated = false;
@@ -101,7 +99,6 @@ void ElasticMemory::begin_restore() {
   if (!any) return;
   latches_ = std::make_unique<Latches>();
   latches_->pending.assign(plan.size(), 2);
-  latches_->io_done.assign(plan.size(), 0);
   latches_->error.assign(plan.size(), {});
   last_restore_ = {};
   restoring_.store(true);
@@ -125,8 +122,6 @@ void ElasticMemory::run_restore(std::vector<LayerPlan> plan) {
     io_path(plan, per_layer);
     decomp.join();
   }
-  last_restore_.chunks_lost += decomp_lost_;
-  decomp_lost_ = 0;
   if (!per_layer)
     for (size_t l = 0; l < plan.size(); ++l) {
       latches_->open(static_cast<int>(l));
@@ -214,18 +209,23 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
       swap_->free(m.slot);
       ++(put_restored(c, std::move(b), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
     }
-    // Compressed chunks read from storage go to the decompression path, so
-    // this thread goes straight back to keeping the storage queue full.
     for (const ChunkId& c : p.stored_comp) {
       KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
       Buffer staging = std::move(p.bufs[i++]);
-      p.comp_ok.push_back(swap_ok && swap_->verify(m.slot, staging.data()) ? 1 : 0);
+      Buffer b = c.kv->new_chunk_buffer();
+      bool ok = swap_ok && swap_->verify(m.slot, staging.data());
+      if (ok) {
+        try {
+          kv_codec(opts_.codec, opts_.isa).decompress(chunk_shape_n(*c.kv, m.n_tokens), staging.data(),
+                                                      m.compressed_bytes, b.data());
+        } catch (const Error&) {
+          ok = false;
+        }
+      }
       swap_->free(m.slot);
-      m.slot = {};
-      p.comp_staging.push_back(std::move(staging));
+      ++(put_restored(c, std::move(b), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
     }
     p.bufs.clear();
-    latches_->mark_io_done(p.layer);
     last_restore_.read_s += sw.seconds();
     if (open_latches) latches_->open(p.layer, err);
     else if (!err.empty()) {
@@ -274,29 +274,9 @@ void ElasticMemory::decompress_path(std::vector<LayerPlan>& plan, bool open_latc
         std::lock_guard lock(owner_mu_);
         blob_owner_.erase(m.handle);
       }
-      // A blob that does not decode is recomputed too.
+      // A blob that does not decode is recomputed too (its lost count is
+      // left to the I/O path, which owns that counter).
       if (put_restored(c, std::move(b), ok)) ++last_restore_.chunks_decompressed;
-      else ++decomp_lost_;
-    }
-    if (!p.stored_comp.empty()) {
-      latches_->wait_io(p.layer);
-      for (size_t k = 0; k < p.stored_comp.size(); ++k) {
-        const ChunkId& c = p.stored_comp[k];
-        const KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
-        Buffer b = c.kv->new_chunk_buffer();
-        bool ok = p.comp_ok[k] != 0;
-        if (ok) {
-          try {
-            codec.decompress(chunk_shape_n(*c.kv, m.n_tokens), p.comp_staging[k].data(), m.compressed_bytes,
-                             b.data());
-          } catch (const Error&) {
-            ok = false;
-          }
-        }
-        p.comp_staging[k].reset();
-        if (put_restored(c, std::move(b), ok)) ++last_restore_.chunks_decompressed;
-        else ++decomp_lost_;
-      }
     }
     last_restore_.decompress_s += sw.seconds();
     if (open_latches) latches_->open(p.layer);
