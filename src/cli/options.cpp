@@ -64,6 +64,7 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a) {
     o.budget.system = *sys;
     o.budget.window = a.budget_window;
     o.budget.n_ctx = a.ctx;
+    o.budget.kv_elem_bytes = a.kv_type == "f32" ? 4 : 2;
   }
   o.elastic_opts.swap_dir = a.swap_dir;
   o.elastic_opts.codec = parse_kv_codec(a.kv_codec);

@@ -43,6 +43,7 @@ struct BudgetOptions {
   BudgetSystem system = BudgetSystem::kEbb;
   int window = 3;       // prefetch window k, in steps (layers or head parts)
   int64_t n_ctx = 0;    // context the KV reserve covers; 0: min(training context, 4096)
+  int kv_elem_bytes = 2;  // 2: F16 KV, 4: F32 KV
 };
 
 // Memory the planner must leave for everything but weights (the runtime
