@@ -74,6 +74,17 @@ uint64_t evictable(Engine& e, const Session& s) {
   return b;
 }
 
+// Flips a byte in the swap slot of the first chunk in `state`; false when none is.
+bool corrupt_first(Engine& eng, const KvCache& kv, UnitState state, uint64_t at) {
+  for (int l = 0; l < eng.model().n_layers(); ++l)
+    for (int64_t c = 0; c < kv.n_chunks(l); ++c)
+      if (kv.meta(l, c).state == state) {
+        eng.elastic()->swap_file()->corrupt_for_test(kv.meta(l, c).slot, at);
+        return true;
+      }
+  return false;
+}
+
 class ElasticTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -211,14 +222,7 @@ TEST_F(ElasticTest, CorruptSwapSlotIsRecomputedFromTokens) {
   s.feed(context);
   eng->evict(s.kv().total_bytes() / 2);
   // Corrupt one stored chunk on disk.
-  bool corrupted = false;
-  for (int l = 0; l < eng->model().n_layers() && !corrupted; ++l)
-    for (int64_t c = 0; c < s.kv().n_chunks(l) && !corrupted; ++c)
-      if (s.kv().meta(l, c).state == UnitState::kStored) {
-        eng->elastic()->swap_file()->corrupt_for_test(s.kv().meta(l, c).slot, 100);
-        corrupted = true;
-      }
-  ASSERT_TRUE(corrupted);
+  ASSERT_TRUE(corrupt_first(*eng, s.kv(), UnitState::kStored, 100));
   const auto logits = s.feed(query);
   EXPECT_EQ(s.recomputes(), 1);
   EXPECT_EQ(s.last_restore().chunks_lost, 1);
@@ -231,14 +235,7 @@ TEST_F(ElasticTest, CorruptCompressedSlotIsRecomputedToo) {
   s.feed(context);
   const auto r = eng->evict(2 * evictable(*eng, s));  // through CompKV: compressed chunks on storage
   ASSERT_GT(r.compressed_to_storage, 0);
-  bool corrupted = false;
-  for (int l = 0; l < eng->model().n_layers() && !corrupted; ++l)
-    for (int64_t c = 0; c < s.kv().n_chunks(l) && !corrupted; ++c)
-      if (s.kv().meta(l, c).state == UnitState::kStoredCompressed) {
-        eng->elastic()->swap_file()->corrupt_for_test(s.kv().meta(l, c).slot, 40);
-        corrupted = true;
-      }
-  ASSERT_TRUE(corrupted);
+  ASSERT_TRUE(corrupt_first(*eng, s.kv(), UnitState::kStoredCompressed, 40));
   const auto logits = s.feed(query);
   EXPECT_EQ(s.recomputes(), 1);
   EXPECT_EQ(s.last_restore().chunks_lost, 1);
