@@ -25,13 +25,14 @@ using test::model_path;
 constexpr int64_t kChunk = 64;
 
 std::unique_ptr<Engine> make_engine(const std::string& model, const std::string& swap_dir,
-                                    EvictPolicyKind policy = EvictPolicyKind::kHybrid) {
+                                    EvictPolicyKind policy = EvictPolicyKind::kHybrid, uint64_t swap_bytes = 0) {
   EngineOptions o;
   o.model_path = model;
   o.n_threads = 2;
   o.kv_chunk_size = kChunk;
   o.elastic_opts.swap_dir = swap_dir;
   o.elastic_opts.policy = policy;
+  o.elastic_opts.swap_bytes = swap_bytes;
   return std::make_unique<Engine>(o);
 }
 
@@ -214,6 +215,19 @@ TEST_F(ElasticTest, UnwritableSwapDirFallsBackToCompressedOnly) {
   EXPECT_NE(r.note.find("not-a-dir"), std::string::npos) << r.note;
   const auto logits = s.feed(query);
   EXPECT_EQ(argmax(ref_logits), argmax(logits));
+}
+
+TEST_F(ElasticTest, FullSwapFileStopsWithAMessageAndLosesNothing) {
+  // 1 MiB of swap holds 32 of the 40 KV chunks of 32 KiB.
+  auto eng = make_engine(model, dir, EvictPolicyKind::kPartialOffload, 1 << 20);
+  Session s(*eng);
+  s.feed(context);
+  const auto r = eng->evict(evictable(*eng, s));
+  EXPECT_EQ(r.kv_to_storage, 32);
+  EXPECT_EQ(s.kv().total_bytes(), 8 * s.kv().chunk_alloc_bytes());  // the 8 that did not fit stay resident
+  EXPECT_NE(r.note.find("swap file full"), std::string::npos) << r.note;
+  const auto logits = s.feed(query);
+  for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], ref_logits[i]) << i;
 }
 
 TEST_F(ElasticTest, CorruptSwapSlotIsRecomputedFromTokens) {
