@@ -123,6 +123,9 @@ class ElasticMemory final : public WeightSource {
     return wait_restored();
   }
   bool fully_resident() const;
+  // Something was evicted (or the limit changed) since the last restore
+  // began: the next request must start one. Cheap, so it can be asked per token.
+  bool restore_pending() const { return restore_pending_; }
   bool restoring() const { return restoring_.load(); }
 
   ElasticFootprint footprint() const;
@@ -202,6 +205,7 @@ class ElasticMemory final : public WeightSource {
     bool in_use = false;   // handed to the forward pass
   };
   StreamSlot stream_[2];
+  std::vector<IoRequest> stream_reqs_;  // reused: no allocation per streamed layer
   bool streaming_ = false;
   uint64_t max_unit_bytes() const;
   int next_streamed_after(int layer) const;
@@ -243,6 +247,7 @@ class ElasticMemory final : public WeightSource {
   std::thread restore_thread_;
   std::atomic<bool> restoring_{false};
   RestoreReport last_restore_;
+  bool restore_pending_ = false;
 };
 
 }  // namespace ebb

@@ -198,6 +198,7 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
       // Units that failed to restore stay evicted; eviction goes on.
     }
   }
+  restore_pending_ = true;
   EvictReport r;
   r.requested = bytes;
   const Ledger& ledger = *alloc_.ledger();

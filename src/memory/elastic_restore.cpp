@@ -33,6 +33,7 @@ ElasticMemory::~ElasticMemory() {
 
 void ElasticMemory::begin_restore() {
   if (restoring_.load()) return;
+  restore_pending_ = false;
   flush_writes();
   std::vector<LayerPlan> plan(static_cast<size_t>(model_.n_layers()));
   bool any = false;
@@ -300,7 +301,10 @@ RestoreReport ElasticMemory::wait_restored() {
   const std::string err = latches_->first_error;
   latches_.reset();
   restoring_.store(false);
-  if (!err.empty()) throw Error(err);
+  if (!err.empty()) {
+    restore_pending_ = true;  // the failed units are still out: the next request tries again
+    throw Error(err);
+  }
   return last_restore_;
 }
 

@@ -24,7 +24,8 @@ int ElasticMemory::next_streamed_after(int layer) const {
 void ElasticMemory::stream_submit(StreamSlot& s, int layer) {
   if (s.buf.empty()) s.buf = alloc_.allocate(max_unit_bytes(), MemCategory::kIoBuffer, kDirectAlign);
   const WeightUnit& u = model_.layer_unit(layer);
-  std::vector<IoRequest> reqs;
+  std::vector<IoRequest>& reqs = stream_reqs_;
+  reqs.clear();
   for (const UnitSegment& g : u.segments())
     reqs.push_back({gguf_.fd(), g.file_offset, s.buf.as<uint8_t>() + g.unit_offset, g.bytes, false});
   s.layer = layer;
@@ -85,6 +86,7 @@ void ElasticMemory::begin_pass(std::span<const int32_t>) {
 
 EvictReport ElasticMemory::set_memory_limit(uint64_t bytes) {
   opts_.memory_limit = bytes;
+  restore_pending_ = true;
   EvictReport r;
   const uint64_t in_ram = footprint().in_ram();
   if (bytes > 0 && in_ram > bytes) r = evict(in_ram - bytes);

@@ -56,7 +56,7 @@ std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::v
   ElasticMemory* em = engine_.elastic();
   // restore_generate: restoration starts now and this request's prefill runs
   // alongside it, each layer waiting only for its own latch.
-  if (em && !em->fully_resident()) em->begin_restore();
+  if (em && em->restore_pending()) em->begin_restore();
   if (kv_->n_tokens() == total && !have_logits_ && total > 0) {
     // Everything is in the KV but the logits were dropped (after truncate or
     // load): run the last token again to get them.
