@@ -1,5 +1,10 @@
 #include "kernels/cpu.h"
 
+#if defined(EBB_ARCH_ARM)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 namespace ebb {
 
 std::string_view isa_name(Isa isa) {
@@ -47,7 +52,13 @@ bool isa_supported(Isa isa) {
              __builtin_cpu_supports("avx512bf16");
 #endif
 #if defined(EBB_ARCH_ARM)
-    case Isa::kNeon: return true;  // armv8.2 dot product is required of Arm targets
+    case Isa::kNeon: {
+      // The NEON kernels use the int8 dot product (SDOT) and half-precision
+      // arithmetic and conversions (armv8.2-a+dotprod+fp16).
+      const unsigned long hw = getauxval(AT_HWCAP);
+      const unsigned long need = HWCAP_ASIMDDP | HWCAP_FPHP | HWCAP_ASIMDHP;
+      return (hw & need) == need;
+    }
 #endif
     default: return false;
   }
