@@ -72,8 +72,9 @@ const OpsKernels& ops_kernels(Isa isa) {
     case Isa::kAvx2: return detail::ops_kernels_avx2();
     case Isa::kAvx512: return detail::ops_kernels_avx512();
 #endif
-    // kNeon: no NEON row ops yet; the scalar table is used (these ops are a
-    // small share of a token's time next to matmul and attention).
+#if defined(EBB_ARCH_ARM)
+    case Isa::kNeon: return detail::ops_kernels_neon();
+#endif
     default: return detail::ops_kernels_scalar();
   }
 }

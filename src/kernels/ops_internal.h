@@ -11,5 +11,8 @@ const OpsKernels& ops_kernels_scalar();
 const OpsKernels& ops_kernels_avx2();    // ops_avx2.cpp
 const OpsKernels& ops_kernels_avx512();  // ops_avx512.cpp
 #endif
+#if defined(EBB_ARCH_ARM)
+const OpsKernels& ops_kernels_neon();  // ops_neon.cpp
+#endif
 
 }  // namespace ebb::detail
