@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds ebb and runs every test: the release suite through CTest, then the
-# GGUF mutation test again under AddressSanitizer + UBSan.
+# Builds ebb and runs every test: the release suite through CTest, the kernel
+# tests cross-built for aarch64 under qemu-user (EBB_SKIP_ARM=1 skips them),
+# then the GGUF mutation test again under AddressSanitizer + UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -9,6 +10,11 @@ jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+
+if [ "${EBB_SKIP_ARM:-0}" != 1 ]; then
+  echo "== Arm job: kernels cross-built for aarch64, tests under qemu-user (neon and scalar) =="
+  bash scripts/test_arm.sh
+fi
 
 if [ "${EBB_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== sanitizer job: GGUF reader and mutation test under ASan + UBSan =="
