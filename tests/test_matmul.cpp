@@ -305,6 +305,11 @@ TEST_P(MatmulKernels, VecDotMatchesScalar) {
       EXPECT_NEAR(want, exact, tol) << "scalar vs dequantized, n=" << n << " seed=" << seed;
       EXPECT_NEAR(got, want, tol) << "target vs scalar, n=" << n << " seed=" << seed;
       ASSERT_TRUE(std::isfinite(got));
+      if (fk_->tile_dot) {  // the batch arithmetic, held to the same reference
+        float batch = 0.f;
+        fk_->tile_dot(n, w.data(), a.data(), &batch);
+        EXPECT_NEAR(batch, want, tol) << "tile_dot vs scalar, n=" << n << " seed=" << seed;
+      }
     }
   }
 }
@@ -341,7 +346,8 @@ TEST_P(MatmulKernels, EdgeValues) {
 }
 
 // The register-blocked tile computes each (row, token) dot bit-identically to
-// vec_dot (the golden tests rely on the exact arithmetic order).
+// the dot that serves a batch's leftover rows and tokens (tile_dot, else
+// vec_dot), so a batched product does not depend on how it is tiled.
 TEST_P(MatmulKernels, TileMatchesVecDotBitExact) {
   if (fk_->vec_dot_tile == nullptr) GTEST_SKIP() << "no tile kernel";
   const int R = fk_->tile_rows, T = fk_->tile_tokens;
@@ -366,7 +372,7 @@ TEST_P(MatmulKernels, TileMatchesVecDotBitExact) {
     for (int t = 0; t < T; ++t)
       for (int r = 0; r < R; ++r) {
         float want = 0.f;
-        fk_->vec_dot(n, w.data() + r * wrow, a.data() + t * arow, &want);
+        (fk_->tile_dot ? fk_->tile_dot : fk_->vec_dot)(n, w.data() + r * wrow, a.data() + t * arow, &want);
         uint32_t gb, wb;
         std::memcpy(&gb, &got[t * ys + r], 4);
         std::memcpy(&wb, &want, 4);
@@ -461,6 +467,41 @@ TEST_P(MatmulProduct, MatchesDoubleReference) {
         }
       }
     }
+  }
+}
+
+// A batched product does not depend on how the batch is cut: 19 tokens at
+// once give bit for bit what 8 + 11 and 2 + 17 give (tiles, leftover rows
+// and leftover tokens all compute in the tile's arithmetic), on 1 and 2
+// threads. (One token alone runs the decode kernel, which may sum in
+// another order.)
+TEST_P(MatmulProduct, BatchSplitDoesNotChangeResults) {
+  const Isa isa = std::get<0>(GetParam());
+  const DType type = std::get<1>(GetParam());
+  if (!isa_supported(isa)) GTEST_SKIP() << isa_name(isa) << " not supported on this machine";
+  const KernelSet& ks = kernel_set(isa);
+  const int64_t bs = std::max<int64_t>(type_info(type).block_size, type_info(scalar_fk(type).act).block_size);
+  const int64_t rows = 83, cols = 4 * std::max<int64_t>(bs, 32), n_tok = 19;
+  const auto wsrc = normal(rows * cols, 5, 0.5f);
+  const uint64_t rb = row_bytes(type, cols);
+  std::vector<uint8_t> wdata(rows * rb);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(type, wsrc.data() + r * cols, wdata.data() + r * rb, cols);
+  WeightView w{type, cols, rows, wdata.data(), rb};
+  const auto x = normal(n_tok * cols, 6);
+  auto run = [&](int64_t t0, int64_t n, int threads, std::vector<float>& y) {
+    AlignedBuf scratch(matmul_scratch_bytes(type, cols, n));
+    MatmulArgs args{&w, x.data() + t0 * cols, cols, n, y.data() + t0 * rows, rows, scratch.p};
+    matmul(ks, args, test_pool(threads));
+  };
+  for (int threads : {1, 2}) {
+    std::vector<float> whole(n_tok * rows), a(n_tok * rows), b(n_tok * rows);
+    run(0, n_tok, threads, whole);
+    run(0, 8, threads, a);
+    run(8, n_tok - 8, threads, a);
+    run(0, 2, threads, b);
+    run(2, n_tok - 2, threads, b);
+    ASSERT_EQ(std::memcmp(whole.data(), a.data(), whole.size() * sizeof(float)), 0) << "8 + 11, threads=" << threads;
+    ASSERT_EQ(std::memcmp(whole.data(), b.data(), whole.size() * sizeof(float)), 0) << "2 + 17, threads=" << threads;
   }
 }
 

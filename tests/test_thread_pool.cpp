@@ -1,8 +1,11 @@
 // The compute pool: every thread runs each job once, jobs posted right after
-// construction are not missed, and parallel_for covers a range exactly once.
+// construction are not missed, and parallel_for / parallel_for_dynamic cover
+// a range exactly once.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "platform/thread_pool.h"
@@ -42,6 +45,41 @@ TEST(ThreadPool, ParallelForCoversRangeOnce) {
     });
     for (auto& h : hits) ASSERT_EQ(h.load(), 1);
   }
+}
+
+// Pieces are claimed one at a time: every index once, pieces of exactly
+// `grain` (the last may be shorter) starting on multiples of it, and a thread
+// held up on its first piece leaves the rest of the range to the others.
+TEST(ThreadPool, ParallelForDynamicCoversRangeOnceAndBalances) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(ThreadPoolOptions{.n_threads = threads});
+    for (int64_t n : {1, 7, 16, 100, 1001}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.parallel_for_dynamic(n, 16, [&](int64_t b, int64_t e, int) {
+        EXPECT_EQ(b % 16, 0);
+        EXPECT_TRUE(e - b == 16 || e == n) << b << ".." << e;
+        for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << "threads=" << threads << " n=" << n;
+    }
+  }
+  ThreadPool pool(ThreadPoolOptions{.n_threads = 2});
+  std::vector<std::atomic<int>> pieces(2);
+  std::atomic<int> done{0};
+  std::atomic<bool> slow_taken{false};
+  pool.parallel_for_dynamic(64, 1, [&](int64_t, int64_t, int t) {
+    pieces[t].fetch_add(1);
+    if (!slow_taken.exchange(true)) {
+      // Held until the other thread has done all the rest (a static split
+      // would leave it 32 pieces; give up after 5 s).
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (done.load() < 63 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    done.fetch_add(1);
+  });
+  EXPECT_EQ(pieces[0].load() + pieces[1].load(), 64);
+  EXPECT_EQ(std::min(pieces[0].load(), pieces[1].load()), 1);
 }
 
 }  // namespace

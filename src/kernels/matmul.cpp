@@ -26,6 +26,13 @@ class TableKernelSet final : public KernelSet {
 constexpr size_t kCacheLine = 64;
 constexpr int64_t kRowGrain = 16;  // rows per work unit: 16 floats of y = one cache line
 
+// Rows per claimed piece of a one-token product: about eight pieces per
+// thread (balance against the cost of a claim), in whole units of kRowGrain.
+int64_t piece_rows(int64_t rows, int n_threads) {
+  const int64_t per = rows / (static_cast<int64_t>(n_threads) * 8);
+  return std::max(kRowGrain, per / kRowGrain * kRowGrain);
+}
+
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // Bytes between quantized activation rows in the scratch (0: x is used as is).
@@ -105,40 +112,43 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
     act = scratch;
   }
 
-  // 2. Output rows split over the threads in whole cache lines of y. For
-  //    several tokens, a block of weight rows (sized to stay in L2) is reused
-  //    for every token before moving on, so weights stream from memory once.
+  // 2. Output rows in pieces that the threads claim as they go (a thread
+  //    slowed by the rest of the device takes fewer), in whole cache lines
+  //    of y. For several tokens a piece is a block of weight rows sized to
+  //    stay in L2, reused for every token before moving on, so weights
+  //    stream from memory once.
   const auto vec_dot = fk->vec_dot;
   const auto tile = fk->vec_dot_tile;
   const int64_t TR = tile ? fk->tile_rows : 1, TT = tile ? fk->tile_tokens : 1;
   const uint64_t rstride = w.row_stride;
+  if (n_tok == 1) {
+    pool.parallel_for_dynamic(rows, piece_rows(rows, pool.size()), [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) vec_dot(cols, w.row(r), act, args.y + r);
+    });
+    return;
+  }
+  // Rows and tokens outside whole tiles: in the tile's arithmetic.
+  const auto rest_dot = tile && fk->tile_dot ? fk->tile_dot : vec_dot;
   int64_t block_rows = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(rstride, 1)), 4, 64);
   block_rows = std::max<int64_t>(TR, block_rows / TR * TR);
-  pool.parallel_for(rows, kRowGrain, [&](int64_t r0, int64_t r1, int) {
-    if (n_tok == 1) {
-      for (int64_t r = r0; r < r1; ++r) vec_dot(cols, w.row(r), act, args.y + r);
-      return;
-    }
-    for (int64_t rb = r0; rb < r1; rb += block_rows) {
-      const int64_t re = std::min(r1, rb + block_rows);
-      int64_t t = 0;
-      if (tile) {
-        // Tiles of TR rows x TT tokens; leftover rows go through vec_dot.
-        const int64_t re_tiled = rb + (re - rb) / TR * TR;
-        for (; t + TT <= n_tok; t += TT) {
-          const uint8_t* a = act + t * act_stride;
-          float* y = args.y + t * args.y_stride;
-          for (int64_t r = rb; r < re_tiled; r += TR) tile(cols, w.row(r), rstride, a, act_stride, y + r, args.y_stride);
-          for (int64_t tt = 0; tt < TT; ++tt)
-            for (int64_t r = re_tiled; r < re; ++r)
-              vec_dot(cols, w.row(r), a + tt * act_stride, y + tt * args.y_stride + r);
-        }
-      }
-      for (; t < n_tok; ++t) {
+  pool.parallel_for_dynamic(rows, block_rows, [&](int64_t rb, int64_t re, int) {
+    int64_t t = 0;
+    if (tile) {
+      // Tiles of TR rows x TT tokens; leftover rows go through rest_dot.
+      const int64_t re_tiled = rb + (re - rb) / TR * TR;
+      for (; t + TT <= n_tok; t += TT) {
         const uint8_t* a = act + t * act_stride;
         float* y = args.y + t * args.y_stride;
-        for (int64_t r = rb; r < re; ++r) vec_dot(cols, w.row(r), a, y + r);
+        for (int64_t r = rb; r < re_tiled; r += TR) tile(cols, w.row(r), rstride, a, act_stride, y + r, args.y_stride);
+        for (int64_t tt = 0; tt < TT; ++tt)
+          for (int64_t r = re_tiled; r < re; ++r)
+            rest_dot(cols, w.row(r), a + tt * act_stride, y + tt * args.y_stride + r);
       }
+    }
+    for (; t < n_tok; ++t) {
+      const uint8_t* a = act + t * act_stride;
+      float* y = args.y + t * args.y_stride;
+      for (int64_t r = rb; r < re; ++r) rest_dot(cols, w.row(r), a, y + r);
     }
   });
 }
@@ -171,7 +181,7 @@ void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool
   int64_t first[kMax + 1];
   first[0] = 0;
   for (int i = 0; i < n; ++i) first[i + 1] = first[i] + args[i].w->rows;
-  pool.parallel_for(first[n], kRowGrain, [&](int64_t g0, int64_t g1, int) {
+  pool.parallel_for_dynamic(first[n], piece_rows(first[n], pool.size()), [&](int64_t g0, int64_t g1, int) {
     for (int i = 0; i < n; ++i) {
       const int64_t b = std::max(g0, first[i]), e = std::min(g1, first[i + 1]);
       if (b >= e) continue;

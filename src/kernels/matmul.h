@@ -30,15 +30,20 @@ struct FormatKernels {
   // *out = dot(weight row w, activation row a), both of n elements.
   void (*vec_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
   // Optional register-blocked tile for several tokens: for r < tile_rows,
-  // t < tile_tokens, y[t * y_stride + r] = vec_dot(n, w + r * w_stride,
-  // a + t * a_stride), each dot computed in exactly vec_dot's arithmetic
-  // order (same integer block sums, same float accumulation), so results are
-  // bit-identical; weight blocks are unpacked once per tile and reused across
-  // the tokens. nullptr: matmul calls vec_dot per (row, token).
+  // t < tile_tokens, y[t * y_stride + r] = dot(row r of w, token t of a),
+  // rows w_stride and tokens a_stride bytes apart, weight blocks unpacked
+  // once per tile and reused across the tokens. nullptr: matmul calls
+  // vec_dot per (row, token).
   void (*vec_dot_tile)(int64_t n, const void* w, size_t w_stride, const void* a, size_t a_stride, float* y,
                        int64_t y_stride) = nullptr;
   int tile_rows = 0;
   int tile_tokens = 0;
+  // The tile's arithmetic for one (row, token), for the rows and tokens of a
+  // batched product that do not fill a tile: bit-identical to the tile, so
+  // every output of a batch is computed the same way whatever the batch's
+  // size. nullptr: the tile is bit-identical to vec_dot, which serves them.
+  // (A one-token product runs vec_dot, which may sum in another order.)
+  void (*tile_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
 };
 
 // All kernels of one instruction-set target.

@@ -3,6 +3,8 @@
 // float accumulation order differs from the scalar reference.
 #include <immintrin.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "kernels/quant_avx2_inl.h"
@@ -246,6 +248,7 @@ void dot_q8_0(int64_t n, const void* w, const void* a, float* out) {
   *out = hsum(_mm256_add_ps(acc0, acc1));
 }
 
+// One row (decode): even and odd blocks in two vector chains, one hsum.
 void dot_q4_0(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ4_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);
@@ -267,6 +270,122 @@ void dot_q4_0(int64_t n, const void* w, const void* a, float* out) {
   }
   *out = hsum(_mm256_add_ps(acc0, acc1));
 }
+
+// ---- Q4_0: eight rows per vector ------------------------------------------------
+//
+// The batch (tile) arithmetic, per (row, token): acc = 0, then for each block
+// b in order acc = fmaf(dx_b * dy_b, float(isum_b), acc), isum_b the exact
+// integer dot of (q - 8) with the activation bytes. dot_q4_0_lanes runs it
+// for one (row, token); the x8 tile runs eight rows in the eight lanes of a
+// vector (lane r = row r) for several tokens, every lane doing the same
+// operations in the same order, so they are bit-identical, and no horizontal
+// sum is left per row. The weight blocks are transposed and their scales
+// gathered once per tile and reused by every token: twice the throughput of
+// the row-at-a-time form in prefill. Decode (one token) cannot amortise the
+// transpose and keeps dot_q4_0.
+
+// The 16 quant bytes of one block of rows 0..7 (rows ws bytes apart),
+// transposed: lane r of v[k] holds bytes 4k..4k+3 of row r, so its low
+// nibbles are elements 4k..4k+3 and its high ones 16+4k..16+4k+3.
+inline void load_q4_0_x8(const uint8_t* qs, size_t ws, __m256i v[4]) {
+  __m256i a[4];
+  for (int i = 0; i < 4; ++i)
+    a[i] = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + (i + 4) * ws)),
+                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + i * ws)));
+  // A 4x4 transpose of dwords in each 128-bit half ([row i | row i + 4]).
+  const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+  v[0] = _mm256_unpacklo_epi64(t0, t2);
+  v[1] = _mm256_unpackhi_epi64(t0, t2);
+  v[2] = _mm256_unpacklo_epi64(t1, t3);
+  v[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+// The F16 scales of one block of rows 0..7, as floats in lanes 0..7.
+inline __m256 load_d_x8(const uint8_t* d, size_t ws) {
+  __m128i h = _mm_cvtsi32_si128(*reinterpret_cast<const uint16_t*>(d));
+  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + ws), 1);
+  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 2 * ws), 2);
+  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 3 * ws), 3);
+  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 4 * ws), 4);
+  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 5 * ws), 5);
+  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 6 * ws), 6);
+  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 7 * ws), 7);
+  return _mm256_cvtph_ps(h);
+}
+
+// 8 * sum of the 32 activation bytes of a block, in every lane.
+inline __m256i sum8_x8(const int8_t* qs) {
+  const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+  // |sum| <= 32 * 127: psadbw on the bytes offset to unsigned, minus 32 * 128.
+  const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(y, _mm256_set1_epi8(static_cast<char>(0x80))),
+                                      _mm256_setzero_si256());
+  __m128i s = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+  s = _mm_add_epi64(s, _mm_unpackhi_epi64(s, s));
+  return _mm256_set1_epi32(8 * (_mm_cvtsi128_si32(s) - 32 * 128));
+}
+
+// isum of one block for eight rows (v: load_q4_0_x8) against activation
+// bytes y, given m8 = sum8_x8(y). Every 16-bit partial sum stays below 2^15:
+// eight maddubs terms of at most 2 * 15 * 127.
+inline __m256i isum_q4_0_x8(const __m256i v[4], const int8_t* y, __m256i m8) {
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  __m256i p = _mm256_setzero_si256();
+  for (int k = 0; k < 4; ++k) {
+    const __m256i lo = _mm256_and_si256(v[k], m4), hi = _mm256_and_si256(_mm256_srli_epi16(v[k], 4), m4);
+    const __m256i ylo = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(y + 4 * k));
+    const __m256i yhi = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(y + 16 + 4 * k));
+    p = _mm256_add_epi16(p, _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi)));
+  }
+  return _mm256_sub_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), m8);
+}
+
+void dot_q4_0_lanes(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  float acc = 0.f;
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles_32(x[i].qs), qy),
+                                       _mm256_maddubs_epi16(_mm256_set1_epi8(8), qy));
+    const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+    acc = std::fmaf(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), static_cast<float>(_mm_cvtsi128_si32(h)), acc);
+  }
+  *out = acc;
+}
+
+// Rows 0..7 against T tokens: y[t * ys + r].
+template <int T>
+void q4_0_x8(int64_t n, const uint8_t* w, size_t ws, const uint8_t* a, size_t as, float* y, int64_t ys) {
+  const int64_t nb = n / kQK8_0;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* blk = w + i * sizeof(BlockQ4_0);
+    __m256i v[4];
+    load_q4_0_x8(blk + offsetof(BlockQ4_0, qs), ws, v);
+    const __m256 dx = load_d_x8(blk, ws);
+    for (int t = 0; t < T; ++t) {
+      const auto* q = reinterpret_cast<const BlockQ8_0*>(a + t * as) + i;
+      const __m256i isum = isum_q4_0_x8(v, q->qs, sum8_x8(q->qs));
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(_cvtsh_ss(q->d))), _mm256_cvtepi32_ps(isum), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    alignas(32) float o[8];
+    _mm256_store_ps(o, acc[t]);
+    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[r];
+  }
+}
+
+template <int T>
+void tile_q4_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  q4_0_x8<T>(n, static_cast<const uint8_t*>(w), ws, static_cast<const uint8_t*>(a), as, y, ys);
+}
+
 
 void dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
@@ -368,52 +487,11 @@ void dot_q6_k(int64_t n, const void* w, const void* a, float* out) {
 // ---- register-blocked tiles (several tokens at once) ---------------------------
 //
 // Each (row, token) dot below performs exactly the operations of the matching
-// dot_* above in the same order, so results are bit-identical. dot_q8_0 and
-// dot_q4_0 accumulate even blocks into one vector and odd blocks into another
+// dot_* above in the same order, so results are bit-identical. dot_q8_0
+// accumulates even blocks into one vector and odd blocks into another
 // (an odd tail block is the last even one), then hsum(even + odd): the tiles
 // run the even chain, then the odd chain, keeping R*T accumulators live.
 // dot_f16 keeps four chains (element offset 8k within each 32) for n % 32 == 0.
-
-template <int R, int T>
-void tile_q4_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  const int64_t nb = n / kQK8_0;
-  const BlockQ4_0* x[R];
-  const BlockQ8_0* q[T];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ4_0*>(static_cast<const uint8_t*>(w) + r * ws);
-  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(a) + t * as);
-  const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
-  __m256 even[R][T];
-  for (int par = 0; par < 2; ++par) {
-    __m256 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t i = par; i < nb; i += 2) {
-      __m256i qx[R];
-      float dx[R];
-      for (int r = 0; r < R; ++r) {
-        qx[r] = nibbles_32(x[r][i].qs);
-        dx[r] = _cvtsh_ss(x[r][i].d);
-      }
-      for (int t = 0; t < T; ++t) {
-        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs));
-        const __m256i m8 = _mm256_maddubs_epi16(eight, qy);
-        const float dy = _cvtsh_ss(q[t][i].d);
-        for (int r = 0; r < R; ++r) {
-          const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(qx[r], qy), m8);
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r] * dy), f, acc[r][t]);
-        }
-      }
-    }
-    if (par == 0) {
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) even[r][t] = acc[r][t];
-    } else {
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(_mm256_add_ps(even[r][t], acc[r][t]));
-    }
-  }
-}
 
 template <int R, int T>
 void tile_q8_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
@@ -608,17 +686,20 @@ FormatTable avx2_format_table() {
   row(DType::kQ4_0) = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0};
   row(DType::kF16).vec_dot_tile = tile_f16<2, 4>;
   row(DType::kQ8_0).vec_dot_tile = tile_q8_0<2, 4>;
-  row(DType::kQ4_0).vec_dot_tile = tile_q4_0<2, 4>;
+  row(DType::kQ4_0).vec_dot_tile = tile_q4_0<4>;
   row(DType::kQ4_K).vec_dot_tile = tile_q4_k<2, 2>;
   row(DType::kQ4_K).tile_rows = 2;
   row(DType::kQ4_K).tile_tokens = 2;
   row(DType::kQ6_K).vec_dot_tile = tile_q6_k<2, 2>;
   row(DType::kQ6_K).tile_rows = 2;
   row(DType::kQ6_K).tile_tokens = 2;
-  for (DType d : {DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+  for (DType d : {DType::kF16, DType::kQ8_0}) {
     row(d).tile_rows = 2;
     row(d).tile_tokens = 4;
   }
+  row(DType::kQ4_0).tile_rows = 8;
+  row(DType::kQ4_0).tile_tokens = 4;
+  row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
   row(DType::kQ4_K).quantize_act = quantize_q8_k;
   row(DType::kQ4_K).vec_dot = dot_q4_k;
   row(DType::kQ5_K).quantize_act = quantize_q8_k;

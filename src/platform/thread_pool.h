@@ -4,6 +4,7 @@
 // wait, so an idle engine costs no CPU. run() allocates nothing.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <thread>
@@ -65,6 +66,23 @@ class ThreadPool {
       const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
       const int64_t begin = b0 * grain, end = std::min(n, b1 * grain);
       if (begin < end) fn(begin, end, t);
+    });
+  }
+
+  // Splits [0, n) into pieces of `grain` (the last may be shorter) that the
+  // threads claim one at a time, and calls fn(begin, end, thread_index) for
+  // each. A thread slowed down (another process on its core, a slower core)
+  // takes fewer pieces instead of holding the others at the join.
+  template <class F>
+  void parallel_for_dynamic(int64_t n, int64_t grain, F&& fn) {
+    if (n <= 0) return;
+    if (n_threads_ == 1 || n <= grain) {
+      fn(int64_t{0}, n, 0);
+      return;
+    }
+    alignas(64) std::atomic<int64_t> next{0};
+    run([&](int t, int) {
+      for (int64_t b; (b = next.fetch_add(grain, std::memory_order_relaxed)) < n;) fn(b, std::min(n, b + grain), t);
     });
   }
 
