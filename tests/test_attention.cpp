@@ -67,10 +67,11 @@ struct Case {
   int64_t n_heads = 4, n_kv = 2, hd = 64, pos0 = 0, n_q = 1, cs = 256;
   DType type = DType::kF16;
   float q_range = 1.0f;
+  bool f16_acc = true;  // F16 KV: the half-precision arithmetic (else widened to F32)
   std::string name() const {
     return "heads=" + std::to_string(n_heads) + "/" + std::to_string(n_kv) + " hd=" + std::to_string(hd) +
            " pos0=" + std::to_string(pos0) + " n_q=" + std::to_string(n_q) + " cs=" + std::to_string(cs) +
-           (type == DType::kF16 ? " f16" : " f32");
+           (type == DType::kF16 ? (f16_acc ? " f16" : " f16-kv-f32-acc") : " f32");
   }
 };
 
@@ -191,6 +192,7 @@ std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, 
   a.chunks = kv.refs.data();
   a.chunk_size = c.cs;
   a.kv_type = c.type;
+  a.f16_accumulator = c.type == DType::kF16 && c.f16_acc;
   a.scale = scale;
   a.scratch = scratch.data();
   attention(isa, a, pool);
@@ -227,15 +229,20 @@ class AttentionTest : public ::testing::Test {
   ThreadPool& pool1 = shared_pool(1);
   ThreadPool& pool2 = shared_pool(2);
 
-  // Runs c on every supported target with 1 and 2 threads. tol: F32 KV's
-  // bound against the double reference.
+  // Runs c on every supported target with 1 and 2 threads; F16 KV in both
+  // arithmetics. tol: the F32 arithmetic's bound against the double reference.
   void check(const Case& c, double tol = 1e-6) {
     const Data x = make_data(c, static_cast<uint32_t>(c.pos0 * 7919 + c.n_q * 131 + c.hd + c.n_heads * 17 + c.cs));
     check_data(c, x, 1.0f / std::sqrt(static_cast<float>(c.hd)), tol);
+    if (c.type == DType::kF16 && c.f16_acc) {
+      Case widened = c;
+      widened.f16_acc = false;
+      check_data(widened, x, 1.0f / std::sqrt(static_cast<float>(c.hd)), tol);
+    }
   }
   void check_data(const Case& c, const Data& x, float scale, double tol, bool in_place = false) {
     const auto want = reference(c, x, scale);
-    if (c.type == DType::kF32) {
+    if (c.type == DType::kF32 || !c.f16_acc) {
       for (Isa isa : supported_isas())
         for (ThreadPool* pool : {&pool1, &pool2}) {
           const double e = max_err(run(isa, *pool, c, x, scale, in_place), want);

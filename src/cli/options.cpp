@@ -14,6 +14,9 @@ void add_model_options(CLI::App* app, ModelArgs& a) {
   app->add_option("-c,--ctx", a.ctx, "Context size in tokens (0: min(training context, 4096))")->capture_default_str();
   app->add_option("--kv-chunk", a.kv_chunk, "Tokens per KV chunk")->capture_default_str();
   app->add_option("--kv-type", a.kv_type, "KV cache element type: f16 or f32")->capture_default_str();
+  app->add_flag("--f16-attention", a.f16_attention,
+                "F16 KV: accumulate attention in F16 position by position, as llama.cpp does (to compare logits "
+                "with it; slower), instead of in F32");
   app->add_option("--batch", a.batch, "Prefill micro-batch in tokens")->capture_default_str();
   app->add_option("--memory-budget", a.memory_budget,
                   "Keep all LLM memory within this size, streaming weights that do not fit (600MiB, 1.5GiB, 40%)");
@@ -86,6 +89,7 @@ SessionOptions session_options(const ModelArgs& a) {
   } else {
     throw Error("--kv-type '" + a.kv_type + "' is not one of f16, f32");
   }
+  s.f16_attention = a.f16_attention;
   return s;
 }
 

@@ -22,6 +22,7 @@ struct ModelArgs {
   int64_t ctx = 0;
   int64_t kv_chunk = 256;
   std::string kv_type = "f16";
+  bool f16_attention = false;
   int64_t batch = 64;
   std::string memory_budget;          // budget mode: "600MiB", "1.5GiB", "40%" (empty: off)
   std::string budget_system = "ebb";  // budget mode planner / baseline

@@ -11,10 +11,11 @@
 // each item's positions into ranges ("split-K"); every thread leaves its
 // partial (m, l, acc) in its scratch slice and a second pass merges them.
 //
-// F16 KV runs the half-precision semantics of attention.h: the same blocks
+// F16 KV with f16_accumulator runs the half-precision semantics of
+// attention.h (otherwise F16 KV is widened and computed as F32): the same blocks
 // and scores, then per row the block's weights (seq_weights) and the
 // position-by-position F16 accumulator updates (pv_seq). A split could not
-// reproduce that sequential pass, so F16 KV never splits the context; when
+// reproduce that sequential pass, so that arithmetic never splits the context; when
 // items are fewer than threads it gives each item fewer query heads instead.
 #include "kernels/attention.h"
 
@@ -209,7 +210,7 @@ void prefetch_rows(const void* base, int n, int64_t stride_bytes, int64_t row_by
 void run_item(const AttnKernels& kk, const AttentionArgs& a, const Item& it, int64_t pa, int64_t pb, const Slice& sl) {
   const int64_t hd = a.head_dim, nh = it.h1 - it.h0;
   const int nr = static_cast<int>((it.qb - it.qa) * nh);
-  const bool half = a.kv_type == DType::kF16;
+  const bool half = a.kv_type == DType::kF16 && a.f16_accumulator;
   for (int64_t qi = it.qa; qi < it.qb; ++qi)
     for (int64_t h = it.h0; h < it.h1; ++h) {
       const float* src = a.q + (qi * a.n_heads + h) * hd;
@@ -294,7 +295,8 @@ const AttnKernels& select_kernels(Isa isa, DType kv, int64_t hd) {
 }  // namespace
 
 const AttnKernels& attn_kernels_scalar(DType kv) {
-  static const AttnKernels f16{qk_scalar<uint16_t>, nullptr, nullptr, seq_weights_scalar, pv_seq_scalar};
+  static const AttnKernels f16{qk_scalar<uint16_t>, softmax_step_scalar, pv_scalar<uint16_t>, seq_weights_scalar,
+                               pv_seq_scalar};
   static const AttnKernels f32{qk_scalar<float>, softmax_step_scalar, pv_scalar<float>};
   return kv == DType::kF16 ? f16 : f32;
 }
@@ -316,7 +318,7 @@ void attention(Isa isa, const AttentionArgs& a, ThreadPool& pool) {
   if (a.n_q == 0) return;
   const AttnKernels& kk = select_kernels(isa, a.kv_type, a.head_dim);
 
-  const bool half = a.kv_type == DType::kF16;
+  const bool half = a.kv_type == DType::kF16 && a.f16_accumulator;
   const int nt = pool.size();
   Plan pl;
   pl.n_kv = a.n_kv_heads;

@@ -32,7 +32,10 @@ struct AttentionArgs {
   int64_t pos0 = 0;
   const KvChunkRef* chunks = nullptr;  // ceil((pos0 + n_q) / chunk_size) entries
   int64_t chunk_size = 256;
-  DType kv_type = DType::kF16;  // kF16 or kF32; also selects the arithmetic, see attention()
+  DType kv_type = DType::kF16;  // kF16 or kF32
+  // F16 KV only: the reference engine's half-precision arithmetic (see
+  // attention()) instead of F32.
+  bool f16_accumulator = false;
   float scale = 1.0f;           // applied to q.k, usually 1 / sqrt(head_dim)
   float* scratch = nullptr;     // attention_scratch_floats(pool.size(), ...) floats, any alignment
 };
@@ -45,17 +48,19 @@ size_t attention_scratch_floats(int64_t n_threads, int64_t head_dim, int64_t chu
 // out[i][h] = softmax_j(scale * q[i][h] . k[j][h / group]) . v[j][h / group],
 // j <= pos0 + i, group = n_heads / n_kv_heads. Nothing is allocated.
 //
-// The arithmetic depends on kv_type:
+// The arithmetic:
 //
-// kF32: full precision. F32 scores, an F32 online softmax over blocks of
-//   positions and an F32 accumulator. Work is split over the pool's threads by
-//   (KV head, query tile), and over the context too when that gives fewer
-//   items than threads (decode with few KV heads; partials merged in F32).
+// F32 (kF32 KV, or kF16 KV widened as it is read): full precision. F32
+//   scores, an F32 online softmax over blocks of positions and an F32
+//   accumulator. Work is split over the pool's threads by (KV head, query
+//   tile), and over the context too when that gives fewer items than threads
+//   (decode with few KV heads; partials merged in F32). The default.
 //
-// kF16: half-precision attention, computing like the reference engine we
-//   validate logits against (its CPU attention with an F16 KV cache works in
-//   half precision; our F32 result differs from it by more than the acceptance
-//   tolerance, emulating it brings us within). For each query row and head:
+// kF16 KV with f16_accumulator: half-precision attention, computing like the
+//   reference engine we validate logits against (its CPU attention with an
+//   F16 KV cache works in half precision; our F32 result differs from it by
+//   more than the acceptance tolerance, emulating it brings us within). It
+//   is sequential per position and slower. For each query row and head:
 //     qh = f16(q)                      (every element rounded, RNE)
 //     m = -inf, l = 0, acc[head_dim] = 0
 //     for each position j = 0 .. pos0 + i, in order:

@@ -234,7 +234,7 @@ void pv_seq_avx2(const float* vs, const float* ms, int64_t stride, const int* nv
 }  // namespace
 
 const AttnKernels* attn_kernels_avx2(DType kv, int64_t head_dim) {
-  static const AttnKernels f16{qk_avx2<uint16_t>, nullptr, nullptr, seq_weights_avx2, pv_seq_avx2};
+  static const AttnKernels f16{qk_avx2<uint16_t>, softmax_step_avx2, pv_avx2<uint16_t>, seq_weights_avx2, pv_seq_avx2};
   static const AttnKernels f32{qk_avx2<float>, softmax_step_avx2, pv_avx2<float>};
   if (head_dim % 8 != 0) return nullptr;
   return kv == DType::kF16 ? &f16 : &f32;

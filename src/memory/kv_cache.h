@@ -23,6 +23,9 @@ struct KvCacheOptions {
   int64_t chunk_size = 256;    // tokens per chunk
   DType type = DType::kF16;    // kF16 or kF32
   int64_t max_tokens = 4096;   // context limit of the session
+  // kF16 only: attention over this cache in the reference engine's half
+  // precision (AttentionArgs::f16_accumulator) instead of F32.
+  bool f16_accumulator = false;
 };
 
 struct KvShape {

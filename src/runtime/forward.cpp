@@ -179,6 +179,7 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
     a.chunks = kv.chunks(l);
     a.chunk_size = kv.options().chunk_size;
     a.kv_type = kv.options().type;
+    a.f16_accumulator = kv.options().f16_accumulator;
     a.scale = scale;
     a.scratch = attn_scratch_;
     attention(isa_, a, pool_);

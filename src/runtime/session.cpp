@@ -16,6 +16,7 @@ Session::Session(Engine& engine, SessionOptions opts) : engine_(engine), opts_(o
   ko.chunk_size = opts_.kv_chunk_size;
   ko.type = opts_.kv_type;
   ko.max_tokens = opts_.n_ctx;
+  ko.f16_accumulator = opts_.f16_attention;
   kv_ = std::make_unique<KvCache>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, ko, &engine_.allocator());
   engine_.forward().ensure_chunk_size(opts_.kv_chunk_size);
   tokens_.reserve(static_cast<size_t>(opts_.n_ctx));  // appending a token never reallocates
