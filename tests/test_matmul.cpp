@@ -188,8 +188,10 @@ float from_bits(uint32_t b) { return fp32_from_bits(b); }
 // edges (ties both ways, overflow to Inf, F16 subnormals, signed zeros, NaN
 // payloads, float subnormals) and on random bit patterns, at every length
 // that leaves a SIMD tail; and the results are the hand-derived encodings.
-TEST_P(MatmulKernels, FloatActRoundingEdgesBitExact) {
-  if (ref_->act != DType::kF16 && ref_->act != DType::kBF16) GTEST_SKIP() << "not an F16/BF16 activation row";
+class MatmulFloatAct : public MatmulKernels {};  // instantiated for F16 and BF16 only
+
+TEST_P(MatmulFloatAct, RoundingEdgesBitExact) {
+  ASSERT_TRUE(ref_->act == DType::kF16 || ref_->act == DType::kBF16);
   ASSERT_EQ(ref_->act, type_);
   const bool f16 = ref_->act == DType::kF16;
   // {float bits, expected encoding}
@@ -348,8 +350,10 @@ TEST_P(MatmulKernels, EdgeValues) {
 // The register-blocked tile computes each (row, token) dot bit-identically to
 // the dot that serves a batch's leftover rows and tokens (tile_dot, else
 // vec_dot), so a batched product does not depend on how it is tiled.
-TEST_P(MatmulKernels, TileMatchesVecDotBitExact) {
-  if (fk_->vec_dot_tile == nullptr) GTEST_SKIP() << "no tile kernel";
+class MatmulTile : public MatmulKernels {};  // instantiated for the (target, format) pairs that have a tile
+
+TEST_P(MatmulTile, MatchesItsDotBitExact) {
+  ASSERT_NE(fk_->vec_dot_tile, nullptr);
   const int R = fk_->tile_rows, T = fk_->tile_tokens;
   ASSERT_GT(R, 0);
   ASSERT_GT(T, 0);
@@ -381,8 +385,23 @@ TEST_P(MatmulKernels, TileMatchesVecDotBitExact) {
   }
 }
 
+auto isa_fmt_param_name = [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); };
+
+std::vector<std::tuple<Isa, DType>> tile_params() {
+  std::vector<std::tuple<Isa, DType>> p;
+  for (Isa isa : supported_isas())
+    for (DType t : kFormats)
+      if (const FormatKernels* fk = kernel_set(isa).format(t); fk && fk->vec_dot_tile) p.emplace_back(isa, t);
+  return p;
+}
+
 INSTANTIATE_TEST_SUITE_P(All, MatmulKernels, ::testing::Combine(::testing::ValuesIn(supported_isas()), ::testing::ValuesIn(kFormats)),
-                         [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); });
+                         isa_fmt_param_name);
+INSTANTIATE_TEST_SUITE_P(All, MatmulFloatAct,
+                         ::testing::Combine(::testing::ValuesIn(supported_isas()), ::testing::Values(DType::kF16, DType::kBF16)),
+                         isa_fmt_param_name);
+INSTANTIATE_TEST_SUITE_P(All, MatmulTile, ::testing::ValuesIn(tile_params()), isa_fmt_param_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MatmulTile);  // a build whose targets have no tiles (Arm today)
 
 // ---- matmul ----------------------------------------------------------------------------
 
