@@ -684,21 +684,18 @@ FormatTable avx2_format_table() {
   row(DType::kBF16) = {DType::kBF16, DType::kBF16, bf16_to_float, quantize_bf16, dot_bf16};
   row(DType::kQ8_0) = {DType::kQ8_0, DType::kQ8_0, q8_0_to_float, quantize_q8_0, dot_q8_0};
   row(DType::kQ4_0) = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0};
-  row(DType::kF16).vec_dot_tile = tile_f16<2, 4>;
-  row(DType::kQ8_0).vec_dot_tile = tile_q8_0<2, 4>;
-  row(DType::kQ4_0).vec_dot_tile = tile_q4_0<4>;
-  row(DType::kQ4_K).vec_dot_tile = tile_q4_k<2, 2>;
-  row(DType::kQ4_K).tile_rows = 2;
-  row(DType::kQ4_K).tile_tokens = 2;
-  row(DType::kQ6_K).vec_dot_tile = tile_q6_k<2, 2>;
-  row(DType::kQ6_K).tile_rows = 2;
-  row(DType::kQ6_K).tile_tokens = 2;
-  for (DType d : {DType::kF16, DType::kQ8_0}) {
-    row(d).tile_rows = 2;
-    row(d).tile_tokens = 4;
-  }
-  row(DType::kQ4_0).tile_rows = 8;
-  row(DType::kQ4_0).tile_tokens = 4;
+  // Tiles (rows x tokens), sized by measurement with bench_matmul: 2 x 4 for
+  // the row-at-a-time forms (2 x 2 ran at about 0.75x on Q4_K and Q6_K).
+  auto tile = [&](DType d, decltype(FormatKernels::vec_dot_tile) fn, int rows, int tokens) {
+    row(d).vec_dot_tile = fn;
+    row(d).tile_rows = rows;
+    row(d).tile_tokens = tokens;
+  };
+  tile(DType::kF16, tile_f16<2, 4>, 2, 4);
+  tile(DType::kQ8_0, tile_q8_0<2, 4>, 2, 4);
+  tile(DType::kQ4_0, tile_q4_0<4>, 8, 4);
+  tile(DType::kQ4_K, tile_q4_k<2, 4>, 2, 4);
+  tile(DType::kQ6_K, tile_q6_k<2, 4>, 2, 4);
   row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
   row(DType::kQ4_K).quantize_act = quantize_q8_k;
   row(DType::kQ4_K).vec_dot = dot_q4_k;
