@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/quant_avx2_inl.h"
 #include "kernels/quant_blocks.h"
@@ -568,15 +569,17 @@ void tile_f16(int64_t n, const void* w, size_t ws, const void* a, size_t as, flo
                                          _mm256_add_ps(chain[2][r][t], chain[3][r][t])));
 }
 
-// dot_q4_k per (row, token): per block an exact int32 sum (order free), then
-// one fmadd into a single vector chain and one scalar min term, as there.
-template <int R, int T>
-void tile_q4_k(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  const BlockQ4_K* x[R];
+// dot_q4_k / dot_q5_k per (row, token): per block an exact int32 sum (order
+// free), then one fmadd into a single vector chain and one scalar min term,
+// as there. Block is BlockQ4_K or BlockQ5_K (whose qh adds a fifth bit).
+template <class Block, int R, int T>
+void tile_qk_45(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
+  const Block* x[R];
   const BlockQ8_K* q[T];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w) + r * ws);
   for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + t * as);
-  const __m256i m4 = _mm256_set1_epi8(0xF);
+  const __m256i m4 = _mm256_set1_epi8(0xF), m1 = _mm256_set1_epi8(1);
   __m256 acc[R][T];
   float acc_m[R][T];
   for (int r = 0; r < R; ++r)
@@ -585,7 +588,7 @@ void tile_q4_k(int64_t n, const void* w, size_t ws, const void* a, size_t as, fl
       acc_m[r][t] = 0.f;
     }
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    __m256i sc16[R];
+    __m256i sc16[R], hb[R];
     for (int r = 0; r < R; ++r) {
       const __m128i scm = unpack_scales_mins(x[r][i].scales);
       sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
@@ -594,6 +597,7 @@ void tile_q4_k(int64_t n, const void* w, size_t ws, const void* a, size_t as, fl
         const float dmin = _cvtsh_ss(x[r][i].dmin) * q[t][i].d;
         acc_m[r][t] += dmin * static_cast<float>(mins_dot_bsums(mn16, q[t][i].bsums));
       }
+      if constexpr (kFive) hb[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qh));
     }
     __m256i sumi[R][T];
     for (int r = 0; r < R; ++r)
@@ -604,6 +608,11 @@ void tile_q4_k(int64_t n, const void* w, size_t ws, const void* a, size_t as, fl
         const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs + 32 * k));
         lo[r] = _mm256_and_si256(q4, m4);
         hi[r] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+        if constexpr (kFive) {
+          lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(_mm256_and_si256(hb[r], m1), 4));
+          hi[r] = _mm256_or_si256(hi[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb[r], 1), m1), 4));
+          hb[r] = _mm256_srli_epi16(hb[r], 2);
+        }
       }
       for (int t = 0; t < T; ++t) {
         const __m256i q8l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs + 64 * k));
@@ -694,7 +703,8 @@ FormatTable avx2_format_table() {
   tile(DType::kF16, tile_f16<2, 4>, 2, 4);
   tile(DType::kQ8_0, tile_q8_0<2, 4>, 2, 4);
   tile(DType::kQ4_0, tile_q4_0<4>, 8, 4);
-  tile(DType::kQ4_K, tile_q4_k<2, 4>, 2, 4);
+  tile(DType::kQ4_K, tile_qk_45<BlockQ4_K, 2, 4>, 2, 4);
+  tile(DType::kQ5_K, tile_qk_45<BlockQ5_K, 2, 4>, 2, 4);
   tile(DType::kQ6_K, tile_q6_k<2, 4>, 2, 4);
   row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
   row(DType::kQ4_K).quantize_act = quantize_q8_k;
