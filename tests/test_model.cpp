@@ -10,6 +10,7 @@
 #include "model/gguf.h"
 #include "platform/error.h"
 #include "runtime/engine.h"
+#include "runtime/session.h"
 #include "support.h"
 
 namespace ebb {
@@ -21,6 +22,8 @@ struct Edit {
   std::string retype_tensor;                  // written with `new_type` instead
   DType new_type = DType::kF32;
   std::string reshape_tensor;                 // written with its two dims swapped
+  std::vector<float> rope_freqs;              // appended as rope_freqs.weight (F32) when not empty
+  std::vector<int64_t> rope_freqs_dims;       // its dims (default: {rope_freqs.size()})
 };
 
 // Copies a shared model into `out`, applying the edit.
@@ -39,7 +42,16 @@ void rewrite(const std::string& model, const std::string& out, const Edit& e) {
     w.add_tensor(t.name, dims, type);
     kept.push_back(&t);
   }
+  if (!e.rope_freqs.empty()) {
+    w.add_tensor("rope_freqs.weight",
+                 e.rope_freqs_dims.empty() ? std::vector<int64_t>{static_cast<int64_t>(e.rope_freqs.size())} : e.rope_freqs_dims,
+                 DType::kF32);
+  }
   w.write(out, [&](size_t i, uint8_t* dst) {
+    if (i == kept.size()) {  // rope_freqs.weight
+      std::memcpy(dst, e.rope_freqs.data(), e.rope_freqs.size() * sizeof(float));
+      return;
+    }
     const GgufTensorInfo& t = *kept[i];
     uint64_t n = t.n_bytes;
     if (t.name == e.retype_tensor) n = std::min<uint64_t>(n, t.n_elements / type_info(e.new_type).block_size *
@@ -132,6 +144,48 @@ TEST_F(ModelLoad, ImpossibleHeadCountIsAnError) {
   e.metadata = [](GgufWriter& w) { w.set_uint32("llama.attention.head_count_kv", 3); };
   const std::string msg = load_error("stories260K.gguf", e);
   EXPECT_NE(msg.find("head_count"), std::string::npos) << msg;
+}
+
+// Llama 3.1+ files carry rope_freqs.weight: its factors reach the config and
+// change the RoPE angles; all-ones factors leave the logits bit for bit as
+// without the tensor; a misshapen or non-positive one is an error naming it.
+TEST_F(ModelLoad, RopeFreqsTensorScalesRope) {
+  const std::string model = "tiny-llama-f16.gguf";
+  auto src = GgufFile::open(test::model_path(model));
+  const int64_t half = read_model_config(*src).rope_dim / 2;
+  auto logits = [&](const Edit& e) {
+    const std::string path = dir + "/rf.gguf";
+    rewrite(model, path, e);
+    EngineOptions o;
+    o.model_path = path;
+    o.n_threads = 1;
+    Engine engine(o);
+    Session s(engine);
+    std::vector<float> all;
+    const TokenId prompt[] = {1, 403, 407, 261, 378, 290};
+    s.feed(prompt, &all);
+    return std::make_pair(all, engine.config().rope_freq_factors);
+  };
+  const auto [plain, none] = logits({});
+  EXPECT_TRUE(none.empty());
+  Edit ones;
+  ones.rope_freqs.assign(half, 1.0f);
+  const auto [same, f1] = logits(ones);
+  EXPECT_EQ(f1, ones.rope_freqs);
+  EXPECT_EQ(same, plain);
+  Edit scaled;
+  for (int64_t i = 0; i < half; ++i) scaled.rope_freqs.push_back(1.0f + 7.0f * static_cast<float>(i) / half);
+  const auto [other, f2] = logits(scaled);
+  EXPECT_EQ(f2, scaled.rope_freqs);
+  EXPECT_NE(other, plain);
+
+  Edit bad_shape;
+  bad_shape.rope_freqs.assign(half + 2, 1.0f);
+  EXPECT_NE(load_error(model, bad_shape).find("rope_freqs.weight' must be F32 [" + std::to_string(half) + "]"),
+            std::string::npos);
+  Edit zero = ones;
+  zero.rope_freqs[3] = 0.0f;
+  EXPECT_NE(load_error(model, zero).find("factors must be > 0"), std::string::npos) << load_error(model, zero);
 }
 
 TEST_F(ModelLoad, ConfigReadsQwen3Features) {

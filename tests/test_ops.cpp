@@ -171,6 +171,27 @@ TEST(OpsTest, RopeCosSinMatchesDouble) {
   }
 }
 
+// Llama 3.1+ frequency factors divide each frequency's angle.
+TEST(OpsTest, RopeCosSinDividesByFrequencyFactors) {
+  const int64_t rot = 64;
+  std::vector<float> factors(rot / 2);
+  for (int64_t i = 0; i < rot / 2; ++i) factors[i] = 1.0f + 31.0f * static_cast<float>(i) / (rot / 2 - 1);
+  for (int64_t pos : {int64_t{0}, int64_t{7}, int64_t{8191}, int64_t{100000}}) {
+    std::vector<float> cs(rot), plain(rot);
+    rope_cos_sin(pos, rot, 500000.0f, 1.0f, cs.data(), factors.data());
+    rope_cos_sin(pos, rot, 500000.0f, 1.0f, plain.data());
+    for (int64_t i = 0; i < rot / 2; ++i) {
+      const double th = double(pos) * std::pow(500000.0, -2.0 * double(i) / double(rot)) / factors[i];
+      ASSERT_NEAR(cs[2 * i], std::cos(th), 1.2e-7) << "pos " << pos << " i " << i;
+      ASSERT_NEAR(cs[2 * i + 1], std::sin(th), 1.2e-7) << "pos " << pos << " i " << i;
+      if (i == 0) {  // factor 1: the plain angle
+        ASSERT_EQ(cs[0], plain[0]);
+        ASSERT_EQ(cs[1], plain[1]);
+      }
+    }
+  }
+}
+
 // Rotates with the direct double formula.
 std::vector<float> rope_ref(const std::vector<float>& x, int64_t n_heads, int64_t hd, int64_t rot, int64_t pos,
                             double base, RopeStyle style) {

@@ -79,11 +79,12 @@ const OpsKernels& ops_kernels(Isa isa) {
   }
 }
 
-void rope_cos_sin(int64_t pos, int64_t rot_dim, float base, float freq_scale, float* cos_sin) {
+void rope_cos_sin(int64_t pos, int64_t rot_dim, float base, float freq_scale, float* cos_sin, const float* factors) {
   // In double: at pos ~ 1e5 a float angle would already be off by ~1e-2 rad.
   const double p = static_cast<double>(pos) * static_cast<double>(freq_scale);
   for (int64_t i = 0; i < rot_dim / 2; ++i) {
-    const double theta = p * std::pow(static_cast<double>(base), -static_cast<double>(2 * i) / static_cast<double>(rot_dim));
+    double theta = p * std::pow(static_cast<double>(base), -static_cast<double>(2 * i) / static_cast<double>(rot_dim));
+    if (factors) theta /= static_cast<double>(factors[i]);
     cos_sin[2 * i] = static_cast<float>(std::cos(theta));
     cos_sin[2 * i + 1] = static_cast<float>(std::sin(theta));
   }

@@ -32,7 +32,9 @@ struct OpsKernels {
 
 const OpsKernels& ops_kernels(Isa isa);
 
-// cos_sin[i] = (cos, sin)(pos * freq_scale * base^(-2i / rot_dim)), i < rot_dim / 2.
-void rope_cos_sin(int64_t pos, int64_t rot_dim, float base, float freq_scale, float* cos_sin);
+// cos_sin[i] = (cos, sin)(pos * freq_scale * base^(-2i / rot_dim) / factors[i]),
+// i < rot_dim / 2; factors: [rot_dim / 2] divisors, or nullptr for none.
+void rope_cos_sin(int64_t pos, int64_t rot_dim, float base, float freq_scale, float* cos_sin,
+                  const float* factors = nullptr);
 
 }  // namespace ebb

@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <cmath>
+
 #include <filesystem>
 
 #include "model/gguf.h"
@@ -79,6 +81,17 @@ ModelConfig read_model_config(const GgufFile& f) {
   if (!(scale >= 1.0 && scale < 1e6)) throw Error(file_name(f) + ": RoPE scaling factor must be >= 1");
   c.rope_freq_scale = static_cast<float>(1.0 / scale);
   c.rope_style = c.arch == Arch::kLlama ? RopeStyle::kNorm : RopeStyle::kNeox;
+  if (const GgufTensorInfo* t = f.find_tensor("rope_freqs.weight")) {
+    const std::string where = file_name(f) + ": tensor 'rope_freqs.weight'";
+    if (t->type != DType::kF32 || t->dims != std::vector<int64_t>{c.rope_dim / 2}) {
+      throw Error(where + " must be F32 [" + std::to_string(c.rope_dim / 2) + "] (rope_dim / 2)");
+    }
+    c.rope_freq_factors.resize(static_cast<size_t>(c.rope_dim / 2));
+    f.read(t->file_offset, c.rope_freq_factors.data(), c.rope_freq_factors.size() * sizeof(float));
+    for (float v : c.rope_freq_factors) {
+      if (!(std::isfinite(v) && v > 0.0f)) throw Error(where + " holds " + std::to_string(v) + "; factors must be > 0");
+    }
+  }
   c.rms_eps = static_cast<float>(f.get_float(p + "attention.layer_norm_rms_epsilon").value_or(1e-6));
   if (!(c.rms_eps > 0.0f && c.rms_eps < 1.0f)) throw Error(file_name(f) + ": layer_norm_rms_epsilon must be in (0, 1)");
   c.qk_norm = c.arch == Arch::kQwen3;

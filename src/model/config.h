@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -27,6 +28,10 @@ struct ModelConfig {
   int64_t rope_dim = 0;     // rotated dimensions per head
   float rope_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / linear scaling factor
+  // Per-frequency divisors of the RoPE angles ([rope_dim / 2]) from the
+  // optional F32 tensor rope_freqs.weight (Llama 3.1+ frequency scaling);
+  // empty: none.
+  std::vector<float> rope_freq_factors;
   RopeStyle rope_style = RopeStyle::kNorm;
   float rms_eps = 1e-5f;
   bool qk_norm = false;      // per-head RMSNorm of Q and K (qwen3)

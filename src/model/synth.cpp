@@ -513,8 +513,8 @@ const std::vector<SynthShape>& synth_shapes() {
       make_shape("tiny-llama", "llama", 2, 64, 4, 2, 16, 160, 384, false, 1e4f, 256, 1e-5f),
       make_shape("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 128, 3072, 151936, true, 1e6f, 40960, 1e-6f),
       make_shape("qwen3-1.7b", "qwen3", 28, 2048, 16, 8, 128, 6144, 151936, true, 1e6f, 40960, 1e-6f),
-      // The real model's llama3 RoPE frequency scaling (rope_freqs) is not
-      // reproduced: plain RoPE with base 5e5.
+      // The real file also holds rope_freqs.weight (Llama 3 frequency
+      // scaling, which ebb reads); synth writes plain RoPE with base 5e5.
       make_shape("llama3.2-1b", "llama", 16, 2048, 32, 8, 64, 8192, 128256, true, 5e5f, 131072, 1e-5f),
       make_shape("tinyllama-1.1b", "llama", 22, 2048, 32, 4, 64, 5632, 32000, false, 1e4f, 2048, 1e-5f),
   };

@@ -216,6 +216,7 @@ WeightLayout plan_weights(const GgufFile& file, const ModelConfig& c) {
   }
   // A tensor the architecture does not use means a model ebb would run wrongly.
   for (const GgufTensorInfo& t : file.tensors()) {
+    if (t.name == "rope_freqs.weight") continue;  // read into the config (read_model_config)
     if (p.used.count(t.name) == 0) {
       throw Error(p.where(t.name) + " is not used by architecture " + c.arch_name + " (unsupported tensor)");
     }
