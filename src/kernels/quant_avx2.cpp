@@ -302,16 +302,28 @@ inline void load_q4_0_x8(const uint8_t* qs, size_t ws, __m256i v[4]) {
   v[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
+inline int load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
 // The F16 scales of one block of rows 0..7, as floats in lanes 0..7.
 inline __m256 load_d_x8(const uint8_t* d, size_t ws) {
-  __m128i h = _mm_cvtsi32_si128(*reinterpret_cast<const uint16_t*>(d));
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + ws), 1);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 2 * ws), 2);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 3 * ws), 3);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 4 * ws), 4);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 5 * ws), 5);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 6 * ws), 6);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(d + 7 * ws), 7);
+  __m128i h = _mm_cvtsi32_si128(load_u16(d));
+  h = _mm_insert_epi16(h, load_u16(d + ws), 1);
+  h = _mm_insert_epi16(h, load_u16(d + 2 * ws), 2);
+  h = _mm_insert_epi16(h, load_u16(d + 3 * ws), 3);
+  h = _mm_insert_epi16(h, load_u16(d + 4 * ws), 4);
+  h = _mm_insert_epi16(h, load_u16(d + 5 * ws), 5);
+  h = _mm_insert_epi16(h, load_u16(d + 6 * ws), 6);
+  h = _mm_insert_epi16(h, load_u16(d + 7 * ws), 7);
   return _mm256_cvtph_ps(h);
 }
 
@@ -334,8 +346,8 @@ inline __m256i isum_q4_0_x8(const __m256i v[4], const int8_t* y, __m256i m8) {
   __m256i p = _mm256_setzero_si256();
   for (int k = 0; k < 4; ++k) {
     const __m256i lo = _mm256_and_si256(v[k], m4), hi = _mm256_and_si256(_mm256_srli_epi16(v[k], 4), m4);
-    const __m256i ylo = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(y + 4 * k));
-    const __m256i yhi = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(y + 16 + 4 * k));
+    const __m256i ylo = _mm256_set1_epi32(load_i32(y + 4 * k));
+    const __m256i yhi = _mm256_set1_epi32(load_i32(y + 16 + 4 * k));
     p = _mm256_add_epi16(p, _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi)));
   }
   return _mm256_sub_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), m8);
@@ -386,7 +398,6 @@ template <int T>
 void tile_q4_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
   q4_0_x8<T>(n, static_cast<const uint8_t*>(w), ws, static_cast<const uint8_t*>(a), as, y, ys);
 }
-
 
 void dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
