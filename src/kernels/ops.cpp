@@ -42,23 +42,24 @@ void softmax_scalar(float* x, int64_t n) {
 
 void rope_scalar(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos_sin,
                  RopeStyle style) {
-  const int64_t half = rot_dim / 2;
-  for (int64_t h = 0; h < n_heads; ++h) {
-    float* v = x + h * head_dim;
-    for (int64_t i = 0; i < half; ++i) {
-      const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
-      float* a = style == RopeStyle::kNorm ? v + 2 * i : v + i;
-      float* b = style == RopeStyle::kNorm ? v + 2 * i + 1 : v + i + half;
-      const float x0 = *a, x1 = *b;
-      *a = x0 * c - x1 * s;
-      *b = x0 * s + x1 * c;
-    }
-  }
+  for (int64_t h = 0; h < n_heads; ++h) detail::rope_head_scalar(x + h * head_dim, 0, rot_dim, cos_sin, style);
 }
 
 }  // namespace
 
 namespace detail {
+void rope_head_scalar(float* v, int64_t i0, int64_t rot_dim, const float* cos_sin, RopeStyle style) {
+  const int64_t half = rot_dim / 2;
+  for (int64_t i = i0; i < half; ++i) {
+    const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+    float* a = style == RopeStyle::kNorm ? v + 2 * i : v + i;
+    float* b = style == RopeStyle::kNorm ? v + 2 * i + 1 : v + i + half;
+    const float x0 = *a, x1 = *b;
+    *a = x0 * c - x1 * s;
+    *b = x0 * s + x1 * c;
+  }
+}
+
 const OpsKernels& ops_kernels_scalar() {
   static const OpsKernels k{rmsnorm_scalar, swiglu_scalar, add_scalar, softmax_scalar, rope_scalar};
   return k;

@@ -137,14 +137,7 @@ void rope_neon(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, con
         vst1q_f32(v + i + half, b);
       }
     }
-    for (; i < half; ++i) {
-      const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
-      float* pa = style == RopeStyle::kNorm ? v + 2 * i : v + i;
-      float* pb = style == RopeStyle::kNorm ? v + 2 * i + 1 : v + i + half;
-      const float a = *pa, b = *pb;
-      *pa = a * c - b * s;
-      *pb = a * s + b * c;
-    }
+    detail::rope_head_scalar(v, i, rot_dim, cos_sin, style);
   }
 }
 
