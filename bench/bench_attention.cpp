@@ -4,8 +4,9 @@
 // reads come from memory, not the last-level cache. F16 KV runs the
 // half-precision attention of attention.h (F16 accumulator, never split-K).
 //
-//   bench_attention [ctx [layers [n_heads n_kv_heads]]]
-// e.g. `bench_attention 4096 8 16 1` for decode with a single KV head.
+//   bench_attention [ctx [layers [n_heads n_kv_heads [isa]]]]
+// e.g. `bench_attention 4096 8 16 1` for decode with a single KV head;
+// `bench_attention 576 28 16 8 avx2` runs one target only.
 //
 // Built with -DEBB_BENCH=ON: cmake -S . -B build -DEBB_BENCH=ON &&
 // cmake --build build --target bench_attention && build/bench_attention
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     std::vector<float> scratch(attention_scratch_floats(nt, hd, cs));
     for (Isa isa : supported_isas()) {
+      if (argc > 5 && isa_name(isa) != argv[5]) continue;
       AttentionArgs a;
       a.q = q.data();
       a.out = out.data();

@@ -11,6 +11,14 @@
 // each item's positions into ranges ("split-K"); every thread leaves its
 // partial (m, l, acc) in its scratch slice and a second pass merges them.
 //
+// Decode over a long context sweeps instead: one thread per range of
+// positions, each running every item of the query rows together, block by
+// block. Chunks are laid out [position][KV head][head_dim], so one KV head's
+// rows are head_dim elements out of every n_kv_heads * head_dim: an item
+// alone reads them at a stride the hardware prefetchers do not follow across
+// pages (and touches a new page every position or two), while the sweep
+// reads a block's K and V rows of all heads, which are contiguous, once.
+//
 // F16 KV with f16_accumulator runs the half-precision semantics of
 // attention.h (otherwise F16 KV is widened and computed as F32): the same blocks
 // and scores, then per row the block's weights (seq_weights) and the
@@ -138,36 +146,44 @@ void pv_scalar(const float* p, int64_t p_stride, const float* corr, int nr, cons
 
 // ---- driver
 
-constexpr int kMaxRows = 16;  // (query, head) rows per work item
-constexpr int kBlock = 64;    // positions per score block
+constexpr int kMaxRows = 16;    // (query, head) rows per work item
+constexpr int kSliceRows = 64;  // rows a thread's slice holds: a sweep's rows, all items together
+constexpr int kBlock = 64;      // positions per score block
+constexpr int kSweepBlock = 16; // positions per sweep block: 16 x n_kv_heads x head_dim K and V elements
+constexpr int64_t kMinSweepRange = 128;  // positions per thread below which decode does not sweep
 
 int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // One thread's scratch: q rows, accumulators, scores, rescale factors (F16
 // KV), m, l, corr.
-int64_t slice_floats(int64_t hd) { return round_up16(2 * kMaxRows * hd + 2 * kMaxRows * kBlock + 3 * kMaxRows); }
+int64_t slice_floats(int64_t hd) { return round_up16(2 * kSliceRows * hd + 2 * kSliceRows * kBlock + 3 * kSliceRows); }
 
 struct Slice {
-  float* q;    // [kMaxRows, hd]
-  float* acc;  // [kMaxRows, hd]
-  float* s;    // [kMaxRows, kBlock]
-  float* ms;   // [kMaxRows, kBlock] (F16 KV: per-position rescale factors)
-  float* m;    // [kMaxRows]
-  float* l;    // [kMaxRows]
-  float* corr; // [kMaxRows]
+  float* q;    // [kSliceRows, hd]
+  float* acc;  // [kSliceRows, hd]
+  float* s;    // [kSliceRows, kBlock]
+  float* ms;   // [kSliceRows, kBlock] (F16 KV: per-position rescale factors)
+  float* m;    // [kSliceRows]
+  float* l;    // [kSliceRows]
+  float* corr; // [kSliceRows]
 };
 
 Slice slice_at(float* scratch, int t, int64_t hd) {
   float* b = scratch + t * slice_floats(hd);
   Slice s;
   s.q = b;
-  s.acc = s.q + kMaxRows * hd;
-  s.s = s.acc + kMaxRows * hd;
-  s.ms = s.s + kMaxRows * kBlock;
-  s.m = s.ms + kMaxRows * kBlock;
-  s.l = s.m + kMaxRows;
-  s.corr = s.l + kMaxRows;
+  s.acc = s.q + kSliceRows * hd;
+  s.s = s.acc + kSliceRows * hd;
+  s.ms = s.s + kSliceRows * kBlock;
+  s.m = s.ms + kSliceRows * kBlock;
+  s.l = s.m + kSliceRows;
+  s.corr = s.l + kSliceRows;
   return s;
+}
+
+// The rows [r0, ...) of a slice, as a slice of their own.
+Slice rows_from(const Slice& sl, int64_t r0, int64_t hd) {
+  return {sl.q + r0 * hd, sl.acc + r0 * hd, sl.s + r0 * kBlock, sl.ms + r0 * kBlock, sl.m + r0, sl.l + r0, sl.corr + r0};
 }
 
 // The shape of the work: items are (KV head, head sub-group, query tile).
@@ -206,8 +222,8 @@ void prefetch_rows(const void* base, int n, int64_t stride_bytes, int64_t row_by
     for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(b + j * stride_bytes + o, 0, 3);
 }
 
-// Streams positions [pa, pb) of one item into the slice's (m, l, acc).
-void run_item(const AttnKernels& kk, const AttentionArgs& a, const Item& it, int64_t pa, int64_t pb, const Slice& sl) {
+// Loads an item's query rows into the slice and empties its (m, l, acc).
+void init_rows(const AttentionArgs& a, const Item& it, const Slice& sl) {
   const int64_t hd = a.head_dim, nh = it.h1 - it.h0;
   const int nr = static_cast<int>((it.qb - it.qa) * nh);
   const bool half = a.kv_type == DType::kF16 && a.f16_accumulator;
@@ -223,50 +239,103 @@ void run_item(const AttnKernels& kk, const AttentionArgs& a, const Item& it, int
   std::fill(sl.acc, sl.acc + nr * hd, 0.0f);
   std::fill(sl.m, sl.m + nr, -INFINITY);
   std::fill(sl.l, sl.l + nr, 0.0f);
+}
 
-  const size_t esize = a.kv_type == DType::kF16 ? 2 : 4;
+size_t kv_esize(const AttentionArgs& a) { return a.kv_type == DType::kF16 ? 2 : 4; }
+
+// Where position p's row of KV head g starts in K (which) or V.
+const void* kv_row(const AttentionArgs& a, bool v, int64_t p, int64_t g) {
+  const int64_t c = p / a.chunk_size, slot = p % a.chunk_size;
+  const size_t off = static_cast<size_t>((slot * a.n_kv_heads + g) * a.head_dim) * kv_esize(a);
+  return static_cast<const uint8_t*>(v ? a.chunks[c].v : a.chunks[c].k) + off;
+}
+
+// Positions [p, p + np) (inside one chunk) into an item's (m, l, acc).
+void run_block(const AttnKernels& kk, const AttentionArgs& a, const Item& it, int64_t p, int np, const Slice& sl) {
+  const int64_t hd = a.head_dim, nh = it.h1 - it.h0;
+  const int nr = static_cast<int>((it.qb - it.qa) * nh);
   const int64_t kv_stride = a.n_kv_heads * hd;  // elements between positions
-  int64_t p = pa;
-  while (p < pb) {
-    const int64_t c = p / a.chunk_size, slot = p % a.chunk_size;
-    const int np = static_cast<int>(std::min({int64_t{kBlock}, a.chunk_size - slot, pb - p}));
-    // Rows see positions up to their own: row r (query qa + r / nh) sees
-    // [0, pos0 + qa + r / nh]. Rows that see none of this block are a prefix.
-    int r0 = 0;
-    while (r0 < nr && a.pos0 + it.qa + r0 / nh < p) ++r0;
-    if (r0 == nr) break;  // (cannot happen: pb <= pos0 + qb)
-    const size_t off = static_cast<size_t>((slot * a.n_kv_heads + it.g) * hd) * esize;
-    const void* kp = static_cast<const uint8_t*>(a.chunks[c].k) + off;
-    const void* vp = static_cast<const uint8_t*>(a.chunks[c].v) + off;
+  // Rows see positions up to their own: row r (query qa + r / nh) sees
+  // [0, pos0 + qa + r / nh]. Rows that see none of this block are a prefix.
+  int r0 = 0;
+  while (r0 < nr && a.pos0 + it.qa + r0 / nh < p) ++r0;
+  if (r0 == nr) return;
+  const void* kp = kv_row(a, false, p, it.g);
+  const void* vp = kv_row(a, true, p, it.g);
+  kk.qk(sl.q + r0 * hd, nr - r0, kp, kv_stride, np, hd, sl.s + r0 * kBlock, kBlock);
+  if (a.kv_type == DType::kF16 && a.f16_accumulator) {
+    int nv[kMaxRows];
+    for (int r = r0; r < nr; ++r) {
+      const int64_t last = a.pos0 + it.qa + r / nh;  // inclusive
+      nv[r] = static_cast<int>(std::min<int64_t>(np, last + 1 - p));
+      kk.seq_weights(sl.s + r * kBlock, sl.ms + r * kBlock, nv[r], a.scale, sl.m + r, sl.l + r);
+    }
+    kk.pv_seq(sl.s + r0 * kBlock, sl.ms + r0 * kBlock, kBlock, nv + r0, nr - r0, vp, kv_stride, hd, sl.acc + r0 * hd);
+    return;
+  }
+  for (int r = r0; r < nr; ++r) {
+    const int64_t last = a.pos0 + it.qa + r / nh;  // inclusive
+    const int n_valid = static_cast<int>(std::min<int64_t>(np, last + 1 - p));
+    sl.corr[r] = kk.softmax_step(sl.s + r * kBlock, n_valid, np, sl.m + r, sl.l + r);
+  }
+  kk.pv(sl.s + r0 * kBlock, kBlock, sl.corr + r0, nr - r0, vp, kv_stride, np, hd, sl.acc + r0 * hd);
+}
+
+// Positions that make the next block starting at p: at most `block`, inside
+// p's chunk and before pb.
+int block_at(const AttentionArgs& a, int64_t p, int64_t pb, int block) {
+  return static_cast<int>(std::min({int64_t{block}, a.chunk_size - p % a.chunk_size, pb - p}));
+}
+
+// Streams positions [pa, pb) of one item into the slice's (m, l, acc).
+void run_item(const AttnKernels& kk, const AttentionArgs& a, const Item& it, int64_t pa, int64_t pb, const Slice& sl) {
+  init_rows(a, it, sl);
+  const int64_t hd = a.head_dim;
+  const size_t esize = kv_esize(a);
+  const int64_t kv_stride = a.n_kv_heads * hd;
+  for (int64_t p = pa; p < pb;) {
+    if (a.pos0 + it.qb - 1 < p) break;  // (cannot happen: pb <= pos0 + qb)
+    const int np = block_at(a, p, pb, kBlock);
     // One KV head's rows are head_dim elements out of every n_kv_heads *
     // head_dim, a stride the hardware prefetchers follow poorly: ask for this
     // block's V (read after the scores) and the next block's K ahead of use.
-    prefetch_rows(vp, np, kv_stride * esize, hd * esize);
-    if (p + np < pb) {
-      const int64_t pn = p + np, cn = pn / a.chunk_size, sn = pn % a.chunk_size;
-      const int npn = static_cast<int>(std::min({int64_t{kBlock}, a.chunk_size - sn, pb - pn}));
-      prefetch_rows(static_cast<const uint8_t*>(a.chunks[cn].k) + static_cast<size_t>((sn * a.n_kv_heads + it.g) * hd) * esize,
-                    npn, kv_stride * esize, hd * esize);
-    }
-    kk.qk(sl.q + r0 * hd, nr - r0, kp, kv_stride, np, hd, sl.s + r0 * kBlock, kBlock);
-    if (half) {
-      int nv[kMaxRows];
-      for (int r = r0; r < nr; ++r) {
-        const int64_t last = a.pos0 + it.qa + r / nh;  // inclusive
-        nv[r] = static_cast<int>(std::min<int64_t>(np, last + 1 - p));
-        kk.seq_weights(sl.s + r * kBlock, sl.ms + r * kBlock, nv[r], a.scale, sl.m + r, sl.l + r);
+    prefetch_rows(kv_row(a, true, p, it.g), np, kv_stride * esize, hd * esize);
+    if (p + np < pb)
+      prefetch_rows(kv_row(a, false, p + np, it.g), block_at(a, p + np, pb, kBlock), kv_stride * esize, hd * esize);
+    run_block(kk, a, it, p, np, sl);
+    p += np;
+  }
+}
+
+// Streams positions [pa, pb) of items [0, n) of one query tile, all at once:
+// item i's rows are the slice's rows from i * rows_per_item. Each block's K
+// and V rows of every KV head are contiguous; the next block's are
+// prefetched whole while this one is computed.
+void run_sweep(const AttnKernels& kk, const AttentionArgs& a, const Plan& pl, int64_t pa, int64_t pb,
+               const Slice& sl) {
+  const int64_t hd = a.head_dim, per_item = a.n_q * pl.hs;
+  for (int64_t i = 0; i < pl.n_items; ++i) {
+    Item it = item_at(pl, i);
+    it.qb = a.n_q;
+    init_rows(a, it, rows_from(sl, i * per_item, hd));
+  }
+  const int64_t pos_bytes = a.n_kv_heads * hd * static_cast<int64_t>(kv_esize(a));
+  for (int64_t p = pa; p < pb;) {
+    const int np = block_at(a, p, pb, kSweepBlock);
+    // The next block's K and V, a share before each item's work, so the
+    // requests spread over the block instead of filling the miss queue at once.
+    const int64_t next_bytes = p + np < pb ? block_at(a, p + np, pb, kSweepBlock) * pos_bytes : 0;
+    const int64_t share = (next_bytes / pl.n_items + 63) / 64 * 64;
+    for (int64_t i = 0; i < pl.n_items; ++i) {
+      const int64_t o = i * share, len = std::min(share, next_bytes - o);
+      if (len > 0) {
+        prefetch_rows(static_cast<const uint8_t*>(kv_row(a, false, p + np, 0)) + o, 1, 0, len);
+        prefetch_rows(static_cast<const uint8_t*>(kv_row(a, true, p + np, 0)) + o, 1, 0, len);
       }
-      kk.pv_seq(sl.s + r0 * kBlock, sl.ms + r0 * kBlock, kBlock, nv + r0, nr - r0, vp, kv_stride, hd,
-                sl.acc + r0 * hd);
-      p += np;
-      continue;
+      Item it = item_at(pl, i);
+      it.qb = a.n_q;
+      run_block(kk, a, it, p, np, rows_from(sl, i * per_item, hd));
     }
-    for (int r = r0; r < nr; ++r) {
-      const int64_t last = a.pos0 + it.qa + r / nh;  // inclusive
-      const int n_valid = static_cast<int>(std::min<int64_t>(np, last + 1 - p));
-      sl.corr[r] = kk.softmax_step(sl.s + r * kBlock, n_valid, np, sl.m + r, sl.l + r);
-    }
-    kk.pv(sl.s + r0 * kBlock, kBlock, sl.corr + r0, nr - r0, vp, kv_stride, np, hd, sl.acc + r0 * hd);
     p += np;
   }
 }
@@ -281,6 +350,34 @@ void write_out(const AttentionArgs& a, const Item& it, const Slice& sl) {
       float* dst = a.out + (qi * a.n_heads + h) * hd;
       for (int64_t i = 0; i < hd; ++i) dst[i] = src[i] * inv;
     }
+}
+
+// f(r, out) for each of an item's rows r and where its output goes.
+template <class F>
+void for_each_row(const AttentionArgs& a, const Item& it, F&& f) {
+  const int64_t nh = it.h1 - it.h0;
+  for (int64_t qi = it.qa; qi < it.qb; ++qi)
+    for (int64_t h = it.h0; h < it.h1; ++h) f((qi - it.qa) * nh + (h - it.h0), a.out + (qi * a.n_heads + h) * a.head_dim);
+}
+
+// Row r's partials part(0..n) merged into dst:
+//   dst = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M = max_s m_s.
+template <class Part>
+void merge_row(Part&& part, int64_t n, int64_t r, int64_t hd, float* dst) {
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) mx = std::max(mx, part(s).m[r]);
+  std::fill(dst, dst + hd, 0.0f);
+  float l = 0.0f;
+  for (int64_t s = 0; s < n; ++s) {
+    const Slice sl = part(s);
+    if (sl.l[r] == 0.0f) continue;  // saw no position
+    const float w = std::exp(sl.m[r] - mx);
+    l += w * sl.l[r];
+    const float* acc = sl.acc + r * hd;
+    for (int64_t i = 0; i < hd; ++i) dst[i] += w * acc[i];
+  }
+  const float inv = 1.0f / l;
+  for (int64_t i = 0; i < hd; ++i) dst[i] *= inv;
 }
 
 const AttnKernels& select_kernels(Isa isa, DType kv, int64_t hd) {
@@ -344,8 +441,26 @@ void attention(Isa isa, const AttentionArgs& a, ThreadPool& pool) {
   };
 
   const int64_t ctx = a.pos0 + a.n_q;
-  // Split-K (F32 KV only): only worth it when items are fewer than threads and
-  // each range keeps a few full blocks.
+  // Sweep: the query rows fit one slice as one tile of items, and every
+  // thread gets a range worth streaming.
+  if (!half && pl.n_qt == 1 && pl.n_hsub == 1 && a.n_q * a.n_heads <= kSliceRows && ctx / kMinSweepRange >= nt) {
+    auto bound = [&](int64_t t) { return t == nt ? ctx : ctx * t / nt / kSweepBlock * kSweepBlock; };
+    pool.run([&](int t, int) { run_sweep(kk, a, pl, bound(t), bound(t + 1), slice_at(a.scratch, t, hd)); });
+    const int64_t per_item = a.n_q * pl.hs;
+    pool.parallel_for(pl.n_items, 1, [&](int64_t b0, int64_t b1, int) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const Item it = clip(item_at(pl, b));
+        for_each_row(a, it, [&](int64_t r, float* dst) {
+          merge_row([&](int64_t s) { return rows_from(slice_at(a.scratch, static_cast<int>(s), hd), b * per_item, hd); },
+                    nt, r, hd, dst);
+        });
+      }
+    });
+    return;
+  }
+
+  // Split-K (F32 arithmetic only): only worth it when items are fewer than
+  // threads and each range keeps a few full blocks.
   int64_t splits = 1;
   if (!half && pl.n_items < nt) splits = std::min<int64_t>(nt / pl.n_items, ctx / (4 * kBlock));
   if (splits < 2) {
@@ -361,7 +476,7 @@ void attention(Isa isa, const AttentionArgs& a, ThreadPool& pool) {
     return;
   }
 
-  // Split-K. Range s of item b is in the slice of thread b * splits + s.
+  // Range s of item b is in the slice of thread b * splits + s.
   const int64_t n_work = pl.n_items * splits;
   auto range_of = [&](const Item& it, int64_t s, int64_t* pa, int64_t* pb) {
     const int64_t end = a.pos0 + it.qb;
@@ -382,30 +497,13 @@ void attention(Isa isa, const AttentionArgs& a, ThreadPool& pool) {
     }
     run_item(kk, a, it, pa, pb, sl);
   });
-  // Merge: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
   pool.parallel_for(pl.n_items, 1, [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
       const Item it = clip(item_at(pl, b));
-      const int64_t nh = it.h1 - it.h0;
-      for (int64_t qi = it.qa; qi < it.qb; ++qi)
-        for (int64_t h = it.h0; h < it.h1; ++h) {
-          const int64_t r = (qi - it.qa) * nh + (h - it.h0);
-          float mx = -INFINITY;
-          for (int64_t s = 0; s < splits; ++s) mx = std::max(mx, slice_at(a.scratch, b * splits + s, hd).m[r]);
-          float* dst = a.out + (qi * a.n_heads + h) * hd;
-          std::fill(dst, dst + hd, 0.0f);
-          float l = 0.0f;
-          for (int64_t s = 0; s < splits; ++s) {
-            const Slice sl = slice_at(a.scratch, b * splits + s, hd);
-            if (sl.l[r] == 0.0f) continue;  // saw no position
-            const float w = std::exp(sl.m[r] - mx);
-            l += w * sl.l[r];
-            const float* acc = sl.acc + r * hd;
-            for (int64_t i = 0; i < hd; ++i) dst[i] += w * acc[i];
-          }
-          const float inv = 1.0f / l;
-          for (int64_t i = 0; i < hd; ++i) dst[i] *= inv;
-        }
+      for_each_row(a, it, [&](int64_t r, float* dst) {
+        merge_row([&](int64_t s) { return slice_at(a.scratch, static_cast<int>(b * splits + s), hd); }, splits, r, hd,
+                  dst);
+      });
     }
   });
 }
