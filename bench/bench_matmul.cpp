@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/matmul.h"
+#include "kernels/packing.h"
 #include "kernels/quantize.h"
 #include "platform/thread_pool.h"
 
@@ -88,27 +89,41 @@ int main(int argc, char** argv) {
       // A buffer larger than the L3 cache, swept between reps, so weights
       // come from memory as they would in decode.
       static std::vector<uint8_t> flush(64 << 20);
+      // Q4_0 also packed in groups of eight rows (Packing::kQ4_0x8), as an
+      // engine on a target with packed kernels holds it.
+      std::vector<uint8_t> wp;
+      WeightView wpv = wv;
+      if (packing_for(t, rows, cols) != Packing::kRows) {
+        wp = w;
+        wpv.data = wp.data();
+        wpv.packing = packing_for(t, rows, cols);
+        pack_rows(wpv.packing, t, wp.data(), rows, cols);
+      }
       for (Isa isa : supported_isas()) {
         const KernelSet& ks = kernel_set(isa);
-        MatmulArgs args{&wv, x.data(), cols, n_tok, y.data(), rows, scratch};
-        std::vector<double> times;
-        for (int rep = 0; rep < reps + 2; ++rep) {
-          for (size_t i = 0; i < flush.size(); i += 64) flush[i]++;
-          const double t0 = now_s();
-          matmul(ks, args, pool);
-          if (rep >= 2) times.push_back(now_s() - t0);
+        for (const WeightView* view : {&wv, &wpv}) {
+          if (view == &wpv && (wpv.packing == Packing::kRows || !ks.format(t)->x8_gemm)) continue;
+          const std::string label = std::string(dtype_name(t)) + (view == &wpv ? "x8" : "");
+          MatmulArgs args{view, x.data(), cols, n_tok, y.data(), rows, scratch};
+          std::vector<double> times;
+          for (int rep = 0; rep < reps + 2; ++rep) {
+            for (size_t i = 0; i < flush.size(); i += 64) flush[i]++;
+            const double t0 = now_s();
+            matmul(ks, args, pool);
+            if (rep >= 2) times.push_back(now_s() - t0);
+          }
+          std::sort(times.begin(), times.end());
+          const double med = times[times.size() / 2];
+          const double mb = static_cast<double>(rb * rows) / 1e6;
+          const double gbs = mb / 1e3 / med;
+          const double gflops = 2.0 * rows * cols * n_tok / med / 1e9;
+          std::printf("%-6s %-7s %3d %9.1f %9.0f %9.2f %9.2f\n", label.c_str(), std::string(isa_name(isa)).c_str(),
+                      threads, mb, med * 1e6, gbs, gflops);
+          std::printf("{\"format\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"rows\":%lld,\"cols\":%lld,"
+                      "\"n_tokens\":%lld,\"weight_mb\":%.2f,\"median_us\":%.1f,\"gb_s\":%.3f,\"gflop_s\":%.3f}\n",
+                      label.c_str(), std::string(isa_name(isa)).c_str(), threads, (long long)rows, (long long)cols,
+                      (long long)n_tok, mb, med * 1e6, gbs, gflops);
         }
-        std::sort(times.begin(), times.end());
-        const double med = times[times.size() / 2];
-        const double mb = static_cast<double>(rb * rows) / 1e6;
-        const double gbs = mb / 1e3 / med;
-        const double gflops = 2.0 * rows * cols * n_tok / med / 1e9;
-        std::printf("%-6s %-7s %3d %9.1f %9.0f %9.2f %9.2f\n", std::string(dtype_name(t)).c_str(),
-                    std::string(isa_name(isa)).c_str(), threads, mb, med * 1e6, gbs, gflops);
-        std::printf("{\"format\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"rows\":%lld,\"cols\":%lld,\"n_tokens\":%lld,"
-                    "\"weight_mb\":%.2f,\"median_us\":%.1f,\"gb_s\":%.3f,\"gflop_s\":%.3f}\n",
-                    std::string(dtype_name(t)).c_str(), std::string(isa_name(isa)).c_str(), threads, (long long)rows,
-                    (long long)cols, (long long)n_tok, mb, med * 1e6, gbs, gflops);
       }
       std::free(scratch);
     }

@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/quant_blocks.h"
 #include "platform/error.h"
@@ -79,9 +80,73 @@ const KernelSet& kernel_set(Isa isa) {
   __builtin_unreachable();
 }
 
+// Bytes between the activation sums of two tokens (packed Q4_0 only).
+size_t sums_stride_bytes(int64_t cols) { return align_up(static_cast<size_t>(cols / kQK8_0) * sizeof(Q8_0Sums), kCacheLine); }
+
 size_t matmul_scratch_bytes(DType weight, int64_t cols, int64_t n_tokens) {
-  return act_row_stride(scalar_row(weight).act, cols) * static_cast<size_t>(n_tokens);
+  size_t per_token = act_row_stride(scalar_row(weight).act, cols);
+  if (weight == DType::kQ4_0) per_token += sums_stride_bytes(cols);  // in case the matrix is packed
+  return per_token * static_cast<size_t>(n_tokens);
 }
+
+namespace {
+
+// Where the activation sums of a packed product go: after n_tok activation
+// rows act_stride bytes apart.
+Q8_0Sums* sums_area(void* scratch, size_t act_stride, int64_t n_tok) {
+  return reinterpret_cast<Q8_0Sums*>(static_cast<uint8_t*>(scratch) + act_stride * static_cast<size_t>(n_tok));
+}
+
+const FormatKernels& packed_kernels(const FormatKernels* fk, const WeightView& w) {
+  EBB_CHECK_MSG(w.packing == Packing::kQ4_0x8 && w.type == DType::kQ4_0 && fk->x8_gemm && fk->x8_sums,
+                "a packed weight matrix on a kernel target without packed kernels");
+  return *fk;
+}
+
+// Rows [rb, re) of a packed matrix for one token: whole groups straight into
+// y, a group the range cuts through a buffer, rows past the last group as
+// plain rows, all in the tile arithmetic.
+void packed_rows_one(const FormatKernels& fk, const WeightView& w, const uint8_t* act, const Q8_0Sums* sums, int64_t rb,
+                     int64_t re, float* y) {
+  const int64_t nb = w.cols / kQK8_0, grouped = w.rows / 8 * 8;
+  const auto* groups = static_cast<const BlockQ4_0x8*>(w.data);
+  int64_t r = rb;
+  while (r < std::min(re, grouped)) {
+    const int64_t g = r / 8;
+    if (r == g * 8 && r + 8 <= re) {
+      fk.x8_gemm(w.cols, groups + g * nb, act, 0, sums, 0, 1, y + r, 0);
+      r += 8;
+      continue;
+    }
+    float part[8];
+    fk.x8_gemm(w.cols, groups + g * nb, act, 0, sums, 0, 1, part, 0);
+    for (const int64_t end = std::min(re, g * 8 + 8); r < end; ++r) y[r] = part[r - g * 8];
+  }
+  const auto rest = fk.tile_dot ? fk.tile_dot : fk.vec_dot;
+  for (; r < re; ++r) rest(w.cols, w.row(r), act, y + r);
+}
+
+// Rows [rb, re) (rb a multiple of 8) of a packed matrix for n_tok tokens,
+// four tokens per kernel call, the block of rows reused for every token.
+void packed_rows_batch(const FormatKernels& fk, const WeightView& w, const uint8_t* act, size_t act_stride,
+                       const Q8_0Sums* sums, int64_t sums_stride, int64_t n_tok, int64_t rb, int64_t re, float* y,
+                       int64_t y_stride) {
+  const int64_t nb = w.cols / kQK8_0, grouped = w.rows / 8 * 8, ge = std::min(re, grouped);
+  const auto* groups = static_cast<const BlockQ4_0x8*>(w.data);
+  const auto rest = fk.tile_dot ? fk.tile_dot : fk.vec_dot;
+  for (int64_t t = 0; t < n_tok; t += 4) {
+    const int nt = static_cast<int>(std::min<int64_t>(4, n_tok - t));
+    const uint8_t* a = act + t * act_stride;
+    float* yt = y + t * y_stride;
+    for (int64_t r = rb; r + 8 <= ge; r += 8)
+      fk.x8_gemm(w.cols, groups + r / 8 * nb, a, act_stride, sums + t * sums_stride, sums_stride, nt, yt + r, y_stride);
+    for (int64_t tt = 0; tt < nt; ++tt)
+      for (int64_t r = std::max(rb, grouped); r < re; ++r)
+        rest(w.cols, w.row(r), a + tt * act_stride, yt + tt * y_stride + r);
+  }
+}
+
+}  // namespace
 
 void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   const WeightView& w = *args.w;
@@ -110,6 +175,29 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
       });
     }
     act = scratch;
+  }
+
+  // Packed weights: the group kernels, with each token's activation sums.
+  if (w.packing != Packing::kRows) {
+    const FormatKernels& pk = packed_kernels(fk, w);
+    Q8_0Sums* sums = sums_area(args.scratch, act_stride, n_tok);
+    const int64_t ss = static_cast<int64_t>(sums_stride_bytes(cols) / sizeof(Q8_0Sums));
+    if (n_tok == 1) {
+      pk.x8_sums(cols, act, sums);
+      pool.parallel_for_dynamic(rows, piece_rows(rows, pool.size()), [&](int64_t r0, int64_t r1, int) {
+        packed_rows_one(pk, w, act, sums, r0, r1, args.y);
+      });
+      return;
+    }
+    pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) pk.x8_sums(cols, act + t * act_stride, sums + t * ss);
+    });
+    const int64_t block_rows =
+        std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(w.row_stride, 1)), 8, 64) / 8 * 8;
+    pool.parallel_for_dynamic(rows, block_rows, [&](int64_t rb, int64_t re, int) {
+      packed_rows_batch(pk, w, act, act_stride, sums, ss, n_tok, rb, re, args.y, args.y_stride);
+    });
+    return;
   }
 
   // 2. Output rows in pieces that the threads claim as they go (a thread
@@ -178,6 +266,14 @@ void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool
     fks[0]->quantize_act(args[0].x, args[0].scratch, cols);  // once, on the calling thread
     act = static_cast<const uint8_t*>(args[0].scratch);
   }
+  bool any_packed = false;
+  for (int i = 0; i < n; ++i) any_packed |= args[i].w->packing != Packing::kRows;
+  Q8_0Sums* sums = nullptr;
+  if (any_packed) {
+    sums = sums_area(args[0].scratch, act_row_stride(fks[0]->act, cols), 1);
+    packed_kernels(fks[0], *args[0].w);  // checks the kernels exist (they share the activation format)
+    fks[0]->x8_sums(cols, act, sums);
+  }
   int64_t first[kMax + 1];
   first[0] = 0;
   for (int i = 0; i < n; ++i) first[i + 1] = first[i] + args[i].w->rows;
@@ -186,6 +282,10 @@ void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool
       const int64_t b = std::max(g0, first[i]), e = std::min(g1, first[i + 1]);
       if (b >= e) continue;
       const WeightView& w = *args[i].w;
+      if (w.packing != Packing::kRows) {
+        packed_rows_one(packed_kernels(fks[i], w), w, act, sums, b - first[i], e - first[i], args[i].y);
+        continue;
+      }
       const auto vec_dot = fks[i]->vec_dot;
       float* y = args[i].y - first[i];
       for (int64_t r = b; r < e; ++r) vec_dot(cols, w.row(r - first[i]), act, y + r);
@@ -197,7 +297,19 @@ void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* 
   const FormatKernels* fk = ks.format(w.type);
   EBB_CHECK_MSG(fk != nullptr, "no kernels for this weight format");
   EBB_CHECK(r >= 0 && r < w.rows);
-  fk->to_float(w.row(r), dst, w.cols);
+  if (w.packing == Packing::kRows || r >= w.rows / 8 * 8) {
+    fk->to_float(w.row(r), dst, w.cols);
+    return;
+  }
+  EBB_CHECK(w.packing == Packing::kQ4_0x8 && w.type == DType::kQ4_0);
+  const int64_t nb = w.cols / kQK8_0, lane = r % 8;
+  const auto* in = static_cast<const BlockQ4_0x8*>(w.data) + r / 8 * nb;
+  for (int64_t i = 0; i < nb; ++i) {  // block by block back to plain Q4_0
+    BlockQ4_0 b;
+    b.d = in[i].d[lane];
+    for (int k = 0; k < 4; ++k) std::memcpy(b.qs + 4 * k, in[i].qs + 32 * k + 4 * lane, 4);
+    fk->to_float(&b, dst + i * kQK8_0, kQK8_0);
+  }
 }
 
 }  // namespace ebb

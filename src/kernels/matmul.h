@@ -18,6 +18,7 @@
 namespace ebb {
 
 class ThreadPool;
+struct Q8_0Sums;  // kernels/quant_blocks.h
 
 // One row of the format table.
 struct FormatKernels {
@@ -44,6 +45,16 @@ struct FormatKernels {
   // size. nullptr: the tile is bit-identical to vec_dot, which serves them.
   // (A one-token product runs vec_dot, which may sum in another order.)
   void (*tile_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
+  // Optional, Q4_0 only: the kernels of Packing::kQ4_0x8 views, in the tile
+  // arithmetic (bit-identical to tile_dot per row and token). x8_sums fills
+  // sums[n / 32] for one activation row; x8_gemm computes one group of eight
+  // rows (w: its nb = n / 32 BlockQ4_0x8) against n_tok <= 4 tokens:
+  // y[t * y_stride + r] for r < 8, activations and sums of token t at
+  // a + t * a_stride and sums + t * s_stride. A kernel set with x8_gemm is
+  // one whose engine packs Q4_0 matrices.
+  void (*x8_sums)(int64_t n, const void* a, Q8_0Sums* sums) = nullptr;
+  void (*x8_gemm)(int64_t n, const void* w, const void* a, size_t a_stride, const Q8_0Sums* sums, int64_t s_stride,
+                  int n_tok, float* y, int64_t y_stride) = nullptr;
 };
 
 // All kernels of one instruction-set target.
@@ -85,7 +96,7 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool);
 // matmul_scratch_bytes for every weight.
 void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool& pool);
 
-// Dequantizes row r of W into dst[W.cols] (for embedding lookups).
+// Dequantizes row r of W into dst[W.cols] (for embedding lookups); any packing.
 void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* dst);
 
 }  // namespace ebb

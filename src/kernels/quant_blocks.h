@@ -28,6 +28,23 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 
+// Block i of eight Q4_0 rows r = 0..7, interleaved (Packing::kQ4_0x8): the
+// eight scales, then qs[32k + 4r + j] = byte 4k + j of row r's qs (k < 4,
+// j < 4). So the 32 bytes from 32k hold, in dword lane r, row r's elements
+// 4k..4k+3 (low nibbles) and 16+4k..16+4k+3 (high nibbles).
+struct BlockQ4_0x8 {
+  uint16_t d[8];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0));
+
+// Per activation block of a Q8_0 row, for the packed Q4_0 kernels: m8 = 8 x
+// the sum of the block's 32 bytes (the offset of Q4_0's q - 8), d its scale.
+struct Q8_0Sums {
+  int32_t m8;
+  float d;
+};
+
 // Q4_K: 8 sub-blocks of 32. Sub-block j has a 6-bit scale sc[j] and a 6-bit
 // min m[j] packed into scales[12] (see unpack_scale_min_k4);
 // x = d * sc[j] * q - dmin * m[j], q a 4-bit value. qs[32*k + l] holds

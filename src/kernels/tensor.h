@@ -49,14 +49,25 @@ std::optional<DType> parse_dtype(std::string_view name);  // "q4_k", "F16", ...
 // Bytes of a row of n elements; n must be a multiple of the block size.
 uint64_t row_bytes(DType t, int64_t n);
 
-// A 2-D weight matrix as GGUF stores it: rows of `cols` elements
-// (ne0 = cols, ne1 = rows), each row `row_stride` bytes apart.
+// How a weight matrix's rows sit in memory.
+//   kRows:   as GGUF stores them, row after row.
+//   kQ4_0x8: Q4_0 rows interleaved in groups of eight (BlockQ4_0x8, see
+//            kernels/packing.h): rows [0, rows / 8 * 8) as groups, any
+//            remaining rows as plain rows after them, at the offsets plain
+//            rows would have. Same bytes in all; kernels read eight rows'
+//            blocks in one vector without transposing them.
+enum class Packing : uint8_t { kRows, kQ4_0x8 };
+
+// A 2-D weight matrix: rows of `cols` elements (ne0 = cols, ne1 = rows),
+// each row `row_stride` bytes apart when packing is kRows.
 struct WeightView {
   DType type = DType::kF32;
   int64_t cols = 0;  // ne0: the reduction dimension
   int64_t rows = 0;  // ne1: output features
   const void* data = nullptr;
   uint64_t row_stride = 0;  // bytes between rows (= row_bytes(type, cols))
+  Packing packing = Packing::kRows;
+  // Row r's bytes: kRows, or a packed view's rows past its last group.
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_stride; }
 };
 
