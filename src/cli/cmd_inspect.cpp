@@ -28,7 +28,7 @@ struct InspectArgs {
 void print_budget_plan(const InspectArgs& a) {
   Ledger ledger;
   Allocator alloc(&ledger);
-  auto model = Model::load(a.model, alloc, false);
+  auto model = Model::load(a.model, alloc, {.load_weights = false});
   ThreadPool pool(ThreadPoolOptions{.n_threads = a.threads});
   ForwardOptions fo;
   fo.max_batch = a.batch;

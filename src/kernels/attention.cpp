@@ -12,8 +12,9 @@
 // partial (m, l, acc) in its scratch slice and a second pass merges them.
 //
 // Decode over a long context sweeps instead: one thread per range of
-// positions, each running every item of the query rows together, block by
-// block. Chunks are laid out [position][KV head][head_dim], so one KV head's
+// positions, each running every item of the query row together, block by
+// block (small blocks: a block's rows of one head are 2 KB or so apart and
+// share a few L1 sets). Chunks are laid out [position][KV head][head_dim], so one KV head's
 // rows are head_dim elements out of every n_kv_heads * head_dim: an item
 // alone reads them at a stride the hardware prefetchers do not follow across
 // pages (and touches a new page every position or two), while the sweep
@@ -441,9 +442,10 @@ void attention(Isa isa, const AttentionArgs& a, ThreadPool& pool) {
   };
 
   const int64_t ctx = a.pos0 + a.n_q;
-  // Sweep: the query rows fit one slice as one tile of items, and every
-  // thread gets a range worth streaming.
-  if (!half && pl.n_qt == 1 && pl.n_hsub == 1 && a.n_q * a.n_heads <= kSliceRows && ctx / kMinSweepRange >= nt) {
+  // Sweep: decode (one query row, so no other batch computes that row in
+  // another order), its heads fit one slice, and every thread gets a range
+  // worth streaming.
+  if (!half && a.n_q == 1 && pl.n_hsub == 1 && a.n_heads <= kSliceRows && ctx / kMinSweepRange >= nt) {
     auto bound = [&](int64_t t) { return t == nt ? ctx : ctx * t / nt / kSweepBlock * kSweepBlock; };
     pool.run([&](int t, int) { run_sweep(kk, a, pl, bound(t), bound(t + 1), slice_at(a.scratch, t, hd)); });
     const int64_t per_item = a.n_q * pl.hs;

@@ -151,7 +151,7 @@ class ElasticMemory final : public WeightSource {
   void begin_pass(std::span<const int32_t> tokens) override;
   LayerWeights acquire_layer(int l) override;
   void release_layer(int l) override;
-  WeightView embedding_row(int32_t t) override { return globals_.embedding_row(t); }
+  MatrixRow embedding_row(int32_t t) override { return globals_.embedding_row(t); }
   GlobalWeights acquire_head() override { return globals_.acquire_head(); }
 
  private:

@@ -86,11 +86,11 @@ LayerWeights MmapWeights::acquire_layer(int l) {
   return layer_views(slots, s, [&](int i) { return tensor(l, i); });
 }
 
-WeightView MmapWeights::embedding_row(int32_t t) {
+MatrixRow MmapWeights::embedding_row(int32_t t) {
   const WeightLayout& lay = model_.layout();
   const TensorSlot& e = lay.globals.slots()[lay.token_embd];
   const uint64_t rb = row_bytes(e.type, e.dims[0]);
-  return slot_view(e, tensor(-1, lay.token_embd) + static_cast<uint64_t>(t) * rb, 1);
+  return {slot_view(e, tensor(-1, lay.token_embd) + static_cast<uint64_t>(t) * rb, 1), 0};
 }
 
 GlobalWeights MmapWeights::acquire_head() {

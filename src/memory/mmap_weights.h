@@ -24,7 +24,7 @@ class MmapWeights final : public WeightSource {
   MmapWeights& operator=(const MmapWeights&) = delete;
 
   LayerWeights acquire_layer(int l) override;
-  WeightView embedding_row(int32_t t) override;
+  MatrixRow embedding_row(int32_t t) override;
   GlobalWeights acquire_head() override;
 
   // Reclaims the mapping's pages (MADV_PAGEOUT, else MADV_DONTNEED) and drops

@@ -267,7 +267,7 @@ LayerWeights WeightStreamer::acquire_layer(int l) {
 
 void WeightStreamer::release_layer(int l) { release_step(pass_base_ + l); }
 
-WeightView WeightStreamer::embedding_row(int32_t t) {
+MatrixRow WeightStreamer::embedding_row(int32_t t) {
   const WeightLayout& lay = model_.layout();
   const TensorSlot& e = lay.globals.slots()[lay.token_embd];
   const uint64_t rb = row_bytes(e.type, e.dims[0]);
@@ -286,7 +286,7 @@ WeightView WeightStreamer::embedding_row(int32_t t) {
     row = rows_.as<uint8_t>() + row_index_ * row_slot_bytes_ + (off - align_down(off));
     ++row_index_;
   }
-  return slot_view(e, row, 1);
+  return {slot_view(e, row, 1), 0};
 }
 
 GlobalWeights WeightStreamer::acquire_head() {

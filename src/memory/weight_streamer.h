@@ -40,7 +40,7 @@ class WeightStreamer final : public WeightSource {
   void end_pass() override;
   LayerWeights acquire_layer(int l) override;
   void release_layer(int l) override;
-  WeightView embedding_row(int32_t t) override;
+  MatrixRow embedding_row(int32_t t) override;
   // A streamed head is served in parts: each call returns the next row range
   // (GlobalWeights::output.rows < n_vocab), in order.
   GlobalWeights acquire_head() override;

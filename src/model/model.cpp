@@ -6,7 +6,7 @@
 
 namespace ebb {
 
-std::unique_ptr<Model> Model::load(const std::string& path, Allocator& alloc, bool load_weights) {
+std::unique_ptr<Model> Model::load(const std::string& path, Allocator& alloc, const ModelOptions& opts) {
   std::unique_ptr<Model> m(new Model());
   m->file_ = GgufFile::open(path);
   m->config_ = read_model_config(*m->file_);
@@ -17,8 +17,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, Allocator& alloc, bo
                 std::to_string(m->config_.n_vocab) + " rows");
   }
   m->chat_template_ = m->file_->get_string("tokenizer.chat_template").value_or("");
-  m->layout_ = plan_weights(*m->file_, m->config_);
-  if (!load_weights) return m;
+  m->layout_ = plan_weights(*m->file_, m->config_, opts.pack_weights);
+  if (!opts.load_weights) return m;
   m->layout_.globals.load(*m->file_, alloc);
   for (WeightUnit& u : m->layout_.layers) u.load(*m->file_, alloc);
   return m;

@@ -12,13 +12,20 @@
 
 namespace ebb {
 
+struct ModelOptions {
+  // false: no unit is read; elastic restore or budget mode (which loads only
+  // what its plan keeps) fills them later.
+  bool load_weights = true;
+  // Units hold the matrices a kernel target reads packed in that packing
+  // (plan_weights); set when the engine's kernel set has packed kernels.
+  bool pack_weights = false;
+};
+
 class Model {
  public:
-  // Parses and validates the file and reads every weight unit. Throws
-  // ebb::Error naming the file and the problem.
-  // With load_weights false no unit is read: elastic restore or budget mode
-  // (which loads only what its plan keeps) fills them later.
-  static std::unique_ptr<Model> load(const std::string& path, Allocator& alloc, bool load_weights = true);
+  // Parses and validates the file and reads every weight unit (see
+  // ModelOptions). Throws ebb::Error naming the file and the problem.
+  static std::unique_ptr<Model> load(const std::string& path, Allocator& alloc, const ModelOptions& opts = {});
 
   const GgufFile& file() const { return *file_; }
   const ModelConfig& config() const { return config_; }

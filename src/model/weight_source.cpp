@@ -6,13 +6,7 @@ namespace ebb {
 
 LayerWeights ResidentWeights::acquire_layer(int l) { return model_.layer(l); }
 
-WeightView ResidentWeights::embedding_row(int32_t t) {
-  WeightView e = model_.globals().token_embd;
-  WeightView row = e;
-  row.rows = 1;
-  row.data = static_cast<const uint8_t*>(e.data) + static_cast<uint64_t>(t) * e.row_stride;
-  return row;
-}
+MatrixRow ResidentWeights::embedding_row(int32_t t) { return {model_.globals().token_embd, t}; }
 
 GlobalWeights ResidentWeights::acquire_head() {
   GlobalWeights g = model_.globals();

@@ -14,6 +14,12 @@ namespace ebb {
 
 class Model;
 
+// Row `row` of `matrix` (whatever its packing).
+struct MatrixRow {
+  WeightView matrix;
+  int64_t row = 0;
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -28,9 +34,10 @@ class WeightSource {
   virtual LayerWeights acquire_layer(int l) = 0;
   virtual void release_layer(int l) {}
 
-  // Token t's embedding row as a one-row view (the embedding's type); valid
-  // until the next call or end_pass(). t was checked against the vocabulary.
-  virtual WeightView embedding_row(int32_t t) = 0;
+  // Token t's embedding row (the embedding's type): the whole matrix and t,
+  // or a one-row view and 0; valid until the next call or end_pass(). t was
+  // checked against the vocabulary.
+  virtual MatrixRow embedding_row(int32_t t) = 0;
 
   // Output norm and head (GlobalWeights::token_embd is not set). A source may
   // serve the head in row ranges (output.rows < n_vocab): the forward pass then
@@ -44,7 +51,7 @@ class ResidentWeights final : public WeightSource {
  public:
   explicit ResidentWeights(const Model& model) : model_(model) {}
   LayerWeights acquire_layer(int l) override;
-  WeightView embedding_row(int32_t t) override;
+  MatrixRow embedding_row(int32_t t) override;
   GlobalWeights acquire_head() override;
 
  private:

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "kernels/packing.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "platform/error.h"
@@ -79,6 +80,7 @@ void WeightUnit::finish_load() {
 void WeightUnit::convert_slots(uint8_t* base) const {
   for (size_t i = 0; i < slots_.size(); ++i) {
     const TensorSlot& s = slots_[i];
+    if (s.packing != Packing::kRows) pack_rows(s.packing, s.type, base + s.unit_offset, s.dims[1], s.dims[0]);
     if (s.type == s.file_type) continue;
     // A small 1-D tensor stored as F16/BF16: widen to F32.
     EBB_CHECK(s.type == DType::kF32 && s.unit_bytes == s.file_bytes * 2);
@@ -118,7 +120,7 @@ const void* WeightUnit::data(int slot, const uint8_t* base) const {
 
 WeightView WeightUnit::matrix(int slot, const uint8_t* base) const {
   if (slot < 0) return {};
-  return slot_view(slots_[slot], data(slot, base));
+  return slot_view(slots_[slot], data(slot, base), -1, true);
 }
 
 const float* WeightUnit::vector(int slot, const uint8_t* base) const {
@@ -131,6 +133,7 @@ namespace {
 struct Planner {
   const GgufFile& file;
   const ModelConfig& cfg;
+  bool pack;
   std::set<std::string> used;
 
   std::string where(const std::string& name) const {
@@ -178,6 +181,8 @@ struct Planner {
     } else if (!info.computable) {
       throw Error(where(name) + " has type " + std::string(info.name) +
                   ", which ebb cannot compute with (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+    } else if (pack) {
+      s.packing = packing_for(s.type, s.dims[1], s.dims[0]);
     }
     used.insert(name);
     return unit.add(s);
@@ -186,8 +191,8 @@ struct Planner {
 
 }  // namespace
 
-WeightLayout plan_weights(const GgufFile& file, const ModelConfig& c) {
-  Planner p{file, c, {}};
+WeightLayout plan_weights(const GgufFile& file, const ModelConfig& c, bool pack) {
+  Planner p{file, c, pack, {}};
   WeightLayout out;
   out.token_embd = p.add(out.globals, "token_embd.weight", {c.n_embd, c.n_vocab}, true);
   out.output_norm = p.add(out.globals, "output_norm.weight", {c.n_embd}, true);
@@ -225,16 +230,21 @@ WeightLayout plan_weights(const GgufFile& file, const ModelConfig& c) {
 }
 
 LayerWeights layer_weights(const WeightUnit& u, const LayerLayout& s, const uint8_t* b) {
-  return layer_views(u.slots(), s, [&](int i) { return u.data(i, b); });
+  return layer_views(u.slots(), s, [&](int i) { return u.data(i, b); }, true);
 }
 
-WeightView slot_view(const TensorSlot& s, const void* data, int64_t rows) {
+WeightView slot_view(const TensorSlot& s, const void* data, int64_t rows, bool unit_image) {
   WeightView w;
   w.type = s.type;
   w.cols = s.dims[0];
   w.rows = rows >= 0 ? rows : (s.dims.size() > 1 ? s.dims[1] : 1);
   w.data = data;
   w.row_stride = row_bytes(s.type, w.cols);
+  if (unit_image) {
+    EBB_CHECK_MSG(s.packing == Packing::kRows || w.rows == (s.dims.size() > 1 ? s.dims[1] : 1),
+                  "a packed matrix viewed in part");
+    w.packing = s.packing;
+  }
   return w;
 }
 

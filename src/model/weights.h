@@ -26,6 +26,10 @@ struct TensorSlot {
   uint64_t file_bytes = 0;
   uint64_t unit_offset = 0;  // offset inside the unit's allocation
   uint64_t unit_bytes = 0;
+  // A 2-D slot's rows as the unit holds them: packed by convert_slots()
+  // when the model was planned for a kernel target that packs (the file's
+  // bytes, an mmap or a streaming window, are always kRows).
+  Packing packing = Packing::kRows;
 };
 
 // A contiguous run of the file mirrored into the unit: file bytes
@@ -75,7 +79,8 @@ class WeightUnit {
   const void* data(int slot, const uint8_t* base = nullptr) const;
   WeightView matrix(int slot, const uint8_t* base = nullptr) const;  // a 2-D slot as a weight view
   const float* vector(int slot, const uint8_t* base = nullptr) const;  // a 1-D F32 slot; nullptr for slot -1
-  // Widens the F16/BF16 1-D slots of a unit image at `base` to F32.
+  // Turns a unit image at `base`, as read from the file, into what the views
+  // expect: widens the F16/BF16 1-D slots to F32 and packs the packed slots.
   void convert_slots(uint8_t* base) const;
 
  private:
@@ -125,18 +130,24 @@ struct WeightLayout {
   WeightUnit globals{-1, MemCategory::kGlobals};
   int token_embd = -1, output = -1, output_norm = -1;
 };
-WeightLayout plan_weights(const GgufFile& file, const ModelConfig& config);
+// With pack, matrices a kernel target can read packed get their packing
+// (packing_for) in the units.
+WeightLayout plan_weights(const GgufFile& file, const ModelConfig& config, bool pack = false);
 
 LayerWeights layer_weights(const WeightUnit& unit, const LayerLayout& slots, const uint8_t* base = nullptr);
 
-// A slot's tensor at `data` as a view (rows < 0: all of them).
-WeightView slot_view(const TensorSlot& s, const void* data, int64_t rows = -1);
+// A slot's tensor at `data` as a view (rows < 0: all of them). unit_image:
+// data is in a unit image (convert_slots() done), so the view has the slot's
+// packing; otherwise it is in the file's layout.
+WeightView slot_view(const TensorSlot& s, const void* data, int64_t rows = -1, bool unit_image = false);
 
 // A layer's views from `data(slot)`, the address of each present slot's
-// tensor, wherever the caller keeps it (a unit, an mmap, a streaming window).
+// tensor, wherever the caller keeps it (a unit image, an mmap, a streaming
+// window: unit_image as for slot_view).
 template <class DataFn>
-LayerWeights layer_views(const std::vector<TensorSlot>& slots, const LayerLayout& s, DataFn data) {
-  auto m = [&](int i) { return i < 0 ? WeightView{} : slot_view(slots[i], data(i)); };
+LayerWeights layer_views(const std::vector<TensorSlot>& slots, const LayerLayout& s, DataFn data,
+                         bool unit_image = false) {
+  auto m = [&](int i) { return i < 0 ? WeightView{} : slot_view(slots[i], data(i), -1, unit_image); };
   auto v = [&](int i) { return i < 0 ? nullptr : static_cast<const float*>(static_cast<const void*>(data(i))); };
   LayerWeights w;
   w.q = m(s.attn_q);

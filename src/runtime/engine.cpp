@@ -61,10 +61,12 @@ uint64_t Footprint::kv() const {
 Engine::Engine(const EngineOptions& opts)
     : opts_(opts), pool_(ThreadPoolOptions{.n_threads = opts.n_threads}), isa_(choose_isa(opts.isa)) {
   const bool budget_mode = opts_.budget.budget > 0;  // budget mode reads only what its plan keeps
-  model_ = Model::load(opts_.model_path, alloc_, !budget_mode);
+  const KernelSet& ks = kernel_set(isa_);
+  const FormatKernels* q4_0 = ks.format(DType::kQ4_0);
+  model_ = Model::load(opts_.model_path, alloc_,
+                       {.load_weights = !budget_mode, .pack_weights = q4_0 != nullptr && q4_0->x8_gemm != nullptr});
   const ModelConfig& c = model_->config();
   // Every weight format must have kernels on the chosen target.
-  const KernelSet& ks = kernel_set(isa_);
   for (int l = 0; l < model_->n_layers(); ++l) {
     for (const TensorSlot& s : model_->layer_unit(l).slots()) {
       if (s.dims.size() == 2 && !ks.format(s.type)) {

@@ -140,7 +140,8 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
   src.begin_pass(tokens);
   PassGuard guard{src};
   for (int64_t t = 0; t < n; ++t) {
-    dequantize_row(ks_, src.embedding_row(tokens[t]), 0, x_ + t * d);
+    const MatrixRow e = src.embedding_row(tokens[t]);
+    dequantize_row(ks_, e.matrix, e.row, x_ + t * d);
     rope_cos_sin(pos0 + t, c.rope_dim, c.rope_base, c.rope_freq_scale, rope_ + t * c.rope_dim,
                  c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
   }
