@@ -591,85 +591,99 @@ INSTANTIATE_TEST_SUITE_P(All, MatmulProduct,
                                                               DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K)),
                          [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); });
 
-// ---- packed weights (Packing::kQ4_0x8) ----------------------------------------------
+// ---- packed weights (Packing::kQ4_0x8, kQ8_0x8) ---------------------------------------
 
-std::vector<Isa> packed_isas() {
-  std::vector<Isa> p;
+const DType kPackable[] = {DType::kQ4_0, DType::kQ8_0};
+
+std::vector<std::tuple<Isa, DType>> packed_params() {
+  std::vector<std::tuple<Isa, DType>> p;
   for (Isa isa : supported_isas())
-    if (kernel_set(isa).format(DType::kQ4_0)->x8_gemm) p.push_back(isa);
+    for (DType t : kPackable)
+      if (kernel_set(isa).format(t)->x8_gemm) p.emplace_back(isa, t);
   return p;
 }
 
-// Random Q4_0 rows, plain and packed copies.
-struct PackedQ4_0 {
-  PackedQ4_0(int64_t rows, int64_t cols, uint32_t seed) : rows(rows), cols(cols), rb(row_bytes(DType::kQ4_0, cols)) {
+// Random rows of a packable format, plain and packed copies.
+struct PackedMatrix {
+  PackedMatrix(DType type, int64_t rows, int64_t cols, uint32_t seed)
+      : type(type), rows(rows), cols(cols), rb(row_bytes(type, cols)) {
     plain.resize(rows * rb);
     for (int64_t r = 0; r < rows; ++r) {
-      const auto b = random_blocks(DType::kQ4_0, cols, seed + static_cast<uint32_t>(r));
+      const auto b = random_blocks(type, cols, seed + static_cast<uint32_t>(r));
       std::memcpy(plain.data() + r * rb, b.data(), rb);
     }
     packed = plain;
-    pack_rows(Packing::kQ4_0x8, DType::kQ4_0, packed.data(), rows, cols);
+    pack_rows(packing_for(type, rows, cols), type, packed.data(), rows, cols);
   }
-  WeightView plain_view() const { return {DType::kQ4_0, cols, rows, plain.data(), rb}; }
-  WeightView packed_view() const { return {DType::kQ4_0, cols, rows, packed.data(), rb, Packing::kQ4_0x8}; }
+  WeightView plain_view() const { return {type, cols, rows, plain.data(), rb}; }
+  WeightView packed_view() const { return {type, cols, rows, packed.data(), rb, packing_for(type, rows, cols)}; }
+  DType type;
   int64_t rows, cols;
   uint64_t rb;
   std::vector<uint8_t> plain, packed;
 };
 
 TEST(MatmulPacking, RoundTripsAndLeavesTailRows) {
-  for (int64_t rows : {8, 13, 16, 21})
-    for (int64_t cols : {32, 96}) {
-      const PackedQ4_0 m(rows, cols, 11);
-      EXPECT_EQ(packing_for(DType::kQ4_0, rows, cols), Packing::kQ4_0x8);
-      // Grouped rows are rearranged (the check would pass on a no-op otherwise).
-      EXPECT_NE(std::memcmp(m.packed.data(), m.plain.data(), rows / 8 * 8 * m.rb), 0);
-      const int64_t tail = rows / 8 * 8;
-      EXPECT_EQ(std::memcmp(m.packed.data() + tail * m.rb, m.plain.data() + tail * m.rb, (rows - tail) * m.rb), 0);
-      std::vector<uint8_t> row(m.rb);
-      for (int64_t r = 0; r < rows; ++r) {
-        unpack_row(m.packed_view(), r, row.data());
-        ASSERT_EQ(std::memcmp(row.data(), m.plain.data() + r * m.rb, m.rb), 0) << "rows=" << rows << " r=" << r;
+  for (DType t : kPackable)
+    for (int64_t rows : {8, 13, 16, 21})
+      for (int64_t cols : {32, 96}) {
+        const PackedMatrix m(t, rows, cols, 11);
+        EXPECT_NE(packing_for(t, rows, cols), Packing::kRows);
+        // Grouped rows are rearranged (the check would pass on a no-op otherwise).
+        EXPECT_NE(std::memcmp(m.packed.data(), m.plain.data(), rows / 8 * 8 * m.rb), 0);
+        const int64_t tail = rows / 8 * 8;
+        EXPECT_EQ(std::memcmp(m.packed.data() + tail * m.rb, m.plain.data() + tail * m.rb, (rows - tail) * m.rb), 0);
+        std::vector<uint8_t> row(m.rb);
+        for (int64_t r = 0; r < rows; ++r) {
+          unpack_row(m.packed_view(), r, row.data());
+          ASSERT_EQ(std::memcmp(row.data(), m.plain.data() + r * m.rb, m.rb), 0)
+              << dtype_name(t) << " rows=" << rows << " r=" << r;
+        }
       }
-    }
   EXPECT_EQ(packing_for(DType::kQ4_0, 7, 64), Packing::kRows);
-  EXPECT_EQ(packing_for(DType::kQ8_0, 64, 64), Packing::kRows);
+  EXPECT_EQ(packing_for(DType::kQ4_K, 64, 256), Packing::kRows);
 }
 
-class MatmulPacked : public ::testing::TestWithParam<Isa> {};
+class MatmulPacked : public ::testing::TestWithParam<std::tuple<Isa, DType>> {};
 
-// Every output of a packed product is the tile arithmetic (tile_dot) of its
-// plain row and token, bit for bit: one token or many, rows in whole groups
-// and past them, 1 and 2 threads; and within float rounding of the scalar
-// reference.
-TEST_P(MatmulPacked, MatchesTileArithmeticBitExact) {
-  const KernelSet& ks = kernel_set(GetParam());
-  const FormatKernels& fk = *ks.format(DType::kQ4_0);
-  ASSERT_NE(fk.tile_dot, nullptr);
+// Every output of a packed product is x8_dot of its plain row and token, bit
+// for bit: one token or many, rows in whole groups and past them, 1 and 2
+// threads; and within float rounding of the scalar reference.
+TEST_P(MatmulPacked, MatchesRowArithmeticBitExact) {
+  const KernelSet& ks = kernel_set(std::get<0>(GetParam()));
+  const DType type = std::get<1>(GetParam());
+  const FormatKernels& fk = *ks.format(type);
+  ASSERT_NE(fk.x8_dot, nullptr);
   for (int64_t rows : {8, 13, 40, 67})
     for (int64_t cols : {32, 96, 1024}) {
-      const PackedQ4_0 m(rows, cols, 100 + static_cast<uint32_t>(rows + cols));
+      const PackedMatrix m(type, rows, cols, 100 + static_cast<uint32_t>(rows + cols));
       const WeightView pv = m.packed_view();
       for (int threads : {1, 2})
         for (int64_t n_tok : {1, 2, 3, 4, 5, 9, 17}) {
           const int64_t x_stride = cols + 3, y_stride = rows + 5;
           const auto x = normal(n_tok * x_stride, 7 + static_cast<uint32_t>(n_tok + cols), n_tok == 3 ? 40.f : 1.f);
           std::vector<float> y(n_tok * y_stride, -7.f);
-          AlignedBuf scratch(matmul_scratch_bytes(DType::kQ4_0, cols, n_tok));
+          AlignedBuf scratch(matmul_scratch_bytes(type, cols, n_tok));
           MatmulArgs args{&pv, x.data(), x_stride, n_tok, y.data(), y_stride, scratch.p};
           matmul(ks, args, test_pool(threads));
           std::vector<uint8_t> a(row_bytes(DType::kQ8_0, cols));
+          std::vector<float> af(cols), wf(cols);
           for (int64_t t = 0; t < n_tok; ++t) {
             fk.quantize_act(x.data() + t * x_stride, a.data(), cols);
+            scalar_fk(DType::kQ8_0).to_float(a.data(), af.data(), cols);
             for (int64_t r = 0; r < rows; ++r) {
               float want = 0.f, ref = 0.f;
-              fk.tile_dot(cols, m.plain.data() + r * m.rb, a.data(), &want);
-              scalar_fk(DType::kQ4_0).vec_dot(cols, m.plain.data() + r * m.rb, a.data(), &ref);
+              fk.x8_dot(cols, m.plain.data() + r * m.rb, a.data(), &want);
+              scalar_fk(type).vec_dot(cols, m.plain.data() + r * m.rb, a.data(), &ref);
               const float got = y[t * y_stride + r];
               ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "rows=" << rows << " cols=" << cols << " n_tok=" << n_tok
                                                         << " t=" << t << " r=" << r << " got " << got << " want " << want;
-              ASSERT_NEAR(got, ref, 1e-5f * (std::fabs(ref) + 1.f)) << "vs scalar, r=" << r;
+              // Two float sums of cols / 32 exact block terms: within a few
+              // roundings of sum |term| each.
+              scalar_fk(type).to_float(m.plain.data() + r * m.rb, wf.data(), cols);
+              double abs_sum = 0;
+              for (int64_t c = 0; c < cols; ++c) abs_sum += std::fabs(double(wf[c]) * af[c]);
+              ASSERT_NEAR(got, ref, 4.0 * (cols / 32 + 2) * 0x1p-24 * abs_sum + 1e-7) << "vs scalar, r=" << r;
             }
             for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], -7.f) << "wrote past the rows";
           }
@@ -680,15 +694,16 @@ TEST_P(MatmulPacked, MatchesTileArithmeticBitExact) {
 // The fused one-token path with packed matrices whose rows do not start on a
 // group boundary in the union of rows (67 + 32 + 19), against separate calls.
 TEST_P(MatmulPacked, MultiMatchesSeparateCalls) {
-  const KernelSet& ks = kernel_set(GetParam());
+  const KernelSet& ks = kernel_set(std::get<0>(GetParam()));
+  const DType type = std::get<1>(GetParam());
   const int64_t cols = 128, rows_of[3] = {67, 32, 19};
-  std::vector<PackedQ4_0> ms;
-  for (int i = 0; i < 3; ++i) ms.emplace_back(rows_of[i], cols, 300 + static_cast<uint32_t>(i));
+  std::vector<PackedMatrix> ms;
+  for (int i = 0; i < 3; ++i) ms.emplace_back(type, rows_of[i], cols, 300 + static_cast<uint32_t>(i));
   std::vector<WeightView> w;
   for (const auto& m : ms) w.push_back(m.packed_view());
   for (int threads : {1, 2}) {
     const auto x = normal(cols, 17);
-    AlignedBuf scratch(matmul_scratch_bytes(DType::kQ4_0, cols, 1));
+    AlignedBuf scratch(matmul_scratch_bytes(type, cols, 1));
     std::vector<std::vector<float>> got(3), want(3);
     MatmulArgs args[3];
     for (int i = 0; i < 3; ++i) {
@@ -705,8 +720,8 @@ TEST_P(MatmulPacked, MultiMatchesSeparateCalls) {
 }
 
 TEST_P(MatmulPacked, DequantizeRow) {
-  const KernelSet& ks = kernel_set(GetParam());
-  const PackedQ4_0 m(21, 256, 5);
+  const KernelSet& ks = kernel_set(std::get<0>(GetParam()));
+  const PackedMatrix m(std::get<1>(GetParam()), 21, 256, 5);
   std::vector<float> got(256), want(256);
   for (int64_t r = 0; r < 21; ++r) {
     dequantize_row(ks, m.packed_view(), r, got.data());
@@ -715,8 +730,7 @@ TEST_P(MatmulPacked, DequantizeRow) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, MatmulPacked, ::testing::ValuesIn(packed_isas()),
-                         [](const auto& info) { return std::string(isa_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(All, MatmulPacked, ::testing::ValuesIn(packed_params()), isa_fmt_param_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MatmulPacked);  // targets without packed kernels (Arm today)
 
 // The activation rounding is visible in the product: x values that F16 /

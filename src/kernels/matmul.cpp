@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/packing.h"
 #include "kernels/quant_blocks.h"
 #include "platform/error.h"
 #include "platform/thread_pool.h"
@@ -85,7 +86,7 @@ size_t sums_stride_bytes(int64_t cols) { return align_up(static_cast<size_t>(col
 
 size_t matmul_scratch_bytes(DType weight, int64_t cols, int64_t n_tokens) {
   size_t per_token = act_row_stride(scalar_row(weight).act, cols);
-  if (weight == DType::kQ4_0) per_token += sums_stride_bytes(cols);  // in case the matrix is packed
+  if (weight == DType::kQ4_0 || weight == DType::kQ8_0) per_token += sums_stride_bytes(cols);  // if packed
   return per_token * static_cast<size_t>(n_tokens);
 }
 
@@ -98,8 +99,8 @@ Q8_0Sums* sums_area(void* scratch, size_t act_stride, int64_t n_tok) {
 }
 
 const FormatKernels& packed_kernels(const FormatKernels* fk, const WeightView& w) {
-  EBB_CHECK_MSG(w.packing == Packing::kQ4_0x8 && w.type == DType::kQ4_0 && fk->x8_gemm && fk->x8_sums,
-                "a packed weight matrix on a kernel target without packed kernels");
+  EBB_CHECK_MSG(w.packing == packing_for(w.type, w.rows, w.cols) && fk->x8_gemm && fk->x8_sums && fk->x8_dot,
+                "a packed weight matrix on a kernel target without its packed kernels");
   return *fk;
 }
 
@@ -108,22 +109,22 @@ const FormatKernels& packed_kernels(const FormatKernels* fk, const WeightView& w
 // plain rows, all in the tile arithmetic.
 void packed_rows_one(const FormatKernels& fk, const WeightView& w, const uint8_t* act, const Q8_0Sums* sums, int64_t rb,
                      int64_t re, float* y) {
-  const int64_t nb = w.cols / kQK8_0, grouped = w.rows / 8 * 8;
-  const auto* groups = static_cast<const BlockQ4_0x8*>(w.data);
+  const uint64_t group_bytes = 8 * w.row_stride;
+  const int64_t grouped = w.rows / 8 * 8;
+  const auto* groups = static_cast<const uint8_t*>(w.data);
   int64_t r = rb;
   while (r < std::min(re, grouped)) {
     const int64_t g = r / 8;
     if (r == g * 8 && r + 8 <= re) {
-      fk.x8_gemm(w.cols, groups + g * nb, act, 0, sums, 0, 1, y + r, 0);
+      fk.x8_gemm(w.cols, groups + g * group_bytes, act, 0, sums, 0, 1, y + r, 0);
       r += 8;
       continue;
     }
     float part[8];
-    fk.x8_gemm(w.cols, groups + g * nb, act, 0, sums, 0, 1, part, 0);
+    fk.x8_gemm(w.cols, groups + g * group_bytes, act, 0, sums, 0, 1, part, 0);
     for (const int64_t end = std::min(re, g * 8 + 8); r < end; ++r) y[r] = part[r - g * 8];
   }
-  const auto rest = fk.tile_dot ? fk.tile_dot : fk.vec_dot;
-  for (; r < re; ++r) rest(w.cols, w.row(r), act, y + r);
+  for (; r < re; ++r) fk.x8_dot(w.cols, w.row(r), act, y + r);
 }
 
 // Rows [rb, re) (rb a multiple of 8) of a packed matrix for n_tok tokens,
@@ -131,18 +132,19 @@ void packed_rows_one(const FormatKernels& fk, const WeightView& w, const uint8_t
 void packed_rows_batch(const FormatKernels& fk, const WeightView& w, const uint8_t* act, size_t act_stride,
                        const Q8_0Sums* sums, int64_t sums_stride, int64_t n_tok, int64_t rb, int64_t re, float* y,
                        int64_t y_stride) {
-  const int64_t nb = w.cols / kQK8_0, grouped = w.rows / 8 * 8, ge = std::min(re, grouped);
-  const auto* groups = static_cast<const BlockQ4_0x8*>(w.data);
-  const auto rest = fk.tile_dot ? fk.tile_dot : fk.vec_dot;
+  const uint64_t group_bytes = 8 * w.row_stride;
+  const int64_t grouped = w.rows / 8 * 8, ge = std::min(re, grouped);
+  const auto* groups = static_cast<const uint8_t*>(w.data);
   for (int64_t t = 0; t < n_tok; t += 4) {
     const int nt = static_cast<int>(std::min<int64_t>(4, n_tok - t));
     const uint8_t* a = act + t * act_stride;
     float* yt = y + t * y_stride;
     for (int64_t r = rb; r + 8 <= ge; r += 8)
-      fk.x8_gemm(w.cols, groups + r / 8 * nb, a, act_stride, sums + t * sums_stride, sums_stride, nt, yt + r, y_stride);
+      fk.x8_gemm(w.cols, groups + r / 8 * group_bytes, a, act_stride, sums + t * sums_stride, sums_stride, nt, yt + r,
+                 y_stride);
     for (int64_t tt = 0; tt < nt; ++tt)
       for (int64_t r = std::max(rb, grouped); r < re; ++r)
-        rest(w.cols, w.row(r), a + tt * act_stride, yt + tt * y_stride + r);
+        fk.x8_dot(w.cols, w.row(r), a + tt * act_stride, yt + tt * y_stride + r);
   }
 }
 
@@ -301,14 +303,10 @@ void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* 
     fk->to_float(w.row(r), dst, w.cols);
     return;
   }
-  EBB_CHECK(w.packing == Packing::kQ4_0x8 && w.type == DType::kQ4_0);
-  const int64_t nb = w.cols / kQK8_0, lane = r % 8;
-  const auto* in = static_cast<const BlockQ4_0x8*>(w.data) + r / 8 * nb;
-  for (int64_t i = 0; i < nb; ++i) {  // block by block back to plain Q4_0
-    BlockQ4_0 b;
-    b.d = in[i].d[lane];
-    for (int k = 0; k < 4; ++k) std::memcpy(b.qs + 4 * k, in[i].qs + 32 * k + 4 * lane, 4);
-    fk->to_float(&b, dst + i * kQK8_0, kQK8_0);
+  for (int64_t i = 0; i < w.cols / kQK8_0; ++i) {  // block by block back to plain
+    alignas(8) uint8_t b[sizeof(BlockQ8_0)];
+    unpack_block(w, r, i, b);
+    fk->to_float(b, dst + i * kQK8_0, kQK8_0);
   }
 }
 

@@ -45,16 +45,19 @@ struct FormatKernels {
   // size. nullptr: the tile is bit-identical to vec_dot, which serves them.
   // (A one-token product runs vec_dot, which may sum in another order.)
   void (*tile_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
-  // Optional, Q4_0 only: the kernels of Packing::kQ4_0x8 views, in the tile
-  // arithmetic (bit-identical to tile_dot per row and token). x8_sums fills
-  // sums[n / 32] for one activation row; x8_gemm computes one group of eight
-  // rows (w: its nb = n / 32 BlockQ4_0x8) against n_tok <= 4 tokens:
-  // y[t * y_stride + r] for r < 8, activations and sums of token t at
-  // a + t * a_stride and sums + t * s_stride. A kernel set with x8_gemm is
-  // one whose engine packs Q4_0 matrices.
+  // Optional, Q4_0 and Q8_0: the kernels of packed views (Packing::kQ4_0x8,
+  // kQ8_0x8). Per (row, token) they compute isum_b, the exact integer dot
+  // of block b, and acc = fmaf(dx_b * dy_b, float(isum_b), acc) block after
+  // block. x8_sums fills sums[n / 32] for one activation row; x8_gemm
+  // computes one group of eight rows (w: its n / 32 packed blocks) against
+  // n_tok <= 4 tokens: y[t * y_stride + r] for r < 8, activations and sums of
+  // token t at a + t * a_stride and sums + t * s_stride; x8_dot computes one
+  // plain row (the rows past the last group) in the same arithmetic, bit for
+  // bit. A kernel set with x8_gemm is one whose engine packs these formats.
   void (*x8_sums)(int64_t n, const void* a, Q8_0Sums* sums) = nullptr;
   void (*x8_gemm)(int64_t n, const void* w, const void* a, size_t a_stride, const Q8_0Sums* sums, int64_t s_stride,
                   int n_tok, float* y, int64_t y_stride) = nullptr;
+  void (*x8_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
 };
 
 // All kernels of one instruction-set target.

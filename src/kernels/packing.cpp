@@ -7,47 +7,74 @@
 #include "platform/error.h"
 
 namespace ebb {
+namespace {
+
+// Both packed formats: a plain block is an F16 scale then q bytes of quants;
+// a packed block the eight scales then the eight rows' quants interleaved in
+// 4-byte pieces (piece k of row r at 32k + 4r).
+struct Geometry {
+  size_t block;  // plain block bytes
+  size_t q;      // quant bytes per plain block
+};
+
+Geometry geometry(Packing p, DType t) {
+  if (p == Packing::kQ4_0x8 && t == DType::kQ4_0) return {sizeof(BlockQ4_0), sizeof(BlockQ4_0::qs)};
+  if (p == Packing::kQ8_0x8 && t == DType::kQ8_0) return {sizeof(BlockQ8_0), sizeof(BlockQ8_0::qs)};
+  EBB_CHECK_MSG(false, "packing does not fit the weight type");
+  __builtin_unreachable();
+}
+
+// Plain block `x` of row `lane` into packed block `b` (or back).
+void pack_block(const Geometry& g, const uint8_t* x, int lane, uint8_t* b) {
+  std::memcpy(b + 2 * lane, x, 2);
+  for (size_t k = 0; k < g.q / 4; ++k) std::memcpy(b + 16 + 32 * k + 4 * lane, x + 2 + 4 * k, 4);
+}
+void unpack_block(const Geometry& g, const uint8_t* b, int lane, uint8_t* x) {
+  std::memcpy(x, b + 2 * lane, 2);
+  for (size_t k = 0; k < g.q / 4; ++k) std::memcpy(x + 2 + 4 * k, b + 16 + 32 * k + 4 * lane, 4);
+}
+
+}  // namespace
 
 Packing packing_for(DType type, int64_t rows, int64_t cols) {
-  if (type == DType::kQ4_0 && rows >= 8 && cols % kQK8_0 == 0) return Packing::kQ4_0x8;
+  if (rows < 8 || cols % kQK8_0 != 0) return Packing::kRows;
+  if (type == DType::kQ4_0) return Packing::kQ4_0x8;
+  if (type == DType::kQ8_0) return Packing::kQ8_0x8;
   return Packing::kRows;
 }
 
 void pack_rows(Packing packing, DType type, void* data, int64_t rows, int64_t cols) {
   if (packing == Packing::kRows) return;
-  EBB_CHECK_MSG(packing == Packing::kQ4_0x8 && type == DType::kQ4_0, "pack_rows: packing does not fit the type");
+  const Geometry g = geometry(packing, type);
   EBB_CHECK(rows >= 0 && cols % kQK8_0 == 0);
   const int64_t nb = cols / kQK8_0;
-  std::vector<BlockQ4_0> rows8(static_cast<size_t>(8 * nb));  // one group, plain
-  auto* out = static_cast<BlockQ4_0x8*>(data);
-  for (int64_t g = 0; g < rows / 8; ++g) {
-    std::memcpy(rows8.data(), out + g * nb, rows8.size() * sizeof(BlockQ4_0));
-    for (int64_t i = 0; i < nb; ++i) {
-      BlockQ4_0x8& b = out[g * nb + i];
-      for (int r = 0; r < 8; ++r) {
-        const BlockQ4_0& x = rows8[r * nb + i];
-        b.d[r] = x.d;
-        for (int k = 0; k < 4; ++k) std::memcpy(b.qs + 32 * k + 4 * r, x.qs + 4 * k, 4);
-      }
-    }
+  const size_t group_bytes = 8 * nb * g.block;
+  std::vector<uint8_t> plain(group_bytes);  // one group, as rows
+  auto* out = static_cast<uint8_t*>(data);
+  for (int64_t gi = 0; gi < rows / 8; ++gi) {
+    uint8_t* grp = out + gi * group_bytes;
+    std::memcpy(plain.data(), grp, group_bytes);
+    for (int64_t i = 0; i < nb; ++i)
+      for (int r = 0; r < 8; ++r) pack_block(g, plain.data() + (r * nb + i) * g.block, r, grp + i * 8 * g.block);
   }
+}
+
+void unpack_block(const WeightView& w, int64_t r, int64_t i, void* out) {
+  const Geometry g = geometry(w.packing, w.type);
+  const int64_t nb = w.cols / kQK8_0;
+  EBB_CHECK(r >= 0 && r < w.rows / 8 * 8 && i >= 0 && i < nb);
+  const auto* grp = static_cast<const uint8_t*>(w.data) + (r / 8) * 8 * nb * g.block;
+  unpack_block(g, grp + i * 8 * g.block, static_cast<int>(r % 8), static_cast<uint8_t*>(out));
 }
 
 void unpack_row(const WeightView& w, int64_t r, void* out) {
   EBB_CHECK(r >= 0 && r < w.rows);
-  const uint64_t rb = row_bytes(w.type, w.cols);
   if (w.packing == Packing::kRows || r >= w.rows / 8 * 8) {
-    std::memcpy(out, w.row(r), rb);
+    std::memcpy(out, w.row(r), row_bytes(w.type, w.cols));
     return;
   }
-  EBB_CHECK(w.packing == Packing::kQ4_0x8 && w.type == DType::kQ4_0);
-  const int64_t nb = w.cols / kQK8_0, g = r / 8, lane = r % 8;
-  const auto* in = static_cast<const BlockQ4_0x8*>(w.data) + g * nb;
-  auto* x = static_cast<BlockQ4_0*>(out);
-  for (int64_t i = 0; i < nb; ++i) {
-    x[i].d = in[i].d[lane];
-    for (int k = 0; k < 4; ++k) std::memcpy(x[i].qs + 4 * k, in[i].qs + 32 * k + 4 * lane, 4);
-  }
+  const size_t block = geometry(w.packing, w.type).block;
+  for (int64_t i = 0; i < w.cols / kQK8_0; ++i) unpack_block(w, r, i, static_cast<uint8_t*>(out) + i * block);
 }
 
 }  // namespace ebb

@@ -20,4 +20,7 @@ void pack_rows(Packing packing, DType type, void* data, int64_t rows, int64_t co
 // Row r of a packed matrix, in plain row layout: row_bytes(type, cols) bytes.
 void unpack_row(const WeightView& w, int64_t r, void* out);
 
+// Block i of row r (r in a group) of a packed matrix, as a plain block.
+void unpack_block(const WeightView& w, int64_t r, int64_t i, void* out);
+
 }  // namespace ebb

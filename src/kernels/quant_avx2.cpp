@@ -435,6 +435,68 @@ void gemm_q4_0_x8(int64_t n, const BlockQ4_0x8* w, const uint8_t* a, size_t as, 
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
 }
 
+// ---- Q8_0 packed (Packing::kQ8_0x8) ----------------------------------------
+//
+// Eight rows in the eight dword lanes: for each 4-byte piece k of the block,
+// |w| times the broadcast activation piece with w's signs, summed exactly to
+// int32 per lane. Same arithmetic per (row, token) as dot_q8_0_lanes.
+
+void dot_q8_0_lanes(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  float acc = 0.f;
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
+                                        _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+    acc = std::fmaf(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), static_cast<float>(_mm_cvtsi128_si32(h)), acc);
+  }
+  *out = acc;
+}
+
+template <int T>
+void gemm_q8_0_x8(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, const Q8_0Sums* sums, int64_t ss,
+                  float* y, int64_t ys) {
+  const int64_t nb = n / kQK8_0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].d)));
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * k));
+      const __m256i av = _mm256_sign_epi8(v, v);
+      for (int t = 0; t < T; ++t) {
+        const auto* q = reinterpret_cast<const BlockQ8_0*>(a + t * as) + i;
+        const __m256i yk = _mm256_set1_epi32(load_i32(q->qs + 4 * k));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(yk, v)), ones));
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(sums[t * ss + i].d)), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
+}
+
+void x8_gemm_q8_0(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums* sums, int64_t ss, int n_tok,
+                  float* y, int64_t ys) {
+  const auto* wb = static_cast<const BlockQ8_0x8*>(w);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  switch (n_tok) {
+    case 1: return gemm_q8_0_x8<1>(n, wb, ab, as, sums, ss, y, ys);
+    case 2: return gemm_q8_0_x8<2>(n, wb, ab, as, sums, ss, y, ys);
+    case 3: return gemm_q8_0_x8<3>(n, wb, ab, as, sums, ss, y, ys);
+    case 4: return gemm_q8_0_x8<4>(n, wb, ab, as, sums, ss, y, ys);
+    default: EBB_CHECK_MSG(false, "x8_gemm: 1 to 4 tokens");
+  }
+}
+
 void x8_gemm_q4_0(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums* sums, int64_t ss, int n_tok,
                   float* y, int64_t ys) {
   const auto* wb = static_cast<const BlockQ4_0x8*>(w);
@@ -769,6 +831,10 @@ FormatTable avx2_format_table() {
   row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
   row(DType::kQ4_0).x8_sums = x8_sums_q8_0;
   row(DType::kQ4_0).x8_gemm = x8_gemm_q4_0;
+  row(DType::kQ4_0).x8_dot = dot_q4_0_lanes;
+  row(DType::kQ8_0).x8_sums = x8_sums_q8_0;
+  row(DType::kQ8_0).x8_gemm = x8_gemm_q8_0;
+  row(DType::kQ8_0).x8_dot = dot_q8_0_lanes;
   row(DType::kQ4_K).quantize_act = quantize_q8_k;
   row(DType::kQ4_K).vec_dot = dot_q4_k;
   row(DType::kQ5_K).quantize_act = quantize_q8_k;

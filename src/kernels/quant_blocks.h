@@ -38,8 +38,16 @@ struct BlockQ4_0x8 {
 };
 static_assert(sizeof(BlockQ4_0x8) == 8 * sizeof(BlockQ4_0));
 
-// Per activation block of a Q8_0 row, for the packed Q4_0 kernels: m8 = 8 x
-// the sum of the block's 32 bytes (the offset of Q4_0's q - 8), d its scale.
+// The same for Q8_0: qs[32k + 4r + j] = row r's qs[4k + j] (k < 8), so the 32
+// bytes from 32k hold row r's elements 4k..4k+3 in dword lane r.
+struct BlockQ8_0x8 {
+  uint16_t d[8];
+  int8_t qs[256];
+};
+static_assert(sizeof(BlockQ8_0x8) == 8 * sizeof(BlockQ8_0));
+
+// Per activation block of a Q8_0 row, for the packed kernels: m8 = 8 x the
+// sum of the block's 32 bytes (the offset of Q4_0's q - 8), d its scale.
 struct Q8_0Sums {
   int32_t m8;
   float d;

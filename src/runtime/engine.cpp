@@ -62,9 +62,10 @@ Engine::Engine(const EngineOptions& opts)
     : opts_(opts), pool_(ThreadPoolOptions{.n_threads = opts.n_threads}), isa_(choose_isa(opts.isa)) {
   const bool budget_mode = opts_.budget.budget > 0;  // budget mode reads only what its plan keeps
   const KernelSet& ks = kernel_set(isa_);
-  const FormatKernels* q4_0 = ks.format(DType::kQ4_0);
-  model_ = Model::load(opts_.model_path, alloc_,
-                       {.load_weights = !budget_mode, .pack_weights = q4_0 != nullptr && q4_0->x8_gemm != nullptr});
+  // Packed units when the target has packed kernels for every format that packs.
+  bool pack = true;
+  for (DType t : {DType::kQ4_0, DType::kQ8_0}) pack = pack && ks.format(t) && ks.format(t)->x8_gemm;
+  model_ = Model::load(opts_.model_path, alloc_, {.load_weights = !budget_mode, .pack_weights = pack});
   const ModelConfig& c = model_->config();
   // Every weight format must have kernels on the chosen target.
   for (int l = 0; l < model_->n_layers(); ++l) {
