@@ -692,7 +692,8 @@ TEST_P(MatmulPacked, MatchesRowArithmeticBitExact) {
 }
 
 // The fused one-token path with packed matrices whose rows do not start on a
-// group boundary in the union of rows (67 + 32 + 19), against separate calls.
+// group boundary in the union of rows (67 + 32 + 19), the first one plain,
+// against separate calls.
 TEST_P(MatmulPacked, MultiMatchesSeparateCalls) {
   const KernelSet& ks = kernel_set(std::get<0>(GetParam()));
   const DType type = std::get<1>(GetParam());
@@ -701,6 +702,7 @@ TEST_P(MatmulPacked, MultiMatchesSeparateCalls) {
   for (int i = 0; i < 3; ++i) ms.emplace_back(type, rows_of[i], cols, 300 + static_cast<uint32_t>(i));
   std::vector<WeightView> w;
   for (const auto& m : ms) w.push_back(m.packed_view());
+  w[0] = ms[0].plain_view();
   for (int threads : {1, 2}) {
     const auto x = normal(cols, 17);
     AlignedBuf scratch(matmul_scratch_bytes(type, cols, 1));

@@ -11,14 +11,17 @@
 // each item's positions into ranges ("split-K"); every thread leaves its
 // partial (m, l, acc) in its scratch slice and a second pass merges them.
 //
-// Decode over a long context sweeps instead: one thread per range of
-// positions, each running every item of the query row together, block by
-// block (small blocks: a block's rows of one head are 2 KB or so apart and
-// share a few L1 sets). Chunks are laid out [position][KV head][head_dim], so one KV head's
-// rows are head_dim elements out of every n_kv_heads * head_dim: an item
-// alone reads them at a stride the hardware prefetchers do not follow across
-// pages (and touches a new page every position or two), while the sweep
-// reads a block's K and V rows of all heads, which are contiguous, once.
+// Decode (one query row) over a long context sweeps instead: one thread per
+// range of positions, each running every item together, block by block, and
+// the partials merged as for split-K. Chunks are laid out [position][KV
+// head][head_dim], so one KV head's rows are head_dim elements out of every
+// n_kv_heads * head_dim: an item alone reads them at a stride the hardware
+// prefetchers do not follow across pages (a new page every position or two),
+// while the sweep reads each position's rows of all heads, which are
+// contiguous, and prefetches the next block's. Its blocks are small
+// (kSweepBlock): one head's rows of a block are a few KB apart and share a
+// handful of L1 sets. Batches (n_q > 1) never sweep, so a row computed in a
+// batch does not depend on how the batch was cut.
 //
 // F16 KV with f16_accumulator runs the half-precision semantics of
 // attention.h (otherwise F16 KV is widened and computed as F32): the same blocks
@@ -308,10 +311,8 @@ void run_item(const AttnKernels& kk, const AttentionArgs& a, const Item& it, int
   }
 }
 
-// Streams positions [pa, pb) of items [0, n) of one query tile, all at once:
-// item i's rows are the slice's rows from i * rows_per_item. Each block's K
-// and V rows of every KV head are contiguous; the next block's are
-// prefetched whole while this one is computed.
+// Streams positions [pa, pb) of every item of one query row, all at once:
+// item i's rows are the slice's rows from i * hs.
 void run_sweep(const AttnKernels& kk, const AttentionArgs& a, const Plan& pl, int64_t pa, int64_t pb,
                const Slice& sl) {
   const int64_t hd = a.head_dim, per_item = a.n_q * pl.hs;

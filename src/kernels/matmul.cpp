@@ -81,7 +81,7 @@ const KernelSet& kernel_set(Isa isa) {
   __builtin_unreachable();
 }
 
-// Bytes between the activation sums of two tokens (packed Q4_0 only).
+// Bytes between the activation sums of two tokens (packed Q4_0 and Q8_0).
 size_t sums_stride_bytes(int64_t cols) { return align_up(static_cast<size_t>(cols / kQK8_0) * sizeof(Q8_0Sums), kCacheLine); }
 
 size_t matmul_scratch_bytes(DType weight, int64_t cols, int64_t n_tokens) {
@@ -106,7 +106,7 @@ const FormatKernels& packed_kernels(const FormatKernels* fk, const WeightView& w
 
 // Rows [rb, re) of a packed matrix for one token: whole groups straight into
 // y, a group the range cuts through a buffer, rows past the last group as
-// plain rows, all in the tile arithmetic.
+// plain rows (x8_dot: the same arithmetic).
 void packed_rows_one(const FormatKernels& fk, const WeightView& w, const uint8_t* act, const Q8_0Sums* sums, int64_t rb,
                      int64_t re, float* y) {
   const uint64_t group_bytes = 8 * w.row_stride;
@@ -268,14 +268,13 @@ void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool
     fks[0]->quantize_act(args[0].x, args[0].scratch, cols);  // once, on the calling thread
     act = static_cast<const uint8_t*>(args[0].scratch);
   }
-  bool any_packed = false;
-  for (int i = 0; i < n; ++i) any_packed |= args[i].w->packing != Packing::kRows;
+  // Packed matrices: the activation sums once (the packed formats share Q8_0 activations).
   Q8_0Sums* sums = nullptr;
-  if (any_packed) {
-    sums = sums_area(args[0].scratch, act_row_stride(fks[0]->act, cols), 1);
-    packed_kernels(fks[0], *args[0].w);  // checks the kernels exist (they share the activation format)
-    fks[0]->x8_sums(cols, act, sums);
-  }
+  for (int i = 0; i < n && !sums; ++i)
+    if (args[i].w->packing != Packing::kRows) {
+      sums = sums_area(args[0].scratch, act_row_stride(fks[0]->act, cols), 1);
+      packed_kernels(fks[i], *args[i].w).x8_sums(cols, act, sums);
+    }
   int64_t first[kMax + 1];
   first[0] = 0;
   for (int i = 0; i < n; ++i) first[i + 1] = first[i] + args[i].w->rows;
@@ -304,7 +303,7 @@ void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* 
     return;
   }
   for (int64_t i = 0; i < w.cols / kQK8_0; ++i) {  // block by block back to plain
-    alignas(8) uint8_t b[sizeof(BlockQ8_0)];
+    alignas(8) uint8_t b[sizeof(BlockQ8_0)];           // the larger of the packable blocks
     unpack_block(w, r, i, b);
     fk->to_float(b, dst + i * kQK8_0, kQK8_0);
   }
