@@ -4,9 +4,10 @@
 // reads come from memory, not the last-level cache. F16 KV runs the
 // half-precision attention of attention.h (F16 accumulator, never split-K).
 //
-//   bench_attention [ctx [layers [n_heads n_kv_heads [isa]]]]
+//   bench_attention [ctx [layers [n_heads n_kv_heads [isa [n_q]]]]]
 // e.g. `bench_attention 4096 8 16 1` for decode with a single KV head;
-// `bench_attention 576 28 16 8 avx2` runs one target only.
+// `bench_attention 576 28 16 8 avx2` runs one target only;
+// `bench_attention 4096 8 16 8 avx2 8` an 8-token query (a chat turn's prefill).
 //
 // Built with -DEBB_BENCH=ON: cmake -S . -B build -DEBB_BENCH=ON &&
 // cmake --build build --target bench_attention && build/bench_attention
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   const int64_t hd = 128, cs = 256;
   const int64_t n_layers = argc > 2 ? std::atoll(argv[2]) : 8;  // 1: KV stays in the LLC
   const int64_t n_heads = argc > 4 ? std::atoll(argv[3]) : 16, n_kv = argc > 4 ? std::atoll(argv[4]) : 8;
+  const int64_t n_q = argc > 6 ? std::atoll(argv[6]) : 1;
   const int64_t n_chunks = (ctx + cs - 1) / cs, chunk_elems = cs * n_kv * hd;
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
@@ -42,7 +44,7 @@ int main(int argc, char** argv) {
   for (int64_t l = 0; l < n_layers; ++l)
     for (int64_t c = 0; c < n_chunks; ++c)
       tables[l].push_back({store[(l * n_chunks + c) * 2].data(), store[(l * n_chunks + c) * 2 + 1].data()});
-  std::vector<float> q(n_heads * hd), out(n_heads * hd);
+  std::vector<float> q(n_q * n_heads * hd), out(n_q * n_heads * hd);
   for (auto& e : q) e = d(rng);
   const double bytes = 2.0 * ctx * n_kv * hd * 2;  // K and V, F16, per layer
 
@@ -59,11 +61,11 @@ int main(int argc, char** argv) {
       AttentionArgs a;
       a.q = q.data();
       a.out = out.data();
-      a.n_q = 1;
+      a.n_q = n_q;
       a.n_heads = n_heads;
       a.n_kv_heads = n_kv;
       a.head_dim = hd;
-      a.pos0 = ctx - 1;
+      a.pos0 = ctx - n_q;
       a.chunk_size = cs;
       a.kv_type = DType::kF16;
       a.scale = 0.088388f;
