@@ -354,6 +354,14 @@ inline __m256i isum_q4_0_x8(const __m256i v[4], const int8_t* y, __m256i m8) {
   return _mm256_sub_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), m8);
 }
 
+// The sum of the eight int32 lanes (exact).
+inline int32_t hsum_i32(__m256i v) {
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+  return _mm_cvtsi128_si32(h);
+}
+
 void dot_q4_0_lanes(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ4_0*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);
@@ -363,10 +371,7 @@ void dot_q4_0_lanes(int64_t n, const void* w, const void* a, float* out) {
     const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles_32(x[i].qs), qy),
                                        _mm256_maddubs_epi16(_mm256_set1_epi8(8), qy));
     const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
-    acc = std::fmaf(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), static_cast<float>(_mm_cvtsi128_si32(h)), acc);
+    acc = std::fmaf(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), static_cast<float>(hsum_i32(s)), acc);
   }
   *out = acc;
 }
@@ -450,10 +455,7 @@ void dot_q8_0_lanes(int64_t n, const void* w, const void* a, float* out) {
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
     const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
                                         _mm256_set1_epi16(1));
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
-    acc = std::fmaf(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), static_cast<float>(_mm_cvtsi128_si32(h)), acc);
+    acc = std::fmaf(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), static_cast<float>(hsum_i32(s)), acc);
   }
   *out = acc;
 }
@@ -484,31 +486,38 @@ void gemm_q8_0_x8(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, 
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
 }
 
-void x8_gemm_q8_0(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums* sums, int64_t ss, int n_tok,
-                  float* y, int64_t ys) {
-  const auto* wb = static_cast<const BlockQ8_0x8*>(w);
+// FormatKernels::x8_gemm from a family of group kernels K::run<T> (T tokens).
+template <class K>
+void x8_gemm(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums* sums, int64_t ss, int n_tok, float* y,
+             int64_t ys) {
+  const auto* wb = static_cast<const typename K::Block*>(w);
   const auto* ab = static_cast<const uint8_t*>(a);
   switch (n_tok) {
-    case 1: return gemm_q8_0_x8<1>(n, wb, ab, as, sums, ss, y, ys);
-    case 2: return gemm_q8_0_x8<2>(n, wb, ab, as, sums, ss, y, ys);
-    case 3: return gemm_q8_0_x8<3>(n, wb, ab, as, sums, ss, y, ys);
-    case 4: return gemm_q8_0_x8<4>(n, wb, ab, as, sums, ss, y, ys);
+    case 1: return K::template run<1>(n, wb, ab, as, sums, ss, y, ys);
+    case 2: return K::template run<2>(n, wb, ab, as, sums, ss, y, ys);
+    case 3: return K::template run<3>(n, wb, ab, as, sums, ss, y, ys);
+    case 4: return K::template run<4>(n, wb, ab, as, sums, ss, y, ys);
     default: EBB_CHECK_MSG(false, "x8_gemm: 1 to 4 tokens");
   }
 }
 
-void x8_gemm_q4_0(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums* sums, int64_t ss, int n_tok,
-                  float* y, int64_t ys) {
-  const auto* wb = static_cast<const BlockQ4_0x8*>(w);
-  const auto* ab = static_cast<const uint8_t*>(a);
-  switch (n_tok) {
-    case 1: return gemm_q4_0_x8<1>(n, wb, ab, as, sums, ss, y, ys);
-    case 2: return gemm_q4_0_x8<2>(n, wb, ab, as, sums, ss, y, ys);
-    case 3: return gemm_q4_0_x8<3>(n, wb, ab, as, sums, ss, y, ys);
-    case 4: return gemm_q4_0_x8<4>(n, wb, ab, as, sums, ss, y, ys);
-    default: EBB_CHECK_MSG(false, "x8_gemm: 1 to 4 tokens");
+struct Q8_0x8Kernels {
+  using Block = BlockQ8_0x8;
+  template <int T>
+  static void run(int64_t n, const Block* w, const uint8_t* a, size_t as, const Q8_0Sums* s, int64_t ss, float* y,
+                  int64_t ys) {
+    gemm_q8_0_x8<T>(n, w, a, as, s, ss, y, ys);
   }
-}
+};
+
+struct Q4_0x8Kernels {
+  using Block = BlockQ4_0x8;
+  template <int T>
+  static void run(int64_t n, const Block* w, const uint8_t* a, size_t as, const Q8_0Sums* s, int64_t ss, float* y,
+                  int64_t ys) {
+    gemm_q4_0_x8<T>(n, w, a, as, s, ss, y, ys);
+  }
+};
 
 void dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
@@ -830,10 +839,10 @@ FormatTable avx2_format_table() {
   tile(DType::kQ6_K, tile_q6_k<2, 4>, 2, 4);
   row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
   row(DType::kQ4_0).x8_sums = x8_sums_q8_0;
-  row(DType::kQ4_0).x8_gemm = x8_gemm_q4_0;
+  row(DType::kQ4_0).x8_gemm = x8_gemm<Q4_0x8Kernels>;
   row(DType::kQ4_0).x8_dot = dot_q4_0_lanes;
   row(DType::kQ8_0).x8_sums = x8_sums_q8_0;
-  row(DType::kQ8_0).x8_gemm = x8_gemm_q8_0;
+  row(DType::kQ8_0).x8_gemm = x8_gemm<Q8_0x8Kernels>;
   row(DType::kQ8_0).x8_dot = dot_q8_0_lanes;
   row(DType::kQ4_K).quantize_act = quantize_q8_k;
   row(DType::kQ4_K).vec_dot = dot_q4_k;
