@@ -10,6 +10,7 @@
 #include <set>
 #include <unistd.h>
 
+#include "kernels/matmul.h"
 #include "platform/error.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -296,6 +297,50 @@ TEST_F(ElasticTest, OverTheMemoryLimitRequestsStreamAndComeBackWhenItRises) {
   EXPECT_TRUE(eng->elastic()->fully_resident());
   EXPECT_FALSE(eng->elastic()->streaming());
   EXPECT_EQ(eng->elastic()->footprint().stream_window, 0u);
+}
+
+// Packed weights (Q4_0, Q8_0 on targets with packed kernels) are packed again
+// after every read: restoring all layers from the file, and streaming layers
+// through the window under a memory limit, both give the never-evicted logits
+// bit for bit.
+TEST(ElasticPacked, RestoredAndStreamedPackedWeightsAreExact) {
+  const std::string dir = make_temp_dir("ebb-elastic-packed");
+  for (const char* name : {"tiny-qwen3-q4_0.gguf", "tiny-llama-q8_0.gguf"}) {
+    SCOPED_TRACE(name);
+    const std::string model = model_path(name);
+    auto ref = make_engine(model, dir);
+    const bool packs = kernel_set(ref->isa()).format(DType::kQ4_0)->x8_gemm != nullptr;
+    bool any_packed = false;
+    for (const TensorSlot& t : ref->model().layer_unit(0).slots()) any_packed |= t.packing != Packing::kRows;
+    EXPECT_EQ(any_packed, packs);
+    const int64_t n_vocab = ref->config().n_vocab;
+    const auto context = tokens(300, n_vocab, 1), query = tokens(8, n_vocab, 2);
+    std::vector<float> want;
+    {
+      Session s(*ref);
+      s.feed(context);
+      const auto l = s.feed(query);
+      want.assign(l.begin(), l.end());
+    }
+    {
+      auto eng = make_engine(model, dir, EvictPolicyKind::kPartialOffload);
+      Session s(*eng);
+      s.feed(context);
+      EXPECT_EQ(eng->evict(evictable(*eng, s)).weights_dropped, eng->model().n_layers());
+      const auto got = s.feed(query);
+      for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(got[i], want[i]) << "restored, token " << i;
+    }
+    {
+      auto eng = make_engine(model, dir, EvictPolicyKind::kPartialOffload);
+      Session s(*eng);
+      s.feed(context);
+      eng->set_memory_limit(evictable(*eng, s) * 3 / 5);
+      const auto got = s.feed(query);
+      EXPECT_TRUE(eng->elastic()->streaming());
+      for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(got[i], want[i]) << "streamed, token " << i;
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
