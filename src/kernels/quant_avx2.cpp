@@ -578,6 +578,14 @@ void dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
   *out = hsum(acc) - acc_m;
 }
 
+// vpshufb control picking int16 element 2p of each 128-bit half into the
+// low half's eight lanes and element 2p + 1 into the high half's.
+inline __m256i q6_k_scale_select(int p) {
+  const char lo = static_cast<char>(4 * p), hi = static_cast<char>(4 * p + 2);
+  return _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
+                          hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1);
+}
+
 void dot_q6_k(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
