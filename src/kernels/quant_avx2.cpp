@@ -362,18 +362,25 @@ inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(h);
 }
 
-void dot_q4_0_lanes(int64_t n, const void* w, const void* a, float* out) {
-  const auto* x = static_cast<const BlockQ4_0*>(w);
+// The packed arithmetic for one plain row and token: acc = fmaf(dx * dy,
+// isum_b, acc) block after block, isum_b = block_isum(x[b], y[b]) exact.
+template <class Block, class BlockIsum>
+void lanes_dot(int64_t n, const void* w, const void* a, float* out, BlockIsum block_isum) {
+  const auto* x = static_cast<const Block*>(w);
   const auto* y = static_cast<const BlockQ8_0*>(a);
   float acc = 0.f;
-  for (int64_t i = 0; i < n / kQK8_0; ++i) {
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles_32(x[i].qs), qy),
-                                       _mm256_maddubs_epi16(_mm256_set1_epi8(8), qy));
-    const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-    acc = std::fmaf(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), static_cast<float>(hsum_i32(s)), acc);
-  }
+  for (int64_t i = 0; i < n / kQK8_0; ++i)
+    acc = std::fmaf(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), static_cast<float>(block_isum(x[i], y[i])), acc);
   *out = acc;
+}
+
+void dot_q4_0_lanes(int64_t n, const void* w, const void* a, float* out) {
+  lanes_dot<BlockQ4_0>(n, w, a, out, [](const BlockQ4_0& x, const BlockQ8_0& y) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs));
+    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles_32(x.qs), qy),
+                                       _mm256_maddubs_epi16(_mm256_set1_epi8(8), qy));
+    return hsum_i32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  });
 }
 
 // Rows 0..7 against T tokens: y[t * ys + r].
@@ -421,7 +428,7 @@ void x8_sums_q8_0(int64_t n, const void* a, Q8_0Sums* sums) {
 }
 
 template <int T>
-void gemm_q4_0_x8(int64_t n, const BlockQ4_0x8* w, const uint8_t* a, size_t as, const Q8_0Sums* sums, int64_t ss,
+void gemm_x8(int64_t n, const BlockQ4_0x8* w, const uint8_t* a, size_t as, const Q8_0Sums* sums, int64_t ss,
                   float* y, int64_t ys) {
   const int64_t nb = n / kQK8_0;
   __m256 acc[T];
@@ -447,21 +454,16 @@ void gemm_q4_0_x8(int64_t n, const BlockQ4_0x8* w, const uint8_t* a, size_t as, 
 // int32 per lane. Same arithmetic per (row, token) as dot_q8_0_lanes.
 
 void dot_q8_0_lanes(int64_t n, const void* w, const void* a, float* out) {
-  const auto* x = static_cast<const BlockQ8_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
-  float acc = 0.f;
-  for (int64_t i = 0; i < n / kQK8_0; ++i) {
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
-                                        _mm256_set1_epi16(1));
-    acc = std::fmaf(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), static_cast<float>(hsum_i32(s)), acc);
-  }
-  *out = acc;
+  lanes_dot<BlockQ8_0>(n, w, a, out, [](const BlockQ8_0& x, const BlockQ8_0& y) {
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs));
+    return hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
+                                      _mm256_set1_epi16(1)));
+  });
 }
 
 template <int T>
-void gemm_q8_0_x8(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, const Q8_0Sums* sums, int64_t ss,
+void gemm_x8(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, const Q8_0Sums* sums, int64_t ss,
                   float* y, int64_t ys) {
   const int64_t nb = n / kQK8_0;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -486,38 +488,21 @@ void gemm_q8_0_x8(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, 
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
 }
 
-// FormatKernels::x8_gemm from a family of group kernels K::run<T> (T tokens).
-template <class K>
+// FormatKernels::x8_gemm for a packed block type: gemm_x8<T> (overloaded on
+// the block type) with the token count as its template argument.
+template <class Block>
 void x8_gemm(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums* sums, int64_t ss, int n_tok, float* y,
              int64_t ys) {
-  const auto* wb = static_cast<const typename K::Block*>(w);
+  const auto* wb = static_cast<const Block*>(w);
   const auto* ab = static_cast<const uint8_t*>(a);
   switch (n_tok) {
-    case 1: return K::template run<1>(n, wb, ab, as, sums, ss, y, ys);
-    case 2: return K::template run<2>(n, wb, ab, as, sums, ss, y, ys);
-    case 3: return K::template run<3>(n, wb, ab, as, sums, ss, y, ys);
-    case 4: return K::template run<4>(n, wb, ab, as, sums, ss, y, ys);
+    case 1: return gemm_x8<1>(n, wb, ab, as, sums, ss, y, ys);
+    case 2: return gemm_x8<2>(n, wb, ab, as, sums, ss, y, ys);
+    case 3: return gemm_x8<3>(n, wb, ab, as, sums, ss, y, ys);
+    case 4: return gemm_x8<4>(n, wb, ab, as, sums, ss, y, ys);
     default: EBB_CHECK_MSG(false, "x8_gemm: 1 to 4 tokens");
   }
 }
-
-struct Q8_0x8Kernels {
-  using Block = BlockQ8_0x8;
-  template <int T>
-  static void run(int64_t n, const Block* w, const uint8_t* a, size_t as, const Q8_0Sums* s, int64_t ss, float* y,
-                  int64_t ys) {
-    gemm_q8_0_x8<T>(n, w, a, as, s, ss, y, ys);
-  }
-};
-
-struct Q4_0x8Kernels {
-  using Block = BlockQ4_0x8;
-  template <int T>
-  static void run(int64_t n, const Block* w, const uint8_t* a, size_t as, const Q8_0Sums* s, int64_t ss, float* y,
-                  int64_t ys) {
-    gemm_q4_0_x8<T>(n, w, a, as, s, ss, y, ys);
-  }
-};
 
 void dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ4_K*>(w);
@@ -847,10 +832,10 @@ FormatTable avx2_format_table() {
   tile(DType::kQ6_K, tile_q6_k<2, 4>, 2, 4);
   row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
   row(DType::kQ4_0).x8_sums = x8_sums_q8_0;
-  row(DType::kQ4_0).x8_gemm = x8_gemm<Q4_0x8Kernels>;
+  row(DType::kQ4_0).x8_gemm = x8_gemm<BlockQ4_0x8>;
   row(DType::kQ4_0).x8_dot = dot_q4_0_lanes;
   row(DType::kQ8_0).x8_sums = x8_sums_q8_0;
-  row(DType::kQ8_0).x8_gemm = x8_gemm<Q8_0x8Kernels>;
+  row(DType::kQ8_0).x8_gemm = x8_gemm<BlockQ8_0x8>;
   row(DType::kQ8_0).x8_dot = dot_q8_0_lanes;
   row(DType::kQ4_K).quantize_act = quantize_q8_k;
   row(DType::kQ4_K).vec_dot = dot_q4_k;
