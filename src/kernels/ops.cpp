@@ -10,9 +10,13 @@ namespace ebb {
 namespace {
 
 void rmsnorm_scalar(const float* x, const float* w, float* y, int64_t n, float eps) {
-  double ss = 0.0;  // double: this is the reference the SIMD sums are checked against
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float scale = n > 0 ? static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps)) : 0.0f;
+  if (n <= 0) return;
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float sq = x[i] * x[i];  // rounded to float, then added in double
+    ss += static_cast<double>(sq);
+  }
+  const float scale = detail::rms_scale(ss, n, eps);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 

@@ -12,24 +12,24 @@ using avx2::exp_ps;
 using avx2::tail_mask;
 
 void rmsnorm_avx2(const float* x, const float* w, float* y, int64_t n, float eps) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  if (n <= 0) return;
+  // Squares rounded to float, summed in double (see rms_scale).
+  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
-    s0 = _mm256_fmadd_ps(a, a, s0);
-    s1 = _mm256_fmadd_ps(b, b, s1);
-  }
   for (; i + 8 <= n; i += 8) {
-    const __m256 a = _mm256_loadu_ps(x + i);
-    s0 = _mm256_fmadd_ps(a, a, s0);
+    const __m256 a = _mm256_loadu_ps(x + i), sq = _mm256_mul_ps(a, a);
+    s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+    s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
   }
   if (i < n) {
-    const __m256 a = _mm256_maskload_ps(x + i, tail_mask(n - i));
-    s1 = _mm256_fmadd_ps(a, a, s1);
+    const __m256 a = _mm256_maskload_ps(x + i, tail_mask(n - i)), sq = _mm256_mul_ps(a, a);
+    s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+    s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
   }
-  if (n <= 0) return;
-  const float ss = avx2::hsum_ps(_mm256_add_ps(s0, s1));
-  const __m256 scale = _mm256_set1_ps(1.0f / sqrtf(ss / static_cast<float>(n) + eps));
+  const __m256d s = _mm256_add_pd(s0, s1);
+  const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+  const double ss = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+  const __m256 scale = _mm256_set1_ps(detail::rms_scale(ss, n, eps));
   for (i = 0; i + 8 <= n; i += 8)
     _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), scale), _mm256_loadu_ps(w + i)));
   if (i < n) {

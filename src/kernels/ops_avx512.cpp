@@ -37,18 +37,17 @@ static inline __m512 exp16(__m512 x) {
 
 void rmsnorm_avx512(const float* x, const float* w, float* y, int64_t n, float eps) {
   if (n <= 0) return;
-  __m512 s = _mm512_setzero_ps();
+  // Squares rounded to float, summed in double (see rms_scale).
+  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 a = _mm512_loadu_ps(x + i);
-    s = _mm512_fmadd_ps(a, a, s);
+  for (; i < n; i += 16) {
+    const __m512 a = i + 16 <= n ? _mm512_loadu_ps(x + i) : _mm512_maskz_loadu_ps(tail16(n - i), x + i);
+    const __m512 sq = _mm512_mul_ps(a, a);
+    s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(sq)));
+    s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq), 1))));
   }
-  if (i < n) {
-    const __m512 a = _mm512_maskz_loadu_ps(tail16(n - i), x + i);
-    s = _mm512_fmadd_ps(a, a, s);
-  }
-  const float ss = _mm512_reduce_add_ps(s);
-  const __m512 scale = _mm512_set1_ps(1.0f / sqrtf(ss / static_cast<float>(n) + eps));
+  const double ss = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+  const __m512 scale = _mm512_set1_ps(detail::rms_scale(ss, n, eps));
   for (i = 0; i + 16 <= n; i += 16)
     _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), scale), _mm512_loadu_ps(w + i)));
   if (i < n) {

@@ -2,11 +2,25 @@
 // SIMD files reuse for their tails. Internal to src/kernels.
 #pragma once
 
+#include <math.h>
+
 #include "kernels/ops.h"
 
 namespace ebb::detail {
 
 const OpsKernels& ops_kernels_scalar();
+
+// RMSNorm's factor 1 / sqrt(mean(x^2) + eps) from sum_sq, the sum of the
+// squares x[i] * x[i] each rounded to float, added in double. The mean is
+// narrowed to float and the root and reciprocal taken in float, as the
+// reference engine does: a factor one ulp away moves activations across
+// 8-bit quantization steps downstream, so every target computes it this way.
+// Double sums in different orders agree far below float rounding, so the SIMD
+// targets may add the squares in any order and still give this factor.
+inline float rms_scale(double sum_sq, int64_t n, float eps) {
+  const float mean = static_cast<float>(sum_sq / static_cast<double>(n));
+  return 1.0f / sqrtf(mean + eps);
+}
 
 // Rotates the pairs i0 <= i < rot_dim / 2 of one head v by cos_sin (the
 // scalar RoPE, also the tail of the SIMD versions).

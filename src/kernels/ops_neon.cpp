@@ -59,19 +59,14 @@ inline float32x4_t load_part(const float* p, int64_t i, int64_t n) {
 
 void rmsnorm_neon(const float* x, const float* w, float* y, int64_t n, float eps) {
   if (n <= 0) return;
-  float32x4_t s0 = vdupq_n_f32(0.f), s1 = vdupq_n_f32(0.f);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const float32x4_t a = vld1q_f32(x + i), b = vld1q_f32(x + i + 4);
-    s0 = vfmaq_f32(s0, a, a);
-    s1 = vfmaq_f32(s1, b, b);
+  // Squares rounded to float, summed in double (see rms_scale).
+  float64x2_t s0 = vdupq_n_f64(0.0), s1 = vdupq_n_f64(0.0);
+  for (int64_t i = 0; i < n; i += 4) {
+    const float32x4_t a = load_part(x, i, n), sq = vmulq_f32(a, a);
+    s0 = vaddq_f64(s0, vcvt_f64_f32(vget_low_f32(sq)));
+    s1 = vaddq_f64(s1, vcvt_high_f64_f32(sq));
   }
-  for (; i < n; i += 4) {
-    const float32x4_t a = load_part(x, i, n);
-    s0 = vfmaq_f32(s0, a, a);
-  }
-  const float ss = vaddvq_f32(vaddq_f32(s0, s1));
-  const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  const float scale = detail::rms_scale(vaddvq_f64(vaddq_f64(s0, s1)), n, eps);
   // (x * scale) * w, as the scalar row. y may alias x: each group is read
   // before it is written.
   if (y != x) std::memcpy(y, x, n * sizeof(float));
