@@ -10,7 +10,7 @@ namespace ebb::cli {
 void add_model_options(CLI::App* app, ModelArgs& a) {
   app->add_option("-m,--model", a.model, "GGUF model file")->required();
   app->add_option("-t,--threads", a.threads, "Compute threads (0: all hardware threads)")->capture_default_str();
-  app->add_option("--isa", a.isa, "Force a kernel target: scalar, avx2, avx512, neon (default: best available)");
+  app->add_option("--isa", a.isa, "Force a kernel target: scalar, avx2, avx512, neon, or ref-engine (scalar, rounding in the order of the engine the golden logits come from; slow, for validation) (default: best available)");
   app->add_option("-c,--ctx", a.ctx, "Context size in tokens (0: min(training context, 4096))")->capture_default_str();
   app->add_option("--kv-chunk", a.kv_chunk, "Tokens per KV chunk")->capture_default_str();
   app->add_option("--kv-type", a.kv_type, "KV cache element type: f16 or f32")->capture_default_str();
@@ -53,7 +53,7 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a) {
   o.n_threads = a.threads;
   if (!a.isa.empty()) {
     auto isa = parse_isa(a.isa);
-    if (!isa) throw Error("--isa '" + a.isa + "' is not one of scalar, avx2, avx512, neon");
+    if (!isa) throw Error("--isa '" + a.isa + "' is not one of scalar, avx2, avx512, neon, ref-engine");
     o.isa = *isa;
   }
   o.prefill_batch = a.batch;

@@ -111,7 +111,7 @@ void pv_seq_scalar(const float* vs, const float* ms, int64_t stride, const int* 
       if (c != 1.0f)
         for (int64_t i = 0; i < hd; ++i) a[i] = round_f16(a[i] * c);
       const uint16_t* vr = vb + j * kv_stride;
-      for (int64_t i = 0; i < hd; ++i) a[i] = round_f16(a[i] + fp16_to_fp32(vr[i]) * w);
+      for (int64_t i = 0; i < hd; ++i) a[i] = round_f16(fmaf(fp16_to_fp32(vr[i]), w, a[i]));
     }
   }
 }
@@ -388,6 +388,7 @@ const AttnKernels& select_kernels(Isa isa, DType kv, int64_t hd) {
   if (isa == Isa::kAvx2 || isa == Isa::kAvx512)
     if (const AttnKernels* k = attn_kernels_avx2(kv, hd)) return *k;
 #endif
+  if (isa == Isa::kRefEngine) return attn_kernels_ref_engine(kv);
   return attn_kernels_scalar(kv);
 }
 

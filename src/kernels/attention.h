@@ -67,7 +67,7 @@ size_t attention_scratch_floats(int64_t n_threads, int64_t head_dim, int64_t chu
 //       s = (qh . k[j]) * scale        (F16 values multiplied as floats, F32 sum)
 //       if s > m: ms = e^(m - s), m = s, acc = f16(acc * ms), vs = 1
 //       else:     ms = 1,         vs = e^(s - m)
-//       acc = f16(acc + vs * v[j])     (elementwise)
+//       acc = f16(fma(vs, v[j], acc))   (elementwise, one rounding to float)
 //       l = l * ms + vs                (F32)
 //     out = acc * (1 / l)              (F32)
 //   f16(x) is x rounded to the nearest F16 value (RNE; an accumulator past the

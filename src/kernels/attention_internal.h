@@ -51,6 +51,9 @@ struct AttnKernels {
 
 // kv: kF16 or kF32.
 const AttnKernels& attn_kernels_scalar(DType kv);
+// The scalar kernels with the F16 scores summed in the reference engine's
+// order (attention_ref_engine.cpp).
+const AttnKernels& attn_kernels_ref_engine(DType kv);
 #if defined(EBB_ARCH_X86)
 // nullptr when head_dim is not a multiple of 8 (the scalar kernels serve then).
 const AttnKernels* attn_kernels_avx2(DType kv, int64_t head_dim);  // attention_avx2.cpp

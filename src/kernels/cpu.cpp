@@ -13,19 +13,21 @@ std::string_view isa_name(Isa isa) {
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kNeon: return "neon";
+    case Isa::kRefEngine: return "ref-engine";
   }
   return "?";
 }
 
 std::optional<Isa> parse_isa(std::string_view name) {
-  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kNeon})
+  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kNeon, Isa::kRefEngine})
     if (isa_name(i) == name) return i;
   return std::nullopt;
 }
 
 bool isa_compiled(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return true;
+    case Isa::kScalar:
+    case Isa::kRefEngine: return true;
 #if defined(EBB_ARCH_X86)
     case Isa::kAvx2:
     case Isa::kAvx512: return true;
@@ -40,7 +42,8 @@ bool isa_compiled(Isa isa) {
 bool isa_supported(Isa isa) {
   if (!isa_compiled(isa)) return false;
   switch (isa) {
-    case Isa::kScalar: return true;
+    case Isa::kScalar:
+    case Isa::kRefEngine: return true;
 #if defined(EBB_ARCH_X86)
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -72,7 +75,7 @@ Isa best_isa() {
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kNeon})
+  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kNeon, Isa::kRefEngine})
     if (isa_supported(i)) out.push_back(i);
   return out;
 }

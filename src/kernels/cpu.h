@@ -10,17 +10,22 @@
 namespace ebb {
 
 enum class Isa {
-  kScalar,  // portable reference
+  kScalar,  // portable; the reference every SIMD kernel is checked against
   kAvx2,    // x86-64: AVX2 + FMA + F16C
   kAvx512,  // x86-64: AVX-512 F/BW/VL + VNNI
   kNeon,    // aarch64: NEON + dot product
+  // Portable scalar kernels that round in the order of the reference engine
+  // the golden logits come from (its x86 AVX-512 build), so ebb's logits can
+  // be compared with them to print precision. Slow; for validation, never
+  // chosen by best_isa().
+  kRefEngine,
 };
 
 std::string_view isa_name(Isa isa);
-std::optional<Isa> parse_isa(std::string_view name);  // "scalar", "avx2", "avx512", "neon"
+std::optional<Isa> parse_isa(std::string_view name);  // "scalar", "avx2", "avx512", "neon", "ref-engine"
 bool isa_compiled(Isa isa);   // this binary contains kernels for it
 bool isa_supported(Isa isa);  // compiled and the running CPU can execute it
 Isa best_isa();               // the fastest supported target
-std::vector<Isa> supported_isas();  // every supported target, scalar first
+std::vector<Isa> supported_isas();  // every supported target, scalar first, ref-engine last
 
 }  // namespace ebb

@@ -75,6 +75,10 @@ const KernelSet& kernel_set(Isa isa) {
       return ks;
     }
 #endif
+    case Isa::kRefEngine: {
+      static const TableKernelSet ks(Isa::kRefEngine, ref_engine_format_table());
+      return ks;
+    }
     default: break;
   }
   EBB_CHECK_MSG(false, "instruction set not compiled in");
@@ -218,7 +222,7 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
     return;
   }
   // Rows and tokens outside whole tiles: in the tile's arithmetic.
-  const auto rest_dot = tile && fk->tile_dot ? fk->tile_dot : vec_dot;
+  const auto rest_dot = fk->tile_dot ? fk->tile_dot : vec_dot;
   int64_t block_rows = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(rstride, 1)), 4, 64);
   block_rows = std::max<int64_t>(TR, block_rows / TR * TR);
   pool.parallel_for_dynamic(rows, block_rows, [&](int64_t rb, int64_t re, int) {

@@ -65,7 +65,7 @@ void rope_head_scalar(float* v, int64_t i0, int64_t rot_dim, const float* cos_si
 }
 
 const OpsKernels& ops_kernels_scalar() {
-  static const OpsKernels k{rmsnorm_scalar, swiglu_scalar, add_scalar, softmax_scalar, rope_scalar};
+  static const OpsKernels k{rmsnorm_scalar, swiglu_scalar, add_scalar, softmax_scalar, rope_scalar, rope_cos_sin};
   return k;
 }
 }  // namespace detail
@@ -80,6 +80,7 @@ const OpsKernels& ops_kernels(Isa isa) {
 #if defined(EBB_ARCH_ARM)
     case Isa::kNeon: return detail::ops_kernels_neon();
 #endif
+    case Isa::kRefEngine: return detail::ops_kernels_ref_engine();
     default: return detail::ops_kernels_scalar();
   }
 }

@@ -28,12 +28,17 @@ struct OpsKernels {
   // Dimensions at and beyond rot_dim are left unchanged.
   void (*rope)(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos_sin,
                RopeStyle style) = nullptr;
+  // The (cos, sin) table of one position for rope: rope_cos_sin, except on
+  // the ref-engine target (the reference engine's float angles).
+  void (*rope_angles)(int64_t pos, int64_t rot_dim, float base, float freq_scale, float* cos_sin,
+                      const float* factors) = nullptr;
 };
 
 const OpsKernels& ops_kernels(Isa isa);
 
 // cos_sin[i] = (cos, sin)(pos * freq_scale * base^(-2i / rot_dim) / factors[i]),
-// i < rot_dim / 2; factors: [rot_dim / 2] divisors, or nullptr for none.
+// i < rot_dim / 2; factors: [rot_dim / 2] divisors, or nullptr for none. The
+// angles are computed in double and rounded once.
 void rope_cos_sin(int64_t pos, int64_t rot_dim, float base, float freq_scale, float* cos_sin,
                   const float* factors = nullptr);
 

@@ -133,7 +133,7 @@ void rope_avx2(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, con
 
 namespace detail {
 const OpsKernels& ops_kernels_avx2() {
-  static const OpsKernels k{rmsnorm_avx2, swiglu_avx2, add_avx2, softmax_avx2, rope_avx2};
+  static const OpsKernels k{rmsnorm_avx2, swiglu_avx2, add_avx2, softmax_avx2, rope_avx2, rope_cos_sin};
   return k;
 }
 }  // namespace detail

@@ -148,7 +148,7 @@ void rope_avx512(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, c
 
 namespace detail {
 const OpsKernels& ops_kernels_avx512() {
-  static const OpsKernels k{rmsnorm_avx512, swiglu_avx512, add_avx512, softmax_avx512, rope_avx512};
+  static const OpsKernels k{rmsnorm_avx512, swiglu_avx512, add_avx512, softmax_avx512, rope_avx512, rope_cos_sin};
   return k;
 }
 }  // namespace detail

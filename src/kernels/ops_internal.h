@@ -9,6 +9,7 @@
 namespace ebb::detail {
 
 const OpsKernels& ops_kernels_scalar();
+const OpsKernels& ops_kernels_ref_engine();  // ops_ref_engine.cpp
 
 // RMSNorm's factor 1 / sqrt(mean(x^2) + eps) from sum_sq, the sum of the
 // squares x[i] * x[i] each rounded to float, added in double. The mean is

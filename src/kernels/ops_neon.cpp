@@ -140,7 +140,7 @@ void rope_neon(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, con
 
 namespace detail {
 const OpsKernels& ops_kernels_neon() {
-  static const OpsKernels k{rmsnorm_neon, swiglu_neon, add_neon, softmax_neon, rope_neon};
+  static const OpsKernels k{rmsnorm_neon, swiglu_neon, add_neon, softmax_neon, rope_neon, rope_cos_sin};
   return k;
 }
 }  // namespace detail

@@ -127,6 +127,7 @@ inline int kernel_format_index(DType t) {
 // Per-target tables. A SIMD table starts from the one below it and replaces
 // the rows (or single kernels) it has faster versions of.
 FormatTable scalar_format_table();
+FormatTable ref_engine_format_table();  // the scalar table, summing in the reference engine's order
 #if defined(EBB_ARCH_X86)
 FormatTable avx2_format_table();
 FormatTable avx512_format_table();

@@ -142,8 +142,8 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
   for (int64_t t = 0; t < n; ++t) {
     const MatrixRow e = src.embedding_row(tokens[t]);
     dequantize_row(ks_, e.matrix, e.row, x_ + t * d);
-    rope_cos_sin(pos0 + t, c.rope_dim, c.rope_base, c.rope_freq_scale, rope_ + t * c.rope_dim,
-                 c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+    ops_.rope_angles(pos0 + t, c.rope_dim, c.rope_base, c.rope_freq_scale, rope_ + t * c.rope_dim,
+                     c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
   }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
