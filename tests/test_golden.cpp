@@ -66,6 +66,17 @@ std::vector<float> all_logits(Engine& e, const test::GoldenCase& c, SessionOptio
 
 int argmax(const float* x, int64_t n) { return static_cast<int>(std::max_element(x, x + n) - x); }
 
+// Normalised squared error of one position's logits against the golden row.
+double nmse(const float* got, const std::vector<float>& ref) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = double(got[i]) - ref[i];
+    err += d * d;
+    norm += double(ref[i]) * ref[i];
+  }
+  return err / std::max(norm, 1e-30);
+}
+
 std::vector<Param> stories_params() {
   std::vector<Param> p;
   for (Isa isa : supported_isas())
@@ -76,17 +87,22 @@ std::vector<Param> stories_params() {
 class GoldenStories : public testing::TestWithParam<Param> {};
 
 // Largest logit difference at every position within 1e-3 x the largest
-// absolute golden logit (F32 weights; the F16 file 1.5e-3, see below), and
-// greedy generation reproduces the golden tokens and text.
+// absolute golden logit (the F16 file on the fast targets 1.5e-3, see below),
+// and greedy generation reproduces the golden tokens and text.
 //
-// Why 1.5e-3 for the F16 file: the reference rounds activations to F16 for
-// F16 weights and does its F16-KV attention in half precision; ebb does the
-// same, but its sums run in a different order, and a last-bit difference
-// before an F16 rounding becomes a one-ulp (5e-4 relative) difference after
-// it. The measured worst case over all 324 positions is 1.26e-3.
+// Why 1.5e-3 for the F16 file on the fast targets: the reference rounds
+// activations to F16 for F16 weights and does its F16-KV attention in half
+// precision; ebb does the same, but its sums run in a different order, and a
+// last-bit difference before an F16 rounding becomes a one-ulp (5e-4
+// relative) difference after it. The measured worst case over all 324
+// positions is 1.26e-3. The ref-engine target sums in the reference's order:
+// the F16 file is reproduced to the golden file's printed digits (NMSE about
+// 1e-11 at every position) and the F32 one to NMSE 3e-8 (an F32 sum whose
+// order is not reproduced exactly yet), so there it is held to NMSE 1e-7.
 TEST_P(GoldenStories, LogitsAndGreedyTokensMatch) {
   auto engine = make_engine(GetParam().model, GetParam().isa);
-  const float tol = GetParam().model == "stories260K" ? 1e-3f : 1.5e-3f;
+  const bool ref_engine = GetParam().isa == Isa::kRefEngine;
+  const float tol = GetParam().model == "stories260K" || ref_engine ? 1e-3f : 1.5e-3f;
   const int64_t V = engine->config().n_vocab;
   for (const test::GoldenCase& c : test::load_golden(GetParam().model)) {
     SCOPED_TRACE(c.prompt);
@@ -102,6 +118,7 @@ TEST_P(GoldenStories, LogitsAndGreedyTokensMatch) {
         max_diff = std::max(max_diff, std::fabs(ref[i] - got[pos * V + i]));
       }
       EXPECT_LE(max_diff, tol * max_ref) << "position " << pos;
+      if (ref_engine) EXPECT_LE(nmse(&got[pos * V], ref), 1e-7) << "position " << pos;
     }
     // Real greedy generation, token by token, in both attention arithmetics
     // (the default F32 one and the reference's).
@@ -149,15 +166,6 @@ std::vector<Param> tiny_params() {
 
 class GoldenTiny : public testing::TestWithParam<Param> {};
 
-double nmse(const float* got, const std::vector<float>& ref) {
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = double(got[i]) - ref[i];
-    err += d * d;
-    norm += double(ref[i]) * ref[i];
-  }
-  return err / std::max(norm, 1e-30);
-}
 
 // Normalised error per position and top-1 agreement against the reference.
 //
@@ -170,17 +178,27 @@ double nmse(const float* got, const std::vector<float>& ref) {
 // Later positions: these models have random weights, which makes them
 // chaotic: a one-ulp difference in an F16 attention accumulator, or one
 // 8-bit activation landing on the other side of a rounding step, moves the
-// logits by up to 3% RMS. The reference's own sums run in an order ebb does
-// not copy (its AVX-512 reductions), so the bounds below are the measured
-// noise floor with margin (worst seen: F16 2e-6, BF16 5.1e-5, quantized
-// 2.5e-3 NMSE; top-1 agreement 94% at worst), not the tighter figures the
-// issue asks for; see the issue notes.
+// logits by up to 3% RMS.
+//
+// The ref-engine target rounds where and as the reference does (its sums in
+// its order, its exp, its RoPE angles, its fused multiply-adds), and
+// reproduces every position of all fourteen files to the golden file's
+// printed digits (NMSE below 3e-12), every top token included: it is held to
+// NMSE 1e-9 and full agreement, well inside the issue's bounds (1e-3 for the
+// quantized formats, 1e-5 for F16 and BF16, 98% top-1). A change to any of
+// those roundings breaks it.
+//
+// The fast targets sum in their own orders, so their logits part from the
+// reference's at the first activation that rounds the other way; their bounds
+// are the measured noise floor with margin (worst seen: F16 2e-6, BF16
+// 5.1e-5, quantized 2.5e-3 NMSE; top-1 agreement 94% at worst).
 TEST_P(GoldenTiny, LogitsMatchByNormalisedError) {
   auto engine = make_engine(GetParam().model, GetParam().isa);
   const std::string& m = GetParam().model;
   const bool bf16 = m.ends_with("bf16"), f16 = !bf16 && m.ends_with("f16");
-  const double max_nmse = f16 ? 1e-5 : bf16 ? 1e-4 : 4e-3;
-  const double min_top1 = f16 || bf16 ? 0.98 : 0.90;
+  const bool ref_engine = GetParam().isa == Isa::kRefEngine;
+  const double max_nmse = ref_engine ? 1e-9 : f16 ? 1e-5 : bf16 ? 1e-4 : 4e-3;
+  const double min_top1 = ref_engine ? 1.0 : f16 || bf16 ? 0.98 : 0.90;
   const int64_t V = engine->config().n_vocab;
   int agree = 0, total = 0;
   double worst = 0;

@@ -112,7 +112,10 @@ std::vector<uint8_t> random_blocks(DType t, int64_t n, uint32_t seed) {
 }
 
 std::string isa_fmt_name(Isa isa, DType t) {
-  return std::string(isa_name(isa)) + "_" + std::string(dtype_name(t));
+  std::string s = std::string(isa_name(isa)) + "_" + std::string(dtype_name(t));
+  for (char& c : s)
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
 }
 
 // Element counts: 1, 3 and 7 blocks, and for the float formats sizes that
@@ -351,6 +354,14 @@ TEST_P(MatmulKernels, EdgeValues) {
 // The register-blocked tile computes each (row, token) dot bit-identically to
 // the dot that serves a batch's leftover rows and tokens (tile_dot, else
 // vec_dot), so a batched product does not depend on how it is tiled.
+//
+// One exception, by design: the ref-engine target's Q4_K reproduces the
+// reference engine, which sums a batch's groups of four tokens in another
+// order than the tokens after the last group. There the tile and its leftover
+// dot agree to float rounding only, and a batch cut off a multiple of four
+// changes the last bits (the golden tests check those bits instead).
+bool sums_groups_of_four(Isa isa, DType t) { return isa == Isa::kRefEngine && t == DType::kQ4_K; }
+
 class MatmulTile : public MatmulKernels {};  // instantiated for the (target, format) pairs that have a tile
 
 TEST_P(MatmulTile, MatchesItsDotBitExact) {
@@ -378,6 +389,10 @@ TEST_P(MatmulTile, MatchesItsDotBitExact) {
       for (int r = 0; r < R; ++r) {
         float want = 0.f;
         (fk_->tile_dot ? fk_->tile_dot : fk_->vec_dot)(n, w.data() + r * wrow, a.data() + t * arow, &want);
+        if (sums_groups_of_four(isa_, type_)) {
+          EXPECT_NEAR(got[t * ys + r], want, 1e-5 * std::fabs(want) + 1e-6) << "n=" << n << " r=" << r << " t=" << t;
+          continue;
+        }
         uint32_t gb, wb;
         std::memcpy(&gb, &got[t * ys + r], 4);
         std::memcpy(&wb, &want, 4);
@@ -521,6 +536,11 @@ TEST_P(MatmulProduct, BatchSplitDoesNotChangeResults) {
     run(0, 2, threads, b);
     run(2, n_tok - 2, threads, b);
     ASSERT_EQ(std::memcmp(whole.data(), a.data(), whole.size() * sizeof(float)), 0) << "8 + 11, threads=" << threads;
+    if (sums_groups_of_four(isa, type)) {  // 2 + 17 regroups the tokens: equal to float rounding only
+      for (size_t i = 0; i < whole.size(); ++i)
+        ASSERT_NEAR(b[i], whole[i], 1e-5 * std::fabs(whole[i]) + 1e-5) << "2 + 17, threads=" << threads << " at " << i;
+      continue;
+    }
     ASSERT_EQ(std::memcmp(whole.data(), b.data(), whole.size() * sizeof(float)), 0) << "2 + 17, threads=" << threads;
   }
 }
