@@ -29,10 +29,10 @@ if ! cmake --build "$build" -j"$jobs" >"$build/build.log" 2>&1; then
 fi
 echo "test_arm: built in $((SECONDS - start)) s"
 
-# The targets a binary sees, from the test names (scalar_F32, neon_Q4_K, ...).
+# The targets a binary sees, from the test names (scalar_F32, neon_Q4_K, ref_engine_Q6_K, ...).
 targets() {
   qemu-aarch64 -cpu "$1" "$build/test_matmul" --gtest_list_tests --gtest_filter='All/MatmulProduct.DequantizeRow/*' |
-    awk '/^  / { t = $1; sub(/.*\//, "", t); split(t, a, "_"); if (!seen[a[1]]++) printf "%s ", a[1] }'
+    awk '/^  / { t = $1; sub(/.*\//, "", t); sub(/_(F32|F16|BF16|Q8_0|Q4_0|Q4_K|Q5_K|Q6_K|Q8_K)$/, "", t); if (!seen[t]++) printf "%s ", t }'
 }
 on_max=$(targets max)
 on_a53=$(targets cortex-a53)
