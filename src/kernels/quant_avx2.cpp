@@ -228,51 +228,6 @@ void dot_bf16(int64_t n, const void* w, const void* a, float* out) {
   *out = s;
 }
 
-void dot_q8_0(int64_t n, const void* w, const void* a, float* out) {
-  const auto* x = static_cast<const BlockQ8_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
-  const int64_t nb = n / kQK8_0;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const __m256i qx0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
-    const __m256i qy0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    const __m256i qx1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs));
-    const __m256i qy1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_i8_32(qx0, qy0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)), dot_i8_32(qx1, qy1), acc1);
-  }
-  for (; i < nb; ++i) {
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_i8_32(qx, qy), acc0);
-  }
-  *out = hsum(_mm256_add_ps(acc0, acc1));
-}
-
-// One row (decode): even and odd blocks in two vector chains, one hsum.
-void dot_q4_0(int64_t n, const void* w, const void* a, float* out) {
-  const auto* x = static_cast<const BlockQ4_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
-  const int64_t nb = n / kQK8_0;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const __m256i qx0 = nibbles_32(x[i].qs);
-    const __m256i qx1 = nibbles_32(x[i + 1].qs);
-    const __m256i qy0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    const __m256i qy1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_q4_32(qx0, qy0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)), dot_q4_32(qx1, qy1), acc1);
-  }
-  for (; i < nb; ++i) {
-    const __m256i qx = nibbles_32(x[i].qs);
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), dot_q4_32(qx, qy), acc0);
-  }
-  *out = hsum(_mm256_add_ps(acc0, acc1));
-}
-
 // ---- Q4_0: eight rows per vector ------------------------------------------------
 //
 // The batch (tile) arithmetic, per (row, token): acc = 0, then for each block
@@ -447,6 +402,167 @@ void gemm_x8(int64_t n, const BlockQ4_0x8* w, const uint8_t* a, size_t as, const
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
 }
 
+// ---- Q4_K packed (Packing::kQ4_Kx8) ----------------------------------------
+//
+// Per (row, token), super-block after super-block, with isum = sum_j sc[j]
+// dot_j and imin = sum_j m[j] (bsums[2j] + bsums[2j + 1]) exact integers:
+//   acc  = fmaf(float(isum), dx * dy, acc)
+//   accm = fmaf(float(imin), dmin_x * dy, accm)
+// result acc - accm. The eight rows of a group sit in the eight lanes: each
+// 32-byte piece of quants holds four bytes of every row, its low and high
+// nibbles two sub-blocks' elements, multiplied by the broadcast activation
+// bytes and summed in int16 over a sub-block (8 pieces: at most 8 x 2 x 15 x
+// 127 < 2^15), then scaled to int32 by one madd with the row's scale.
+// dot_q4_k_rows computes a plain row in the same arithmetic, bit for bit.
+
+// The scales and mins of eight rows, as unpack_scales_mins per dword lane:
+// sc_lo / sc_hi bytes 0-3 = the scales of sub-blocks 0-3 / 4-7, m_lo / m_hi
+// the mins.
+struct ScalesMinsX8 {
+  __m256i sc_lo, sc_hi, m_lo, m_hi;
+};
+
+inline ScalesMinsX8 unpack_scales_mins_x8(const uint8_t* s) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32));
+  const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 64));
+  const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f),
+                hi2 = _mm256_set1_epi32(0x30303030);
+  return {_mm256_and_si256(a, m6),
+          _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_srli_epi32(a, 2), hi2)),
+          _mm256_and_si256(b, m6),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), m4), _mm256_and_si256(_mm256_srli_epi32(b, 2), hi2))};
+}
+
+// Bytes j0 and j1 of every dword lane of v as the lane's two int16 halves.
+inline __m256i bytes_to_i16_pair(__m256i v, int j0, int j1) {
+  const int lo = j0 | 0x8000, hi = j1 | 0x8000;  // 0x80: zero the high byte
+  const __m256i pat = _mm256_setr_epi32(lo | hi << 16, (lo + 4) | (hi + 4) << 16, (lo + 8) | (hi + 8) << 16,
+                                        (lo + 12) | (hi + 12) << 16, lo | hi << 16, (lo + 4) | (hi + 4) << 16,
+                                        (lo + 8) | (hi + 8) << 16, (lo + 12) | (hi + 12) << 16);
+  return _mm256_shuffle_epi8(v, pat);
+}
+
+// Super-blocks [i0, i1) of a group of eight rows (w: the group's packed
+// super-blocks, w[i - i0] for super-block i) against T tokens, accumulated
+// into acc / accm (the scale and min chains, one lane per row).
+template <int T>
+inline void q4_k_x8_span(const BlockQ4_Kx8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
+                         __m256* accm) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t i = i0; i < i1; ++i) {
+    const BlockQ4_Kx8& b = w[i - i0];
+    const ScalesMinsX8 s = unpack_scales_mins_x8(b.scales);
+    __m256i isum[T], imin[T];
+    for (int t = 0; t < T; ++t) isum[t] = imin[t] = _mm256_setzero_si256();
+    for (int kk = 0; kk < 4; ++kk) {  // sub-blocks 2kk (low nibbles) and 2kk + 1 (high)
+      const __m256i sc_src = kk < 2 ? s.sc_lo : s.sc_hi, m_src = kk < 2 ? s.m_lo : s.m_hi;
+      const int j = 2 * (kk % 2);
+      const __m256i sc0 = bytes_to_i16_pair(sc_src, j, j), sc1 = bytes_to_i16_pair(sc_src, j + 1, j + 1);
+      const __m256i mins = bytes_to_i16_pair(m_src, j, j + 1);
+      __m256i lo16[T], hi16[T];
+      for (int t = 0; t < T; ++t) lo16[t] = hi16[t] = _mm256_setzero_si256();
+      // Not unrolled: GCC would reassociate the int16 sums of an unrolled
+      // loop and keep every product on the stack.
+#pragma GCC unroll 1
+      for (int mm = 0; mm < 8; ++mm) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * (8 * kk + mm)));
+        const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* q = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].qs + 64 * kk + 4 * mm;
+          lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
+          hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q + 32))));
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        const int16_t* bs = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].bsums + 4 * kk;
+        const int32_t pair = static_cast<uint16_t>(bs[0] + bs[1]) | static_cast<int32_t>(bs[2] + bs[3]) << 16;
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(lo16[t], sc0),
+                                                             _mm256_madd_epi16(hi16[t], sc1)));
+        imin[t] = _mm256_add_epi32(imin[t], _mm256_madd_epi16(mins, _mm256_set1_epi32(pair)));
+      }
+    }
+    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
+    const __m256 dmx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin)));
+    for (int t = 0; t < T; ++t) {
+      const __m256 dy = _mm256_set1_ps(reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].d);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dx, dy), acc[t]);
+      accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[t]), _mm256_mul_ps(dmx, dy), accm[t]);
+    }
+  }
+}
+
+template <int T>
+void gemm_x8(int64_t n, const BlockQ4_Kx8* w, const uint8_t* a, size_t as, const Q8_0Sums*, int64_t, float* y,
+             int64_t ys) {
+  __m256 acc[T], accm[T];
+  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
+  q4_k_x8_span<T>(w, 0, n / kQK_K, a, as, acc, accm);
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, _mm256_sub_ps(acc[t], accm[t]));
+}
+
+// The tile of plain Q4_K rows (file views, which are not packed): eight rows'
+// super-blocks packed a few at a time into a buffer on the stack and run
+// through the packed kernel, so a plain matrix computes exactly as its packed
+// form does.
+template <int T>
+void tile_q4_k_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  constexpr int64_t kSpan = 8;  // super-blocks per buffer fill (9 KB)
+  alignas(32) BlockQ4_Kx8 buf[kSpan];
+  const auto* rows = static_cast<const uint8_t*>(w);
+  const int64_t nb = n / kQK_K;
+  __m256 acc[T], accm[T];
+  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
+  for (int64_t i0 = 0; i0 < nb; i0 += kSpan) {
+    const int64_t i1 = std::min(nb, i0 + kSpan);
+    for (int r = 0; r < 8; ++r) {
+      const auto* x = reinterpret_cast<const BlockQ4_K*>(rows + r * ws);
+      for (int64_t i = i0; i < i1; ++i) {
+        BlockQ4_Kx8& b = buf[i - i0];
+        b.d[r] = x[i].d;
+        b.dmin[r] = x[i].dmin;
+        for (int p = 0; p < 3; ++p) std::memcpy(b.scales + 32 * p + 4 * r, x[i].scales + 4 * p, 4);
+        for (int k = 0; k < 32; ++k) std::memcpy(b.qs + 32 * k + 4 * r, x[i].qs + 4 * k, 4);
+      }
+    }
+    q4_k_x8_span<T>(buf, i0, i1, static_cast<const uint8_t*>(a), as, acc, accm);
+  }
+  alignas(32) float o[T][8];
+  for (int t = 0; t < T; ++t) _mm256_store_ps(o[t], _mm256_sub_ps(acc[t], accm[t]));
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
+}
+
+// The packed arithmetic for one plain Q4_K row (the rows past a matrix's last
+// group of eight).
+void dot_q4_k_rows(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const BlockQ4_K*>(w);
+  const auto* y = static_cast<const BlockQ8_K*>(a);
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  float acc = 0.f, accm = 0.f;
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const __m128i scm = unpack_scales_mins(x[i].scales);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+    const int imin = mins_dot_bsums(_mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)), y[i].bsums);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * k));
+      const __m256i q8l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k));
+      const __m256i q8h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k + 32));
+      const __m256i pl = _mm256_maddubs_epi16(_mm256_and_si256(q4, m4), q8l);
+      const __m256i ph = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), q8h);
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, scale_of(sc16, 2 * k)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, scale_of(sc16, 2 * k + 1)));
+    }
+    acc = std::fmaf(static_cast<float>(hsum_i32(sumi)), _cvtsh_ss(x[i].d) * y[i].d, acc);
+    accm = std::fmaf(static_cast<float>(imin), _cvtsh_ss(x[i].dmin) * y[i].d, accm);
+  }
+  *out = acc - accm;
+}
+
+// Q8_K activations carry their sums (bsums): nothing to precompute.
+void x8_sums_none(int64_t, const void*, Q8_0Sums*) {}
+
 // ---- Q8_0 packed (Packing::kQ8_0x8) ----------------------------------------
 //
 // Eight rows in the eight dword lanes: for each 4-byte piece k of the block,
@@ -462,19 +578,18 @@ void dot_q8_0_lanes(int64_t n, const void* w, const void* a, float* out) {
   });
 }
 
+// Blocks [i0, i1) of a group of eight Q8_0 rows (w[i - i0] for block i)
+// against T tokens, accumulated into acc (one lane per row).
 template <int T>
-void gemm_x8(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, const Q8_0Sums* sums, int64_t ss,
-                  float* y, int64_t ys) {
-  const int64_t nb = n / kQK8_0;
+inline void q8_0_x8_span(const BlockQ8_0x8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].d)));
+  for (int64_t i = i0; i < i1; ++i) {
+    const BlockQ8_0x8& b = w[i - i0];
+    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
     __m256i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
     for (int k = 0; k < 8; ++k) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * k));
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * k));
       const __m256i av = _mm256_sign_epi8(v, v);
       for (int t = 0; t < T; ++t) {
         const auto* q = reinterpret_cast<const BlockQ8_0*>(a + t * as) + i;
@@ -482,10 +597,48 @@ void gemm_x8(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, const
         isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(yk, v)), ones));
       }
     }
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(sums[t * ss + i].d)), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+    for (int t = 0; t < T; ++t) {
+      const float dy = _cvtsh_ss(reinterpret_cast<const BlockQ8_0*>(a + t * as)[i].d);
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(dy)), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+    }
   }
+}
+
+template <int T>
+void gemm_x8(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, const Q8_0Sums*, int64_t, float* y,
+             int64_t ys) {
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  q8_0_x8_span<T>(w, 0, n / kQK8_0, a, as, acc);
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
+}
+
+// The tile of plain Q8_0 rows (file views): eight rows' blocks packed a span
+// at a time on the stack and run through the packed kernel, so a plain matrix
+// computes exactly as its packed form does.
+template <int T>
+void tile_q8_0_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  constexpr int64_t kSpan = 32;  // blocks per buffer fill (8.5 KB)
+  alignas(32) BlockQ8_0x8 buf[kSpan];
+  const auto* rows = static_cast<const uint8_t*>(w);
+  const int64_t nb = n / kQK8_0;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t i0 = 0; i0 < nb; i0 += kSpan) {
+    const int64_t i1 = std::min(nb, i0 + kSpan);
+    for (int r = 0; r < 8; ++r) {
+      const auto* x = reinterpret_cast<const BlockQ8_0*>(rows + r * ws);
+      for (int64_t i = i0; i < i1; ++i) {
+        buf[i - i0].d[r] = x[i].d;
+        for (int k = 0; k < 8; ++k) std::memcpy(buf[i - i0].qs + 32 * k + 4 * r, x[i].qs + 4 * k, 4);
+      }
+    }
+    q8_0_x8_span<T>(buf, i0, i1, static_cast<const uint8_t*>(a), as, acc);
+  }
+  alignas(32) float o[T][8];
+  for (int t = 0; t < T; ++t) _mm256_store_ps(o[t], acc[t]);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
 }
 
 // FormatKernels::x8_gemm for a packed block type: gemm_x8<T> (overloaded on
@@ -502,32 +655,6 @@ void x8_gemm(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums*
     case 4: return gemm_x8<4>(n, wb, ab, as, sums, ss, y, ys);
     default: EBB_CHECK_MSG(false, "x8_gemm: 1 to 4 tokens");
   }
-}
-
-void dot_q4_k(int64_t n, const void* w, const void* a, float* out) {
-  const auto* x = static_cast<const BlockQ4_K*>(w);
-  const auto* y = static_cast<const BlockQ8_K*>(a);
-  const __m256i m4 = _mm256_set1_epi8(0xF);
-  __m256 acc = _mm256_setzero_ps();
-  float acc_m = 0.f;
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const __m128i scm = unpack_scales_mins(x[i].scales);
-    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
-    const float d = _cvtsh_ss(x[i].d) * y[i].d, dmin = _cvtsh_ss(x[i].dmin) * y[i].d;
-    acc_m += dmin * static_cast<float>(mins_dot_bsums(_mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)), y[i].bsums));
-    __m256i sumi = _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k) {
-      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * k));
-      const __m256i q8l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k));
-      const __m256i q8h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k + 32));
-      const __m256i pl = _mm256_maddubs_epi16(_mm256_and_si256(q4, m4), q8l);
-      const __m256i ph = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), q8h);
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, scale_of(sc16, 2 * k)));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, scale_of(sc16, 2 * k + 1)));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-  }
-  *out = hsum(acc) - acc_m;
 }
 
 void dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
@@ -612,52 +739,8 @@ void dot_q6_k(int64_t n, const void* w, const void* a, float* out) {
 // ---- register-blocked tiles (several tokens at once) ---------------------------
 //
 // Each (row, token) dot below performs exactly the operations of the matching
-// dot_* above in the same order, so results are bit-identical. dot_q8_0
-// accumulates even blocks into one vector and odd blocks into another
-// (an odd tail block is the last even one), then hsum(even + odd): the tiles
-// run the even chain, then the odd chain, keeping R*T accumulators live.
-// dot_f16 keeps four chains (element offset 8k within each 32) for n % 32 == 0.
-
-template <int R, int T>
-void tile_q8_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  const int64_t nb = n / kQK8_0;
-  const BlockQ8_0* x[R];
-  const BlockQ8_0* q[T];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) + r * ws);
-  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(a) + t * as);
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 even[R][T];
-  for (int par = 0; par < 2; ++par) {
-    __m256 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t i = par; i < nb; i += 2) {
-      __m256i qx[R], ax[R];
-      float dx[R];
-      for (int r = 0; r < R; ++r) {
-        qx[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs));
-        ax[r] = _mm256_sign_epi8(qx[r], qx[r]);
-        dx[r] = _cvtsh_ss(x[r][i].d);
-      }
-      for (int t = 0; t < T; ++t) {
-        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs));
-        const float dy = _cvtsh_ss(q[t][i].d);
-        for (int r = 0; r < R; ++r) {
-          const __m256i p16 = _mm256_maddubs_epi16(ax[r], _mm256_sign_epi8(qy, qx[r]));
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r] * dy), f, acc[r][t]);
-        }
-      }
-    }
-    if (par == 0) {
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) even[r][t] = acc[r][t];
-    } else {
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(_mm256_add_ps(even[r][t], acc[r][t]));
-    }
-  }
-}
+// dot_* above in the same order, so results are bit-identical. dot_f16 keeps
+// four chains (element offset 8k within each 32) for n % 32 == 0.
 
 template <int R, int T>
 void tile_f16(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
@@ -693,9 +776,9 @@ void tile_f16(int64_t n, const void* w, size_t ws, const void* a, size_t as, flo
                                          _mm256_add_ps(chain[2][r][t], chain[3][r][t])));
 }
 
-// dot_q4_k / dot_q5_k per (row, token): per block an exact int32 sum (order
-// free), then one fmadd into a single vector chain and one scalar min term,
-// as there. Block is BlockQ4_K or BlockQ5_K (whose qh adds a fifth bit).
+// dot_q5_k per (row, token): per block an exact int32 sum (order free), then
+// one fmadd into a single vector chain and one scalar min term, as there.
+// Block is BlockQ5_K (or BlockQ4_K: the same without the fifth bit from qh).
 template <class Block, int R, int T>
 void tile_qk_45(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
   constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
@@ -815,8 +898,11 @@ FormatTable avx2_format_table() {
   row(DType::kF32).vec_dot = dot_f32;
   row(DType::kF16) = {DType::kF16, DType::kF16, f16_to_float, quantize_f16, dot_f16};
   row(DType::kBF16) = {DType::kBF16, DType::kBF16, bf16_to_float, quantize_bf16, dot_bf16};
-  row(DType::kQ8_0) = {DType::kQ8_0, DType::kQ8_0, q8_0_to_float, quantize_q8_0, dot_q8_0};
-  row(DType::kQ4_0) = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0};
+  // Q8_0, Q4_0 and Q4_K (below) compute plain rows in their packed
+  // arithmetic, one token or many, so a matrix gives the same bits viewed
+  // from the file (budget mode, the mmap baseline) as packed in its unit.
+  row(DType::kQ8_0) = {DType::kQ8_0, DType::kQ8_0, q8_0_to_float, quantize_q8_0, dot_q8_0_lanes};
+  row(DType::kQ4_0) = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0_lanes};
   // Tiles (rows x tokens), sized by measurement with bench_matmul: 2 x 4 for
   // the row-at-a-time forms (2 x 2 ran at about 0.75x on Q4_K and Q6_K).
   auto tile = [&](DType d, decltype(FormatKernels::vec_dot_tile) fn, int rows, int tokens) {
@@ -825,20 +911,26 @@ FormatTable avx2_format_table() {
     row(d).tile_tokens = tokens;
   };
   tile(DType::kF16, tile_f16<2, 4>, 2, 4);
-  tile(DType::kQ8_0, tile_q8_0<2, 4>, 2, 4);
+  tile(DType::kQ8_0, tile_q8_0_x8<4>, 8, 4);
   tile(DType::kQ4_0, tile_q4_0<4>, 8, 4);
-  tile(DType::kQ4_K, tile_qk_45<BlockQ4_K, 2, 4>, 2, 4);
+  // Q4_K: the packed arithmetic for plain rows too (8 x 4, see tile_q4_k_x8).
+  tile(DType::kQ4_K, tile_q4_k_x8<4>, 8, 4);
   tile(DType::kQ5_K, tile_qk_45<BlockQ5_K, 2, 4>, 2, 4);
   tile(DType::kQ6_K, tile_q6_k<2, 4>, 2, 4);
   row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
   row(DType::kQ4_0).x8_sums = x8_sums_q8_0;
   row(DType::kQ4_0).x8_gemm = x8_gemm<BlockQ4_0x8>;
   row(DType::kQ4_0).x8_dot = dot_q4_0_lanes;
-  row(DType::kQ8_0).x8_sums = x8_sums_q8_0;
+  row(DType::kQ8_0).tile_dot = dot_q8_0_lanes;
+  row(DType::kQ8_0).x8_sums = x8_sums_none;  // its packed kernel needs no sums
   row(DType::kQ8_0).x8_gemm = x8_gemm<BlockQ8_0x8>;
   row(DType::kQ8_0).x8_dot = dot_q8_0_lanes;
+  row(DType::kQ4_K).x8_sums = x8_sums_none;
+  row(DType::kQ4_K).x8_gemm = x8_gemm<BlockQ4_Kx8>;
+  row(DType::kQ4_K).x8_dot = dot_q4_k_rows;
   row(DType::kQ4_K).quantize_act = quantize_q8_k;
-  row(DType::kQ4_K).vec_dot = dot_q4_k;
+  row(DType::kQ4_K).vec_dot = dot_q4_k_rows;
+  row(DType::kQ4_K).tile_dot = dot_q4_k_rows;
   row(DType::kQ5_K).quantize_act = quantize_q8_k;
   row(DType::kQ5_K).vec_dot = dot_q5_k;
   row(DType::kQ6_K).quantize_act = quantize_q8_k;

@@ -48,24 +48,6 @@ inline __m256i nibbles_32(const uint8_t* p) {
   return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
 }
 
-// Dot of 32 signed bytes x with 32 signed bytes y (y in [-127, 127]) as 8
-// int32 partial sums converted to float (exact). maddubs needs an unsigned
-// operand: |x| times y with x's sign moved onto it.
-inline __m256 dot_i8_32(__m256i x, __m256i y) {
-  const __m256i ax = _mm256_sign_epi8(x, x);
-  const __m256i sy = _mm256_sign_epi8(y, x);
-  const __m256i p16 = _mm256_maddubs_epi16(ax, sy);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
-
-// Dot of 32 Q4_0 nibbles (unsigned, 0..15) minus 8 with 32 signed bytes y,
-// as 8 int32 partial sums converted to float: sum q*y - 8*sum y, both halves
-// exact in int16 (|q*y pair| <= 3810, |8*y pair| <= 2032).
-inline __m256 dot_q4_32(__m256i q, __m256i y) {
-  const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(_mm256_set1_epi8(8), y));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-
 inline float abs_max_32(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));

@@ -101,59 +101,6 @@ void dot_f32(int64_t n, const void* w, const void* a, float* out) {
   *out = s;
 }
 
-// 64 signed bytes x times 64 signed bytes y (y in [-127, 127]) as 16 int32
-// sums of 4: VNNI wants u8 x s8, so |x| times y carrying x's sign.
-inline __m512i dot_i8_64(__m512i x, __m512i y) {
-  const __m512i ax = _mm512_abs_epi8(x);
-  const __mmask64 neg = _mm512_movepi8_mask(x);
-  const __m512i sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy);
-}
-
-inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
-
-inline __m512 scales2(float lo, float hi) { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
-
-inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-void dot_q8_0(int64_t n, const void* w, const void* a, float* out) {
-  const auto* x = static_cast<const BlockQ8_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
-  const int64_t nb = n / kQK8_0;
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const __m512i qx = join(load32(x[i].qs), load32(x[i + 1].qs));
-    const __m512i qy = join(load32(y[i].qs), load32(y[i + 1].qs));
-    const __m512 d = scales2(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), _cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d));
-    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8_64(qx, qy)), acc);
-  }
-  float s = _mm512_reduce_add_ps(acc);
-  if (i < nb) s += _cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d) * avx2::hsum(avx2::dot_i8_32(load32(x[i].qs), load32(y[i].qs)));
-  *out = s;
-}
-
-void dot_q4_0(int64_t n, const void* w, const void* a, float* out) {
-  const auto* x = static_cast<const BlockQ4_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
-  const int64_t nb = n / kQK8_0;
-  const __m256i off = _mm256_set1_epi8(8);
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const __m512i qx = join(_mm256_sub_epi8(avx2::nibbles_32(x[i].qs), off), _mm256_sub_epi8(avx2::nibbles_32(x[i + 1].qs), off));
-    const __m512i qy = join(load32(y[i].qs), load32(y[i + 1].qs));
-    const __m512 d = scales2(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d), _cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d));
-    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8_64(qx, qy)), acc);
-  }
-  float s = _mm512_reduce_add_ps(acc);
-  if (i < nb) {
-    const __m256i qx = _mm256_sub_epi8(avx2::nibbles_32(x[i].qs), off);
-    s += _cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d) * avx2::hsum(avx2::dot_i8_32(qx, load32(y[i].qs)));
-  }
-  *out = s;
-}
-
 }  // namespace
 
 FormatTable avx512_format_table() {
@@ -165,11 +112,10 @@ FormatTable avx512_format_table() {
   row(DType::kF16).vec_dot = dot_f16;
   row(DType::kBF16).to_float = bf16_to_float;
   row(DType::kBF16).vec_dot = dot_bf16;
-  row(DType::kQ8_0).vec_dot = dot_q8_0;
-  row(DType::kQ4_0).vec_dot = dot_q4_0;
   // The AVX2 tiles compute in the AVX2 vec_dot's order: drop them where
-  // vec_dot was replaced.
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) row(d).vec_dot_tile = nullptr;
+  // vec_dot was replaced. Q8_0, Q4_0 and Q4_K keep the AVX2 kernels: their
+  // plain rows compute in the packed arithmetic (see avx2_format_table).
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) row(d).vec_dot_tile = nullptr;
   return t;
 }
 

@@ -65,6 +65,21 @@ struct BlockQ4_K {
 };
 static_assert(sizeof(BlockQ4_K) == 144);
 
+// Super-block i of eight Q4_K rows r = 0..7, interleaved (Packing::kQ4_Kx8):
+// the eight d, the eight dmin, then row r's 12 scale bytes as three 4-byte
+// pieces (piece p at 32p + 4r), then qs[32k + 4r + j] = byte 4k + j of row
+// r's qs (k < 32). So the 32 bytes from 32k hold, in dword lane r, row r's
+// elements 64(k / 8) + 4(k % 8) + 0..3 of sub-block 2(k / 8) (low nibbles)
+// and the same 32 further on, of sub-block 2(k / 8) + 1 (high nibbles); and
+// the scale pieces unpack for all eight rows with dword shifts and masks.
+struct BlockQ4_Kx8 {
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t scales[96];
+  uint8_t qs[1024];
+};
+static_assert(sizeof(BlockQ4_Kx8) == 8 * sizeof(BlockQ4_K));
+
 // Q5_K: as Q4_K plus a fifth bit: bit j of qh[l] is the high bit of element
 // 32*j + l.
 struct BlockQ5_K {
