@@ -460,29 +460,43 @@ inline void q4_k_x8_span(const BlockQ4_Kx8* w, int64_t i0, int64_t i1, const uin
       const int j = 2 * (kk % 2);
       const __m256i sc0 = bytes_to_i16_pair(sc_src, j, j), sc1 = bytes_to_i16_pair(sc_src, j + 1, j + 1);
       const __m256i mins = bytes_to_i16_pair(m_src, j, j + 1);
-      // The low nibbles' sub-block, then the high ones': T int16 sums live at
-      // a time (with both halves at once GCC spills one for T = 4, and the
-      // spilled sum's store-load chain bounds the loop).
+      // One token or two: both halves of each piece at once. More: the low
+      // nibbles' sub-block, then the high ones', T int16 sums live at a time
+      // (with both halves at once GCC spills one for T = 4, and the spilled
+      // sum's store-load chain bounds the loop). Neither loop is unrolled:
+      // GCC would reassociate the int16 sums and keep every product on the
+      // stack.
       __m256i lo16[T], hi16[T];
       for (int t = 0; t < T; ++t) lo16[t] = hi16[t] = _mm256_setzero_si256();
       const uint8_t* qs = b.qs + 32 * 8 * kk;
-      // Not unrolled: GCC would reassociate the int16 sums of an unrolled
-      // loop and keep every product on the stack.
+      if constexpr (T <= 2) {
 #pragma GCC unroll 1
-      for (int mm = 0; mm < 8; ++mm) {
-        const __m256i lo = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm)), m4);
-        for (int t = 0; t < T; ++t) {
-          const int8_t* q = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].qs + 64 * kk + 4 * mm;
-          lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
+        for (int mm = 0; mm < 8; ++mm) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm));
+          const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          for (int t = 0; t < T; ++t) {
+            const int8_t* q = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].qs + 64 * kk + 4 * mm;
+            lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
+            hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q + 32))));
+          }
         }
-      }
+      } else {
 #pragma GCC unroll 1
-      for (int mm = 0; mm < 8; ++mm) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm));
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        for (int t = 0; t < T; ++t) {
-          const int8_t* q = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].qs + 64 * kk + 32 + 4 * mm;
-          hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q))));
+        for (int mm = 0; mm < 8; ++mm) {
+          const __m256i lo = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm)), m4);
+          for (int t = 0; t < T; ++t) {
+            const int8_t* q = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].qs + 64 * kk + 4 * mm;
+            lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
+          }
+        }
+#pragma GCC unroll 1
+        for (int mm = 0; mm < 8; ++mm) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm));
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          for (int t = 0; t < T; ++t) {
+            const int8_t* q = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].qs + 64 * kk + 32 + 4 * mm;
+            hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q))));
+          }
         }
       }
       for (int t = 0; t < T; ++t) {
