@@ -434,13 +434,13 @@ inline ScalesMinsX8 unpack_scales_mins_x8(const uint8_t* s) {
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(c, 4), m4), _mm256_and_si256(_mm256_srli_epi32(b, 2), hi2))};
 }
 
-// Bytes j0 and j1 of every dword lane of v as the lane's two int16 halves.
-inline __m256i bytes_to_i16_pair(__m256i v, int j0, int j1) {
+// The vpshufb pattern that puts bytes j0 and j1 of every dword lane into the
+// lane's two int16 halves (built once per call, outside the loops).
+inline __m256i i16_pair_pattern(int j0, int j1) {
   const int lo = j0 | 0x8000, hi = j1 | 0x8000;  // 0x80: zero the high byte
-  const __m256i pat = _mm256_setr_epi32(lo | hi << 16, (lo + 4) | (hi + 4) << 16, (lo + 8) | (hi + 8) << 16,
-                                        (lo + 12) | (hi + 12) << 16, lo | hi << 16, (lo + 4) | (hi + 4) << 16,
-                                        (lo + 8) | (hi + 8) << 16, (lo + 12) | (hi + 12) << 16);
-  return _mm256_shuffle_epi8(v, pat);
+  return _mm256_setr_epi32(lo | hi << 16, (lo + 4) | (hi + 4) << 16, (lo + 8) | (hi + 8) << 16,
+                           (lo + 12) | (hi + 12) << 16, lo | hi << 16, (lo + 4) | (hi + 4) << 16,
+                           (lo + 8) | (hi + 8) << 16, (lo + 12) | (hi + 12) << 16);
 }
 
 // Super-blocks [i0, i1) of a group of eight rows (w: the group's packed
@@ -450,6 +450,11 @@ template <int T>
 inline void q4_k_x8_span(const BlockQ4_Kx8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
                          __m256* accm) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
+  // Scale j of a lane, in both halves (j = 0..3 within sc_lo / sc_hi); mins
+  // of sub-blocks (0, 1) and (2, 3) of m_lo / m_hi.
+  const __m256i same[4] = {i16_pair_pattern(0, 0), i16_pair_pattern(1, 1), i16_pair_pattern(2, 2),
+                           i16_pair_pattern(3, 3)};
+  const __m256i pair[2] = {i16_pair_pattern(0, 1), i16_pair_pattern(2, 3)};
   for (int64_t i = i0; i < i1; ++i) {
     const BlockQ4_Kx8& b = w[i - i0];
     const ScalesMinsX8 s = unpack_scales_mins_x8(b.scales);
@@ -458,8 +463,8 @@ inline void q4_k_x8_span(const BlockQ4_Kx8* w, int64_t i0, int64_t i1, const uin
     for (int kk = 0; kk < 4; ++kk) {  // sub-blocks 2kk (low nibbles) and 2kk + 1 (high)
       const __m256i sc_src = kk < 2 ? s.sc_lo : s.sc_hi, m_src = kk < 2 ? s.m_lo : s.m_hi;
       const int j = 2 * (kk % 2);
-      const __m256i sc0 = bytes_to_i16_pair(sc_src, j, j), sc1 = bytes_to_i16_pair(sc_src, j + 1, j + 1);
-      const __m256i mins = bytes_to_i16_pair(m_src, j, j + 1);
+      const __m256i sc0 = _mm256_shuffle_epi8(sc_src, same[j]), sc1 = _mm256_shuffle_epi8(sc_src, same[j + 1]);
+      const __m256i mins = _mm256_shuffle_epi8(m_src, pair[kk % 2]);
       // One token or two: both halves of each piece at once. More: the low
       // nibbles' sub-block, then the high ones', T int16 sums live at a time
       // (with both halves at once GCC spills one for T = 4, and the spilled
