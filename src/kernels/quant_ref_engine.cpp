@@ -49,27 +49,19 @@ float f16_value(uint16_t h) { return fp16_to_fp32(h); }
 
 // ---- F32, F16 and BF16
 
-// One token, F16: 4 accumulators of 16 lanes, steps of 64 (element
-// 64 i + 16 j + l fused into lane l of accumulator j); then
-// (acc0 + acc2) + (acc1 + acc3), halved to one lane, widened to double; the
-// elements past the last step added in double, each product rounded to float.
+// The one-token product's lanes for F32 and F16: 4 accumulators of 16 lanes,
+// steps of 64 elements (element 64 i + 16 j + l fused into lane l of
+// accumulator j) over the first `whole` elements; then (acc0 + acc2) +
+// (acc1 + acc3), halved to one lane.
 template <class T, float (*Value)(T)>
-float dot16_x4(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const T*>(w);
-  const auto* y = static_cast<const T*>(a);
+float lanes_4x16(int64_t whole, const T* x, const T* y) {
   float acc[4][16] = {};
-  const int64_t whole = n / 64 * 64;
   for (int64_t i = 0; i < whole; i += 64)
     for (int j = 0; j < 4; ++j)
       for (int l = 0; l < 16; ++l) acc[j][l] = fmaf(Value(x[i + 16 * j + l]), Value(y[i + 16 * j + l]), acc[j][l]);
   float r[16];
   for (int l = 0; l < 16; ++l) r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-  double sum = halve16(r);
-  for (int64_t i = whole; i < n; ++i) {
-    const float p = Value(x[i]) * Value(y[i]);
-    sum += static_cast<double>(p);
-  }
-  return static_cast<float>(sum);
+  return halve16(r);
 }
 
 // A batch, F32 and F16: 16 lanes; element 16 c + l fused into lane l, c in
@@ -87,19 +79,13 @@ float dot16_lanes(int64_t n, const void* w, const void* a) {
 
 float f32_value(float v) { return v; }
 
-// One token, F32: as dot16_x4, but the lanes' sum stays in float and the
-// elements past the last step are added to it in float, unfused.
+// One token, F32: lanes_4x16, then the elements past the last step added to
+// that float one by one, unfused.
 void vec_dot_f32(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const float*>(w);
   const auto* y = static_cast<const float*>(a);
-  float acc[4][16] = {};
   const int64_t whole = n / 64 * 64;
-  for (int64_t i = 0; i < whole; i += 64)
-    for (int j = 0; j < 4; ++j)
-      for (int l = 0; l < 16; ++l) acc[j][l] = fmaf(x[i + 16 * j + l], y[i + 16 * j + l], acc[j][l]);
-  float r[16];
-  for (int l = 0; l < 16; ++l) r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-  float sum = halve16(r);
+  float sum = lanes_4x16<float, f32_value>(whole, x, y);
   for (int64_t i = whole; i < n; ++i) {
     const float p = x[i] * y[i];
     sum += p;
@@ -112,8 +98,19 @@ void batch_dot_f32(int64_t n, const void* w, const void* a, float* out) {
   *out = dot16_lanes<float, f32_value>(n, w, a);
 }
 
+// One token, F16: lanes_4x16 widened to double, the elements past the last
+// step added in double, each product rounded to float first; the sum rounded
+// to float.
 void vec_dot_f16(int64_t n, const void* w, const void* a, float* out) {
-  *out = dot16_x4<uint16_t, f16_value>(n, w, a);
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  const int64_t whole = n / 64 * 64;
+  double sum = lanes_4x16<uint16_t, f16_value>(whole, x, y);
+  for (int64_t i = whole; i < n; ++i) {
+    const float p = f16_value(x[i]) * f16_value(y[i]);
+    sum += static_cast<double>(p);
+  }
+  *out = static_cast<float>(sum);
 }
 
 void batch_dot_f16(int64_t n, const void* w, const void* a, float* out) {
