@@ -39,16 +39,19 @@ struct FormatKernels {
                        int64_t y_stride) = nullptr;
   int tile_rows = 0;
   int tile_tokens = 0;
-  // The tile's arithmetic for one (row, token), for the rows and tokens of a
-  // batched product that do not fill a tile: bit-identical to the tile, so
-  // every output of a batch is computed the same way whatever the batch's
-  // size. nullptr: the tile is bit-identical to vec_dot, which serves them.
+  // A batched product's arithmetic for one (row, token): the rows and tokens
+  // that do not fill a tile, or all of them when there is no tile. With a
+  // tile, bit-identical to it, so every output of a batch is computed the
+  // same way whatever the batch's size (the ref-engine target's Q4_K is the
+  // one exception, as its model engine is). nullptr: vec_dot serves them.
   // (A one-token product runs vec_dot, which may sum in another order.)
   void (*tile_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
-  // Optional, Q4_0 and Q8_0: the kernels of packed views (Packing::kQ4_0x8,
-  // kQ8_0x8). Per (row, token) they compute isum_b, the exact integer dot
-  // of block b, and acc = fmaf(dx_b * dy_b, float(isum_b), acc) block after
-  // block. x8_sums fills sums[n / 32] for one activation row; x8_gemm
+  // Optional, Q4_0, Q8_0 and Q4_K: the kernels of packed views
+  // (Packing::kQ4_0x8, kQ8_0x8, kQ4_Kx8). Per (row, token) they compute
+  // isum_b, the exact integer dot of block b, and acc = fmaf(dx_b * dy_b,
+  // float(isum_b), acc) block after block (Q4_K: per super-block, a second
+  // chain for the min part and acc - accm at the end). x8_sums fills
+  // sums[n / 32] for one activation row (Q4_0; the others need none); x8_gemm
   // computes one group of eight rows (w: its n / 32 packed blocks) against
   // n_tok <= 4 tokens: y[t * y_stride + r] for r < 8, activations and sums of
   // token t at a + t * a_stride and sums + t * s_stride; x8_dot computes one
