@@ -171,12 +171,13 @@ inline void lanes8_block(float d, const int32_t* isum, float* acc) {
 }
 
 // isum[l] += scale * sum of q[e] * y[e] over the lane's elements of one
-// 32-element piece.
-inline void lanes8_piece(const int* q, const int8_t* y, int scale, int32_t* isum) {
+// 32-element piece; lanes 0-3 take scale_lo, lanes 4-7 scale_hi (Q6_K's two
+// 16-element sub-blocks; the same scale for the other formats).
+inline void lanes8_piece(const int* q, const int8_t* y, int scale_lo, int scale_hi, int32_t* isum) {
   for (int l = 0; l < 8; ++l) {
     int s = 0;
     for (int e = 4 * l; e < 4 * l + 4; ++e) s += q[e] * y[e];
-    isum[l] += scale * s;
+    isum[l] += (l < 4 ? scale_lo : scale_hi) * s;
   }
 }
 
@@ -188,7 +189,7 @@ void dot_q8_0_lanes(int64_t n, const void* w, const void* a, float* out) {
     int q[32];
     for (int e = 0; e < 32; ++e) q[e] = x[b].qs[e];
     int32_t isum[8] = {};
-    lanes8_piece(q, y[b].qs, 1, isum);
+    lanes8_piece(q, y[b].qs, 1, 1, isum);
     lanes8_block(fp16_to_fp32(x[b].d) * fp16_to_fp32(y[b].d), isum, acc);
   }
   *out = hsum8(acc);
@@ -287,7 +288,7 @@ void dot_q5_k_lanes(int64_t n, const void* w, const void* a, float* out) {
       int q[32];
       const int k = j / 2, shift = (j & 1) * 4;
       for (int l = 0; l < 32; ++l) q[l] = ((x[b].qs[32 * k + l] >> shift) & 0xF) | (((x[b].qh[l] >> j) & 1) << 4);
-      lanes8_piece(q, y[b].qs + 32 * j, sc, isum);
+      lanes8_piece(q, y[b].qs + 32 * j, sc, sc, isum);
       im += m * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
     }
     lanes8_block(d, isum, acc);
@@ -313,11 +314,7 @@ void dot_q6_k_lanes(int64_t n, const void* w, const void* a, float* out) {
           q[l] = (((part < 2) ? (lo & 0xF) : (lo >> 4)) | (((qh[l] >> (2 * part)) & 3) << 4)) - 32;
         }
         const int e0 = 128 * h + 32 * part;
-        // Two sub-blocks of 16 per piece: lanes 0-3 the first, 4-7 the second.
-        int32_t lo_half[8] = {}, hi_half[8] = {};
-        lanes8_piece(q, y[b].qs + e0, x[b].scales[e0 / 16], lo_half);
-        lanes8_piece(q, y[b].qs + e0, x[b].scales[e0 / 16 + 1], hi_half);
-        for (int l = 0; l < 8; ++l) isum[l] += l < 4 ? lo_half[l] : hi_half[l];
+        lanes8_piece(q, y[b].qs + e0, x[b].scales[e0 / 16], x[b].scales[e0 / 16 + 1], isum);
       }
     }
     lanes8_block(y[b].d * fp16_to_fp32(x[b].d), isum, acc);
