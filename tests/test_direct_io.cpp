@@ -1,7 +1,8 @@
 // Direct I/O: CRC-32C against its table reference and the standard vector;
 // DirectFile; IoEngine on both backends (io_uring and I/O threads): round
 // trips split into many pieces, concurrent tickets, short reads at end of
-// file, errors that name the file, a destructor that waits; read_range.
+// file, errors that name the file, a destructor that waits; read_range;
+// coalesced requests; buffer groups that give each member's pages back.
 #include <fcntl.h>
 #include <liburing.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 #include <vector>
@@ -307,8 +309,79 @@ TEST_P(IoEngineTest, ReadRangeAnyOffsetAnyDestination) {
   for (size_t i = 1000; i < tail.size(); ++i) ASSERT_EQ(tail[i], 0) << i;
 }
 
+TEST_P(IoEngineTest, CoalescedReadsOfNeighbouringSlotsGiveTheSameBytes) {
+  IoEngine io(opts(4, 16 << 10));
+  const uint64_t blk = kDirectAlign, n = 64 * blk;
+  const auto data = random_bytes(n, 46);
+  write_plain(dir_.file("co.bin"), data);
+  DirectFile f = DirectFile::open_read(dir_.file("co.bin"));
+  Buffer dst = aligned(n);
+  std::memset(dst.data(), 0xEE, n);
+  auto* d = dst.as<uint8_t>();
+  // Slots of 1-3 blocks, listed out of order: runs whose file ranges and
+  // buffers both follow on merge; a slot read into another place, a gap in
+  // the file and a write stay separate.
+  std::vector<IoRequest> reqs = {
+      {f.fd(), 4 * blk, d + 4 * blk, 2 * blk, false},   // [4, 6)
+      {f.fd(), 0, d, 1 * blk, false},                   // [0, 1)
+      {f.fd(), 1 * blk, d + 1 * blk, 3 * blk, false},   // [1, 4): joins [0, 1) and [4, 6)
+      {f.fd(), 8 * blk, d + 8 * blk, 1 * blk, false},   // gap at [6, 8)
+      {f.fd(), 9 * blk, d + 20 * blk, 1 * blk, false},  // follows in the file, not in memory
+      {f.fd(), 10 * blk, d + 10 * blk, 1 * blk, true},  // a write never joins a read
+  };
+  coalesce_requests(reqs);
+  ASSERT_EQ(reqs.size(), 4u);
+  EXPECT_EQ(reqs[0].offset, 0u);
+  EXPECT_EQ(reqs[0].len, 6 * blk);
+  EXPECT_EQ(reqs[1].offset, 8 * blk);
+  EXPECT_EQ(reqs[1].len, 1 * blk);
+  EXPECT_EQ(reqs[2].buf, d + 20 * blk);
+  EXPECT_TRUE(reqs[3].write);
+  reqs.pop_back();
+  io.wait(io.submit(reqs, f.path()));
+  EXPECT_EQ(std::memcmp(d, data.data(), 6 * blk), 0);
+  EXPECT_EQ(std::memcmp(d + 8 * blk, data.data() + 8 * blk, blk), 0);
+  EXPECT_EQ(std::memcmp(d + 20 * blk, data.data() + 9 * blk, blk), 0);
+  for (uint64_t i = 6 * blk; i < 8 * blk; ++i) ASSERT_EQ(d[i], 0xEE) << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest, ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "uring" : "threads"; });
+
+uint64_t rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  f >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+TEST(Allocator, GroupMembersAreDisjointAndEachGivesItsPagesBack) {
+  Ledger ledger;
+  Allocator alloc(&ledger);
+  const size_t n = 16, bytes = (1 << 20) + 100;  // rounded to pages inside the group
+  std::vector<Buffer> g = alloc.allocate_group(n, bytes, MemCategory::kKvCache);
+  ASSERT_EQ(g.size(), n);
+  EXPECT_EQ(ledger.bytes(MemCategory::kKvCache), static_cast<int64_t>(n * bytes));
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(g[i].size(), bytes);
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(g[i].data()) % 4096, 0u);
+    std::memset(g[i].data(), static_cast<int>(i + 1), bytes);
+  }
+  for (size_t i = 0; i < n; ++i)
+    for (size_t at : {size_t{0}, bytes / 2, bytes - 1}) ASSERT_EQ(g[i].as<uint8_t>()[at], i + 1) << i;
+  // Freeing every other member returns its pages, even when they shared a
+  // huge page with a member that stays.
+  const uint64_t before = rss_bytes();
+  for (size_t i = 0; i < n; i += 2) g[i].reset();
+  const uint64_t after = rss_bytes();
+  EXPECT_GE(static_cast<double>(before - std::min(before, after)), 0.9 * (n / 2) * bytes)
+      << "rss " << before << " -> " << after;
+  EXPECT_EQ(ledger.bytes(MemCategory::kKvCache), static_cast<int64_t>(n / 2 * bytes));
+  for (size_t i = 1; i < n; i += 2) ASSERT_EQ(g[i].as<uint8_t>()[bytes - 1], i + 1) << i;
+  g.clear();
+  EXPECT_EQ(ledger.bytes(MemCategory::kKvCache), 0);
+  EXPECT_TRUE(alloc.allocate_group(0, bytes, MemCategory::kKvCache).empty());
+}
 
 }  // namespace
 }  // namespace ebb

@@ -214,6 +214,10 @@ class ElasticMemory final : public WeightSource {
   void stop_streaming();
 
   // restoration (elastic_restore.cpp)
+  // Bytes of reads queued ahead of the layer being completed: about a tenth
+  // of a second of a phone's or laptop's storage, so the disk never waits on
+  // the restore thread, yet far layers' staging buffers do not all exist at once.
+  static constexpr uint64_t kReadAhead = uint64_t{256} << 20;
   void run_restore(std::vector<LayerPlan> plan);
   void io_path(std::vector<LayerPlan>& plan, bool open_latches);
   void decompress_path(std::vector<LayerPlan>& plan, bool open_latches);

@@ -3,6 +3,7 @@
 // and the decompression path (allocate, decompress from the compressed
 // stack) — each opening its half of a per-layer latch. The forward pass waits
 // on layer i's latch only (acquire_layer), so prefill overlaps restoration.
+#include <algorithm>
 #include <cstring>
 #include <deque>
 
@@ -15,16 +16,45 @@ namespace ebb {
 struct ElasticMemory::LayerPlan {
   int layer = 0;
   bool weights = false;
-  std::vector<ChunkId> stored;       // raw chunks in swap slots
-  std::vector<ChunkId> stored_comp;  // compressed chunks in swap slots
+  std::vector<ChunkId> stored;       // raw chunks in swap slots, by slot offset
+  std::vector<ChunkId> stored_comp;  // compressed chunks in swap slots, by slot offset
   std::vector<ChunkId> compressed;   // compressed chunks in the stack
   // I/O path state
-  std::vector<Buffer> bufs;          // [stored..., stored_comp...] read targets
+  std::vector<Buffer> chunk_bufs;    // [stored] read targets, one mapping
+  Buffer staging;                    // stored_comp slots back to back, in slot order
+  std::vector<uint64_t> staging_at;  // [stored_comp] where each slot lands in staging
+  uint64_t read_bytes = 0;           // bytes this layer reads
   IoEngine::Ticket weights_ticket = 0, swap_ticket = 0;
   bool have_weights_ticket = false, have_swap_ticket = false;
   bool allocated = false;
 };
 
+
+namespace {
+
+// Buffers for `chunks` (in that order), one mapping per cache among them, so
+// a layer's chunks fault in by huge pages and neighbouring slots can be read
+// into neighbouring buffers with one request.
+template <class ChunkIdT>
+std::vector<Buffer> chunk_buffers(const std::vector<ChunkIdT>& chunks) {
+  std::vector<Buffer> out(chunks.size());
+  std::vector<bool> done(chunks.size(), false);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (done[i]) continue;
+    const KvCache* kv = chunks[i].kv;
+    std::vector<size_t> mine;
+    for (size_t j = i; j < chunks.size(); ++j)
+      if (chunks[j].kv == kv) mine.push_back(j);
+    std::vector<Buffer> group = kv->new_chunk_buffers(mine.size());
+    for (size_t k = 0; k < mine.size(); ++k) {
+      out[mine[k]] = std::move(group[k]);
+      done[mine[k]] = true;
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 ElasticMemory::~ElasticMemory() {
   if (restore_thread_.joinable()) restore_thread_.join();
@@ -50,6 +80,11 @@ void ElasticMemory::begin_restore() {
           default: break;
         }
       }
+    // Slot order: neighbouring slots then read as one request.
+    for (std::vector<ChunkId>* list : {&p.stored, &p.stored_comp})
+      std::sort(list->begin(), list->end(), [](const ChunkId& a, const ChunkId& b) {
+        return a.kv->meta(a.layer, a.chunk).slot.offset < b.kv->meta(b.layer, b.chunk).slot.offset;
+      });
     any = any || p.weights || !p.stored.empty() || !p.stored_comp.empty() || !p.compressed.empty();
   }
   // Under a memory limit: the KV comes back first (attention needs all of
@@ -141,11 +176,13 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
     if (p.allocated) return;
     Stopwatch sw;
     if (p.weights && file_ok) model_.layer_unit(p.layer).allocate(alloc_);
-    for (const ChunkId& c : p.stored) p.bufs.push_back(c.kv->new_chunk_buffer());
+    p.chunk_bufs = chunk_buffers(p.stored);
+    uint64_t staged = 0;
     for (const ChunkId& c : p.stored_comp) {
-      const SwapSlot& s = c.kv->meta(c.layer, c.chunk).slot;
-      p.bufs.push_back(alloc_.allocate(s.stored, MemCategory::kIoBuffer, kDirectAlign));
+      p.staging_at.push_back(staged);
+      staged += c.kv->meta(c.layer, c.chunk).slot.stored;
     }
+    if (staged > 0) p.staging = alloc_.allocate(staged, MemCategory::kIoBuffer, kDirectAlign);
     p.allocated = true;
     last_restore_.alloc_s += sw.seconds();
   };
@@ -156,25 +193,31 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
       std::vector<IoRequest> reqs;
       for (const UnitSegment& g : u.segments()) {
         reqs.push_back({fd, g.file_offset, u.base() + g.unit_offset, g.bytes, false});
-        last_restore_.bytes_read += g.bytes;
+        p.read_bytes += g.bytes;
       }
+      coalesce_requests(reqs);
       p.weights_ticket = io_->submit(reqs, model_.file().path());
       p.have_weights_ticket = true;
     }
     std::vector<IoRequest> reqs;
-    size_t i = 0;
-    for (const std::vector<ChunkId>* list : {&p.stored, &p.stored_comp})
-      for (const ChunkId& c : *list) {
-        const SwapSlot& s = c.kv->meta(c.layer, c.chunk).slot;
-        reqs.push_back({-1, s.offset, p.bufs[i++].data(), s.stored, false});
-        last_restore_.bytes_read += s.stored;
-      }
+    for (size_t i = 0; i < p.stored.size(); ++i) {
+      const SwapSlot& s = p.stored[i].kv->meta(p.stored[i].layer, p.stored[i].chunk).slot;
+      reqs.push_back({swap_fd(), s.offset, p.chunk_bufs[i].data(), s.stored, false});
+      p.read_bytes += s.stored;
+    }
+    for (size_t i = 0; i < p.stored_comp.size(); ++i) {
+      const ChunkId& c = p.stored_comp[i];
+      const SwapSlot& s = c.kv->meta(c.layer, c.chunk).slot;
+      reqs.push_back({swap_fd(), s.offset, p.staging.as<uint8_t>() + p.staging_at[i], s.stored, false});
+      p.read_bytes += s.stored;
+    }
     if (!reqs.empty()) {
-      // All slots live in the one swap file.
-      for (IoRequest& r : reqs) r.fd = swap_fd();
+      // All slots live in the one swap file; neighbours in it are read at once.
+      coalesce_requests(reqs);
       p.swap_ticket = io_->submit(reqs, swap_->path());
       p.have_swap_ticket = true;
     }
+    last_restore_.bytes_read += p.read_bytes;
   };
   auto complete = [&](LayerPlan& p) {
     Stopwatch sw;
@@ -202,31 +245,33 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
         swap_ok = false;  // every chunk of this read is recomputed
       }
     }
-    size_t i = 0;
-    for (const ChunkId& c : p.stored) {
+    for (size_t i = 0; i < p.stored.size(); ++i) {
+      const ChunkId& c = p.stored[i];
       KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
-      Buffer b = std::move(p.bufs[i++]);
-      const bool ok = swap_ok && swap_->verify(m.slot, b.data());
+      const bool ok = swap_ok && swap_->verify(m.slot, p.chunk_bufs[i].data());
       swap_->free(m.slot);
-      ++(put_restored(c, std::move(b), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
+      ++(put_restored(c, std::move(p.chunk_bufs[i]), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
     }
-    for (const ChunkId& c : p.stored_comp) {
+    std::vector<Buffer> out;
+    out = chunk_buffers(p.stored_comp);
+    for (size_t i = 0; i < p.stored_comp.size(); ++i) {
+      const ChunkId& c = p.stored_comp[i];
       KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
-      Buffer staging = std::move(p.bufs[i++]);
-      Buffer b = c.kv->new_chunk_buffer();
-      bool ok = swap_ok && swap_->verify(m.slot, staging.data());
+      const uint8_t* src = p.staging.as<uint8_t>() + p.staging_at[i];
+      bool ok = swap_ok && swap_->verify(m.slot, src);
       if (ok) {
         try {
-          kv_codec(opts_.codec, opts_.isa).decompress(chunk_shape_n(*c.kv, m.n_tokens), staging.data(),
-                                                      m.compressed_bytes, b.data());
+          kv_codec(opts_.codec, opts_.isa).decompress(chunk_shape_n(*c.kv, m.n_tokens), src, m.compressed_bytes,
+                                                      out[i].data());
         } catch (const Error&) {
           ok = false;
         }
       }
       swap_->free(m.slot);
-      ++(put_restored(c, std::move(b), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
+      ++(put_restored(c, std::move(out[i]), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
     }
-    p.bufs.clear();
+    p.chunk_bufs.clear();
+    p.staging.reset();
     last_restore_.read_s += sw.seconds();
     if (open_latches) latches_->open(p.layer, err);
     else if (!err.empty()) {
@@ -240,16 +285,22 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
   if (opts_.overlap == OverlapMode::kNone || opts_.overlap == OverlapMode::kReloadPrefill ||
       opts_.policy == EvictPolicyKind::kPartialOffload)
     for (LayerPlan& p : plan) allocate(p);
-  // Keep a few layers of reads in flight ahead of the one completing.
-  const size_t kLayersInFlight = opts_.policy == EvictPolicyKind::kPartialOffload ? 0 : 3;
+  // Layers are submitted ahead of the one completing while less than
+  // kReadAhead bytes are queued, so the disk stays busy while this thread
+  // verifies and decompresses a layer or is preempted by the forward pass.
+  // The partial-offload baseline reads one layer at a time.
+  const uint64_t read_ahead = opts_.policy == EvictPolicyKind::kPartialOffload ? 0 : kReadAhead;
   std::deque<LayerPlan*> inflight;
+  uint64_t queued = 0;
   for (LayerPlan& p : plan) {
-    submit(p);
-    inflight.push_back(&p);
-    if (inflight.size() > kLayersInFlight) {
+    while (!inflight.empty() && queued >= read_ahead) {
       complete(*inflight.front());
+      queued -= inflight.front()->read_bytes;
       inflight.pop_front();
     }
+    submit(p);
+    inflight.push_back(&p);
+    queued += p.read_bytes;
   }
   while (!inflight.empty()) {
     complete(*inflight.front());
@@ -261,9 +312,12 @@ void ElasticMemory::decompress_path(std::vector<LayerPlan>& plan, bool open_latc
   const KvCodec& codec = kv_codec(opts_.codec, opts_.isa);
   for (LayerPlan& p : plan) {
     Stopwatch sw;
-    for (const ChunkId& c : p.compressed) {
+    std::vector<Buffer> out;
+    out = chunk_buffers(p.compressed);
+    for (size_t i = 0; i < p.compressed.size(); ++i) {
+      const ChunkId& c = p.compressed[i];
       KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
-      Buffer b = c.kv->new_chunk_buffer();
+      Buffer b = std::move(out[i]);
       bool ok = true;
       try {
         codec.decompress(chunk_shape_n(*c.kv, m.n_tokens), stack_.data(m.handle), stack_.size(m.handle), b.data());

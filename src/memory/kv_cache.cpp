@@ -97,6 +97,10 @@ Buffer KvCache::new_chunk_buffer() const {
   return alloc_->allocate(chunk_alloc_bytes(), MemCategory::kKvCache, 4096);
 }
 
+std::vector<Buffer> KvCache::new_chunk_buffers(size_t n) const {
+  return alloc_->allocate_group(n, chunk_alloc_bytes(), MemCategory::kKvCache);
+}
+
 void KvCache::put_chunk(int64_t layer, int64_t chunk, Buffer b) {
   EBB_CHECK(!chunk_resident(layer, chunk) && b.size() >= chunk_bytes());
   storage_[layer][chunk] = std::move(b);

@@ -84,6 +84,9 @@ class KvCache {
   bool chunk_resident(int64_t layer, int64_t chunk) const { return !storage_[layer][chunk].empty(); }
   Buffer take_chunk(int64_t layer, int64_t chunk);
   Buffer new_chunk_buffer() const;
+  // n chunk buffers in one mapping (huge pages when it is large enough); each
+  // is freed on its own. Restoration allocates a layer's chunks this way.
+  std::vector<Buffer> new_chunk_buffers(size_t n) const;
   void put_chunk(int64_t layer, int64_t chunk, Buffer b);
   KvChunkMeta& meta(int64_t layer, int64_t chunk) { return meta_[layer][chunk]; }
   const KvChunkMeta& meta(int64_t layer, int64_t chunk) const { return meta_[layer][chunk]; }

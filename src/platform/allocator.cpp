@@ -115,6 +115,32 @@ Buffer Allocator::allocate(size_t bytes, MemCategory category, size_t alignment)
   return b;
 }
 
+std::vector<Buffer> Allocator::allocate_group(size_t count, size_t bytes, MemCategory category) {
+  std::vector<Buffer> out;
+  if (count == 0 || bytes == 0) return out;
+  const size_t len = (bytes + 4095) & ~size_t{4095};
+  if (len > (size_t{1} << 46) / count) {
+    throw Error("allocation of " + std::to_string(count) + " x " + std::to_string(bytes) + " bytes for " +
+                std::string(mem_category_name(category)) + " is larger than any device memory");
+  }
+  auto* base = static_cast<uint8_t*>(map_pages(count * len));
+  if (base == MAP_FAILED) {
+    throw Error("out of memory: cannot map " + std::to_string(count) + " x " + std::to_string(bytes) + " bytes for " +
+                std::string(mem_category_name(category)) + ": " + std::strerror(errno));
+  }
+  out.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    Buffer& b = out[i];
+    b.data_ = base + i * len;
+    b.mapped_ = len;
+    b.size_ = bytes;
+    b.category_ = category;
+    b.ledger_ = ledger_;
+    if (ledger_) ledger_->add(category, static_cast<int64_t>(bytes));
+  }
+  return out;
+}
+
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 bool add_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add_overflow(a, b, out); }
 

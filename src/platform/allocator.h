@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace ebb {
 
@@ -85,6 +86,11 @@ class Allocator {
   // alignment must be a power of two <= 4096. A zero-byte request returns an
   // empty buffer.
   Buffer allocate(size_t bytes, MemCategory category, size_t alignment = kDefaultAlignment);
+  // `count` page-aligned buffers of `bytes` each, laid out back to back in
+  // one mapping (so a group of 2 MiB or more gets transparent huge pages and
+  // its first touch costs one fault per 2 MiB, not one per 4 KiB). Each buffer
+  // is still freed on its own: its pages go back to the system when it is.
+  std::vector<Buffer> allocate_group(size_t count, size_t bytes, MemCategory category);
 
   Ledger* ledger() const { return ledger_; }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -104,6 +105,25 @@ std::unique_ptr<uint8_t, AlignedFree> bounce_alloc(uint64_t bytes) {
 }
 
 }  // namespace
+
+void coalesce_requests(std::vector<IoRequest>& reqs) {
+  std::sort(reqs.begin(), reqs.end(), [](const IoRequest& a, const IoRequest& b) {
+    return a.fd != b.fd ? a.fd < b.fd : a.offset < b.offset;
+  });
+  size_t n = 0;
+  for (const IoRequest& r : reqs) {
+    if (n > 0) {
+      IoRequest& last = reqs[n - 1];
+      if (last.fd == r.fd && last.write == r.write && last.offset + last.len == r.offset &&
+          static_cast<uint8_t*>(last.buf) + last.len == r.buf) {
+        last.len += r.len;
+        continue;
+      }
+    }
+    reqs[n++] = r;
+  }
+  reqs.resize(n);
+}
 
 void read_range(IoEngine& io, const DirectFile& file, uint64_t offset, void* dst, uint64_t len) {
   if (len == 0) return;

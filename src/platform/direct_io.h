@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace ebb {
 
@@ -104,6 +105,12 @@ class IoEngine {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Sorts requests by (fd, offset) and merges each one into the one before when
+// both the file ranges and the buffers follow on without a gap, so reads of
+// neighbouring slots into neighbouring buffers become one large request (the
+// engine still cuts it into max_request pieces). Same bytes, fewer requests.
+void coalesce_requests(std::vector<IoRequest>& reqs);
 
 // Reads an arbitrary byte range of `file` into an arbitrary destination:
 // direct I/O straight into dst for the aligned middle when dst lines up, and a
