@@ -43,6 +43,7 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
     EXPECT_GT(r.ratio_vs_partial_offload, 0) << r.system;
     EXPECT_GE(r.prefill_s, 0);
     EXPECT_LE(r.stall_s, r.ttft_s + 1e-9);
+    EXPECT_TRUE(std::isfinite(r.kernel_s) && r.kernel_s >= 0);
     if (r.remaining_pct == 100) {
       EXPECT_EQ(r.evicted_bytes, 0u);
       if (r.system != "os_paging") {
@@ -75,7 +76,7 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
   ASSERT_EQ(j.size(), res.rows.size());
   for (const auto& row : j) {
     for (const char* f : {"system", "context", "remaining_pct", "ttft_s", "bound_s", "ratio_vs_partial_offload",
-                          "alloc_s", "reload_s", "decompress_s", "prefill_s", "stall_s", "bytes_read", "order",
+                          "alloc_s", "reload_s", "decompress_s", "prefill_s", "stall_s", "kernel_s", "bytes_read", "order",
                           "overlap", "paths"})
       EXPECT_TRUE(row.contains(f)) << f;
   }

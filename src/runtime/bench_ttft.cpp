@@ -1,6 +1,7 @@
 #include "runtime/bench_ttft.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -42,9 +43,16 @@ uint64_t evictable_bytes(const Engine& e) {
   return w + f.kv();
 }
 
+// CPU seconds spent in the kernel by this process so far.
+double kernel_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_stime.tv_sec) + static_cast<double>(ru.ru_stime.tv_usec) * 1e-6;
+}
+
 // One timed feed(query).
 struct Sample {
-  double ttft = 0, alloc = 0, read = 0, decompress = 0, stall = 0;
+  double ttft = 0, alloc = 0, read = 0, decompress = 0, stall = 0, kernel = 0;
   uint64_t bytes_read = 0;
 };
 
@@ -174,10 +182,12 @@ void run_system(const BenchTtftOptions& o, TtftSystem sys, int64_t n_ctx, const 
         }
         const bool restoring = em && !em->fully_resident();
         const uint64_t io0 = proc_read_bytes();
+        const double k0 = kernel_seconds();
         const double t0 = now_seconds();
         s.feed(query);
         Sample smp;
         smp.ttft = now_seconds() - t0;
+        smp.kernel = kernel_seconds() - k0;
         if (restoring) {
           const RestoreReport& r = s.last_restore();
           smp.alloc = r.alloc_s;
@@ -205,6 +215,7 @@ void run_system(const BenchTtftOptions& o, TtftSystem sys, int64_t n_ctx, const 
       row.reload_s = med(&Sample::read);
       row.decompress_s = med(&Sample::decompress);
       row.stall_s = med(&Sample::stall);
+      row.kernel_s = med(&Sample::kernel);
       row.prefill_s = std::max(0.0, row.ttft_s - row.stall_s);
       row.bytes_read = static_cast<uint64_t>(med(&Sample::bytes_read));
       row.evicted_bytes = evicted;
@@ -288,6 +299,7 @@ nlohmann::json ttft_rows_json(const std::vector<BenchTtftRow>& rows) {
                  {"decompress_s", r.decompress_s},
                  {"prefill_s", r.prefill_s},
                  {"stall_s", r.stall_s},
+                 {"kernel_s", r.kernel_s},
                  {"bytes_read", r.bytes_read},
                  {"evicted_bytes", r.evicted_bytes},
                  {"order", r.order},

@@ -61,6 +61,10 @@ struct BenchTtftRow {
   double alloc_s = 0, reload_s = 0, decompress_s = 0;  // restore paths' busy time (medians)
   double prefill_s = 0;     // ttft_s - stall_s: time the forward pass computed
   double stall_s = 0;       // time the forward pass waited on restore latches
+  // CPU seconds the kernel spent for this process during the query (median):
+  // mostly zeroing freshly allocated pages. On a virtual machine whose host
+  // took back memory the guest freed, this jumps from ~0.2 s per GB to ~1.5 s.
+  double kernel_s = 0;
   uint64_t bytes_read = 0;  // from storage (os_paging: /proc/self/io read_bytes)
   uint64_t evicted_bytes = 0;  // requested eviction
   std::string order, overlap, paths;  // "-" where not applicable
