@@ -46,11 +46,15 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
     EXPECT_TRUE(std::isfinite(r.kernel_s) && r.kernel_s >= 0);
     if (r.remaining_pct == 100) {
       EXPECT_EQ(r.evicted_bytes, 0u);
+      EXPECT_EQ(r.evict_s, 0.0);
       if (r.system != "os_paging") {
         EXPECT_EQ(r.bytes_read, 0u) << r.system;
       }
     } else {
       EXPECT_GT(r.evicted_bytes, 0u) << r.system;
+      if (r.system != "os_paging") {
+        EXPECT_GT(r.evict_s, 0.0) << r.system;
+      }
     }
   }
   for (const char* s : {"ebb", "partial_offload", "os_paging"})
@@ -76,7 +80,7 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
   ASSERT_EQ(j.size(), res.rows.size());
   for (const auto& row : j) {
     for (const char* f : {"system", "context", "remaining_pct", "ttft_s", "bound_s", "ratio_vs_partial_offload",
-                          "alloc_s", "reload_s", "decompress_s", "prefill_s", "stall_s", "kernel_s", "bytes_read", "order",
+                          "alloc_s", "reload_s", "decompress_s", "prefill_s", "stall_s", "kernel_s", "bytes_read", "evict_s", "order",
                           "overlap", "paths"})
       EXPECT_TRUE(row.contains(f)) << f;
   }

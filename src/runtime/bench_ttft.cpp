@@ -52,7 +52,7 @@ double kernel_seconds() {
 
 // One timed feed(query).
 struct Sample {
-  double ttft = 0, alloc = 0, read = 0, decompress = 0, stall = 0, kernel = 0;
+  double ttft = 0, alloc = 0, read = 0, decompress = 0, stall = 0, kernel = 0, evict = 0;
   uint64_t bytes_read = 0;
 };
 
@@ -173,9 +173,10 @@ void run_system(const BenchTtftOptions& o, TtftSystem sys, int64_t n_ctx, const 
       for (int rep = 0; rep < o.reps; ++rep) {
         const double fraction = 1.0 - level / 100.0;
         evicted = static_cast<uint64_t>(fraction * static_cast<double>(evictable_bytes(e)));
+        double evict_s = 0;
         if (evicted > 0) {
           if (em) {
-            e.evict(evicted);
+            evict_s = e.evict(evicted).seconds;
           } else {
             os_page_out(e, *mm, s, fd, fraction);
           }
@@ -188,6 +189,7 @@ void run_system(const BenchTtftOptions& o, TtftSystem sys, int64_t n_ctx, const 
         Sample smp;
         smp.ttft = now_seconds() - t0;
         smp.kernel = kernel_seconds() - k0;
+        smp.evict = evict_s;
         if (restoring) {
           const RestoreReport& r = s.last_restore();
           smp.alloc = r.alloc_s;
@@ -216,6 +218,7 @@ void run_system(const BenchTtftOptions& o, TtftSystem sys, int64_t n_ctx, const 
       row.decompress_s = med(&Sample::decompress);
       row.stall_s = med(&Sample::stall);
       row.kernel_s = med(&Sample::kernel);
+      row.evict_s = med(&Sample::evict);
       row.prefill_s = std::max(0.0, row.ttft_s - row.stall_s);
       row.bytes_read = static_cast<uint64_t>(med(&Sample::bytes_read));
       row.evicted_bytes = evicted;
@@ -302,6 +305,7 @@ nlohmann::json ttft_rows_json(const std::vector<BenchTtftRow>& rows) {
                  {"kernel_s", r.kernel_s},
                  {"bytes_read", r.bytes_read},
                  {"evicted_bytes", r.evicted_bytes},
+                 {"evict_s", r.evict_s},
                  {"order", r.order},
                  {"overlap", r.overlap},
                  {"paths", r.paths}});

@@ -67,6 +67,7 @@ struct BenchTtftRow {
   double kernel_s = 0;
   uint64_t bytes_read = 0;  // from storage (os_paging: /proc/self/io read_bytes)
   uint64_t evicted_bytes = 0;  // requested eviction
+  double evict_s = 0;          // median time evict() took to give those bytes back (0: os_paging)
   std::string order, overlap, paths;  // "-" where not applicable
 };
 
