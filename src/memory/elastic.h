@@ -238,8 +238,9 @@ class ElasticMemory final : public WeightSource {
   // Pending swap writes of this eviction: tickets and the chunks they read from.
   struct PendingWrite {
     IoEngine::Ticket ticket;
-    Buffer src;
+    Buffer src;               // the raw chunk, or the compressed blob's copy
     ChunkId id;
+    bool compressed = false;  // a blob from the compressed stack
   };
   int64_t write_failures_ = 0;
   std::mutex owner_mu_;

@@ -138,12 +138,23 @@ void ElasticMemory::flush_writes() {
     try {
       io_->wait(w.ticket);
     } catch (const Error&) {
-      // The write failed: the chunk is still in w.src, so it stays resident.
+      // The write failed: the chunk is still in w.src, so it stays in RAM,
+      // raw, or as a blob back on the compressed stack.
       KvCache& kv = *w.id.kv;
       KvChunkMeta& m = kv.meta(w.id.layer, w.id.chunk);
       if (m.slot.valid()) swap_->free(m.slot);
-      m = {};
-      kv.put_chunk(w.id.layer, w.id.chunk, std::move(w.src));
+      m.slot = {};
+      if (w.compressed) {
+        auto [handle, dst] = stack_.push(m.compressed_bytes);
+        std::memcpy(dst, w.src.data(), m.compressed_bytes);
+        m.state = UnitState::kCompressed;
+        m.handle = handle;
+        std::lock_guard lock(owner_mu_);
+        blob_owner_[handle] = w.id;
+      } else {
+        m = {};
+        kv.put_chunk(w.id.layer, w.id.chunk, std::move(w.src));
+      }
       write_failures_++;
     }
   }
@@ -160,10 +171,13 @@ bool ElasticMemory::compressed_to_storage(std::string* why) {
   }
   if (!ensure_swap(why)) return false;
   const CompressedStack::Handle h = stack_.bottom();
-  std::lock_guard lock(owner_mu_);
-  auto owner = blob_owner_.find(h);
-  EBB_CHECK(owner != blob_owner_.end());
-  const ChunkId id = owner->second;
+  ChunkId id{};
+  {
+    std::lock_guard lock(owner_mu_);
+    auto owner = blob_owner_.find(h);
+    EBB_CHECK(owner != blob_owner_.end());
+    id = owner->second;
+  }
   const uint64_t n = stack_.size(h);
   SwapSlot slot = swap_->allocate(n);
   if (!slot.valid()) {
@@ -175,17 +189,19 @@ bool ElasticMemory::compressed_to_storage(std::string* why) {
   std::memset(staging.as<uint8_t>() + n, 0, slot.stored - n);
   KvChunkMeta& m = id.kv->meta(id.layer, id.chunk);
   m.slot = slot;
-  try {
-    swap_->write(m.slot, staging.data());
-  } catch (const Error& e) {
-    swap_->free(m.slot);
-    m.slot = {};
-    *why = e.what();
-    return false;
-  }
+  // The blob leaves the stack now; its copy in `staging` is written behind
+  // (batched with the other writes, see flush_writes) and put back on the
+  // stack if the write fails.
+  PendingWrite w{swap_->write_async(m.slot, staging.data()), std::move(staging), id, true};
   stack_.erase(h);
-  blob_owner_.erase(owner);
+  {
+    std::lock_guard lock(owner_mu_);
+    blob_owner_.erase(h);
+  }
   m.state = UnitState::kStoredCompressed;
+  pending_bytes_ += w.src.size();
+  pending_.push_back(std::move(w));
+  if (static_cast<int>(pending_.size()) >= io_->options().queue_depth) flush_writes();
   return true;
 }
 
@@ -207,13 +223,23 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
     return static_cast<int64_t>(start) - static_cast<int64_t>(held_bytes(ledger)) + static_cast<int64_t>(pending_bytes_);
   };
 
-  if (opts_.policy == EvictPolicyKind::kPartialOffload) {
-    evict_partial_offload(bytes, r, freed);
+  auto note = [&](const std::string& s) { r.note += (r.note.empty() ? "" : "; ") + s; };
+  // Writes in flight finish; failed ones left their chunks in RAM.
+  auto finish = [&] {
     flush_writes();
     r.freed = static_cast<uint64_t>(std::max<int64_t>(0, freed()));
+    if (write_failures_ > 0) {
+      note(std::to_string(write_failures_) + " swap writes failed; those chunks stayed in RAM");
+      write_failures_ = 0;
+    }
     r.seconds = timer.seconds();
     r.after = footprint();
     return r;
+  };
+
+  if (opts_.policy == EvictPolicyKind::kPartialOffload) {
+    evict_partial_offload(bytes, r, freed);
+    return finish();
   }
 
   PolicyCounts counts;
@@ -238,7 +264,6 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
       ++next_kv;
     return next_kv < order.size() ? &order[next_kv] : nullptr;
   };
-  auto note = [&](const std::string& s) { r.note += (r.note.empty() ? "" : "; ") + s; };
 
   while (freed() < static_cast<int64_t>(bytes)) {
     r.last_stage = policy->stage(counts);
@@ -288,15 +313,7 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
       --counts.kv_compressed_mem;
     }
   }
-  flush_writes();
-  r.freed = static_cast<uint64_t>(std::max<int64_t>(0, freed()));
-  if (write_failures_ > 0) {
-    note(std::to_string(write_failures_) + " swap writes failed; those chunks stayed resident");
-    write_failures_ = 0;
-  }
-  r.seconds = timer.seconds();
-  r.after = footprint();
-  return r;
+  return finish();
 }
 
 void ElasticMemory::evict_partial_offload(uint64_t bytes, EvictReport& r, const std::function<int64_t()>& freed) {

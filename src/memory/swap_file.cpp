@@ -53,7 +53,9 @@ SwapFile::SwapFile(SwapFileOptions opts) : io_(opts.io), capacity_(align_up(opts
   if (capacity_ > 0) free_.emplace(0, capacity_);
 }
 
-SwapFile::~SwapFile() = default;
+SwapFile::~SwapFile() {
+  if (read_only_fd_ >= 0) ::close(read_only_fd_);
+}
 
 SwapSlot SwapFile::allocate(uint64_t bytes) {
   EBB_CHECK(bytes > 0);
@@ -111,7 +113,15 @@ uint64_t SwapFile::largest_free() const {
 IoEngine::Ticket SwapFile::write_async(SwapSlot& slot, const void* src) {
   EBB_CHECK(slot.valid() && slot.stored >= slot.bytes);
   slot.crc = crc32c(src, slot.bytes);
-  const IoRequest req{file_.fd(), slot.offset, const_cast<void*>(src), slot.stored, true};
+  int fd = file_.fd();
+  {
+    std::lock_guard lock(mu_);
+    if (fail_writes_ > 0) {
+      --fail_writes_;
+      fd = read_only_fd_;
+    }
+  }
+  const IoRequest req{fd, slot.offset, const_cast<void*>(src), slot.stored, true};
   return io_->submit(std::span(&req, 1), file_.path());
 }
 
@@ -136,6 +146,16 @@ bool SwapFile::read(const SwapSlot& slot, void* dst) {
     return false;
   }
   return verify(slot, dst);
+}
+
+void SwapFile::fail_writes_for_test(int n) {
+  std::lock_guard lock(mu_);
+  if (read_only_fd_ < 0) {
+    const std::string self = "/proc/self/fd/" + std::to_string(file_.fd());
+    read_only_fd_ = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
+    if (read_only_fd_ < 0) throw Error(file_.path() + ": cannot open read-only: " + std::strerror(errno));
+  }
+  fail_writes_ = n;
 }
 
 void SwapFile::corrupt_for_test(const SwapSlot& slot, uint64_t at) {

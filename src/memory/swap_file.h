@@ -71,6 +71,9 @@ class SwapFile {
   // Fault injection: flips the byte at `at` (< slot.bytes) of the slot on disk
   // with a plain pwrite + fsync.
   void corrupt_for_test(const SwapSlot& slot, uint64_t at);
+  // Fault injection: the next `n` writes go to a read-only descriptor of the
+  // file, so the kernel refuses them and their tickets report the error.
+  void fail_writes_for_test(int n);
 
  private:
   IoEngine* io_;
@@ -79,6 +82,8 @@ class SwapFile {
   mutable std::mutex mu_;
   std::map<uint64_t, uint64_t> free_;  // offset -> length of free extents, disjoint, coalesced
   uint64_t used_ = 0;
+  int fail_writes_ = 0;  // fail_writes_for_test: writes still to fail
+  int read_only_fd_ = -1;
 };
 
 }  // namespace ebb
