@@ -14,6 +14,7 @@
 #include "kernels/kv_codec.h"
 #include "platform/error.h"
 #include "platform/fp16.h"
+#include "platform/thread_pool.h"
 #include "runtime/bench_kvcodec.h"
 #include "support.h"
 
@@ -236,6 +237,34 @@ TEST(KvCodec, TargetsMatchScalar) {
           const auto b_ref = compress(ref, s, inputs[k]);
           ASSERT_EQ(compress(codec, s, inputs[k]), b_ref) << label(id, isa, s) << " input " << k;
           ASSERT_EQ(decompress(codec, s, b_ref), decompress(ref, s, b_ref)) << label(id, isa, s) << " input " << k;
+        }
+      }
+    }
+  }
+}
+
+// Records encoded on a pool's threads land in the same places: the blob and
+// the stats equal the one-thread ones.
+TEST(KvCodec, ThreadPoolGivesTheSameBlob) {
+  ThreadPool pool(ThreadPoolOptions{.n_threads = 3});
+  for (KvCodecId id : kCodecs) {
+    for (Isa isa : {Isa::kScalar, best_isa()}) {
+      const KvCodec& codec = kv_codec(id, isa);
+      for (const KvChunkShape& s : shapes()) {
+        const auto edge = adversarial(s, 21);
+        // Random values, extremes that need refinement, outliers among small values.
+        const std::vector<std::vector<uint8_t>> inputs = {random_chunk(s, 22), edge[2], edge[7]};
+        for (size_t k = 0; k < inputs.size(); ++k) {
+          KvCodecStats one, many;
+          const auto want = compress(codec, s, inputs[k], &one);
+          std::vector<uint8_t> got(want.size() + 1, 0xCD);  // one guard byte
+          ASSERT_EQ(codec.compress(s, inputs[k].data(), got.data(), &many, &pool), want.size());
+          ASSERT_EQ(got.back(), 0xCD) << label(id, isa, s);
+          got.pop_back();
+          ASSERT_EQ(got, want) << label(id, isa, s) << " input " << k;
+          EXPECT_EQ(many.groups, one.groups);
+          EXPECT_EQ(many.refined, one.refined);
+          EXPECT_EQ(many.fallbacks, one.fallbacks);
         }
       }
     }

@@ -11,6 +11,7 @@
 
 #include "platform/error.h"
 #include "platform/fp16.h"
+#include "platform/thread_pool.h"
 
 namespace ebb {
 namespace {
@@ -273,7 +274,8 @@ class Codec final : public KvCodec {
     return kHeaderBytes + k_bytes + rows * RowU4{k_, s.row_dim, f16}.rec_bytes();
   }
 
-  size_t compress(const KvChunkShape& s, const void* src, void* dst, KvCodecStats* stats) const override {
+  size_t compress(const KvChunkShape& s, const void* src, void* dst, KvCodecStats* stats,
+                  ThreadPool* pool) const override {
     const size_t total = max_compressed_bytes(s);
     const bool f16 = s.type == DType::kF16;
     const size_t row_bytes = static_cast<size_t>(s.row_dim) * (f16 ? 2 : 4);
@@ -282,35 +284,62 @@ class Codec final : public KvCodec {
     const Header h{static_cast<uint8_t>(id_), f16, 0, static_cast<uint32_t>(s.n_tokens),
                    static_cast<uint32_t>(s.row_dim), static_cast<uint32_t>(s.chunk_tokens)};
     std::memcpy(out, &h, kHeaderBytes);
-    out += kHeaderBytes;
     auto row = [&](int part, int64_t t) { return in + (part * s.chunk_tokens + t) * row_bytes; };
-    Scratch ws;
+    // Records, each encoded on its own into its fixed place in the blob:
+    // int8, one per row of K then of V; int4, one per token group of K, then
+    // one per row of V.
+    struct Record {
+      int part;
+      int64_t t, n;   // first token, tokens (K groups of int4; 1 otherwise)
+      size_t offset;  // in the blob
+    };
+    std::vector<Record> recs;
+    size_t at = kHeaderBytes;
     if (id_ == KvCodecId::kInt8) {
-      const RowI8 b{k_, s.row_dim, f16};
-      std::vector<float> x(static_cast<size_t>(s.row_dim));
-      for (int part = 0; part < 2; ++part) {
-        for (int64_t t = 0; t < s.n_tokens; ++t) {
-          k_.to_f32(row(part, t), f16, s.row_dim, x.data());
-          encode_settled(b, x.data(), out, ws, stats);
-          out += b.rec_bytes();
+      const size_t rb = RowI8{k_, s.row_dim, f16}.rec_bytes();
+      for (int part = 0; part < 2; ++part)
+        for (int64_t t = 0; t < s.n_tokens; ++t, at += rb) recs.push_back({part, t, 1, at});
+    } else {
+      for (int64_t t = 0; t < s.n_tokens; t += kTokenGroup) {
+        const int64_t n = std::min(kTokenGroup, s.n_tokens - t);
+        recs.push_back({0, t, n, at});
+        at += ColU4{k_, s.row_dim, n, f16, nullptr}.rec_bytes();
+      }
+      const size_t rb = RowU4{k_, s.row_dim, f16}.rec_bytes();
+      for (int64_t t = 0; t < s.n_tokens; ++t, at += rb) recs.push_back({1, t, 1, at});
+    }
+    EBB_CHECK(at == total);
+    auto encode_range = [&](int64_t r0, int64_t r1, KvCodecStats* st) {
+      Scratch ws;
+      std::vector<float> x;
+      for (int64_t r = r0; r < r1; ++r) {
+        const Record& rc = recs[static_cast<size_t>(r)];
+        x.resize(static_cast<size_t>(rc.n * s.row_dim));
+        k_.to_f32(row(rc.part, rc.t), f16, rc.n * s.row_dim, x.data());
+        if (id_ == KvCodecId::kInt8) {
+          encode_settled(RowI8{k_, s.row_dim, f16}, x.data(), out + rc.offset, ws, st);
+        } else if (rc.part == 0) {
+          encode_settled(ColU4{k_, s.row_dim, rc.n, f16, &ws}, x.data(), out + rc.offset, ws, st);
+        } else {
+          encode_settled(RowU4{k_, s.row_dim, f16}, x.data(), out + rc.offset, ws, st);
         }
       }
-    } else {
-      std::vector<float> x(static_cast<size_t>(std::min(kTokenGroup, s.n_tokens) * s.row_dim));
-      for (int64_t t = 0; t < s.n_tokens; t += kTokenGroup) {  // K: token groups, rows contiguous
-        const ColU4 b{k_, s.row_dim, std::min(kTokenGroup, s.n_tokens - t), f16, &ws};
-        k_.to_f32(row(0, t), f16, b.count(), x.data());
-        encode_settled(b, x.data(), out, ws, stats);
-        out += b.rec_bytes();
-      }
-      const RowU4 b{k_, s.row_dim, f16};
-      for (int64_t t = 0; t < s.n_tokens; ++t) {
-        k_.to_f32(row(1, t), f16, s.row_dim, x.data());
-        encode_settled(b, x.data(), out, ws, stats);
-        out += b.rec_bytes();
-      }
+    };
+    const auto n_recs = static_cast<int64_t>(recs.size());
+    if (!pool || pool->size() == 1) {
+      encode_range(0, n_recs, stats);
+      return total;
     }
-    EBB_CHECK(static_cast<size_t>(out - static_cast<uint8_t*>(dst)) == total);
+    std::vector<KvCodecStats> per(static_cast<size_t>(pool->size()));
+    pool->parallel_for_dynamic(n_recs, 16, [&](int64_t r0, int64_t r1, int th) {
+      encode_range(r0, r1, stats ? &per[static_cast<size_t>(th)] : nullptr);
+    });
+    if (stats)
+      for (const KvCodecStats& p : per) {
+        stats->groups += p.groups;
+        stats->refined += p.refined;
+        stats->fallbacks += p.fallbacks;
+      }
     return total;
   }
 

@@ -39,6 +39,8 @@
 
 namespace ebb {
 
+class ThreadPool;
+
 enum class KvCodecId : uint8_t { kInt8 = 1, kInt4 = 2 };
 
 struct KvChunkShape {
@@ -63,9 +65,16 @@ class KvCodec {
   // Exact size of the blob for this shape (compress() always writes this many).
   virtual size_t max_compressed_bytes(const KvChunkShape&) const = 0;
   // src: the chunk storage (K rows then V rows, chunk_tokens rows each).
-  // Returns bytes written to dst. stats, when given, is added to.
-  virtual size_t compress(const KvChunkShape&, const void* src, void* dst, KvCodecStats* stats) const = 0;
-  size_t compress(const KvChunkShape& s, const void* src, void* dst) const { return compress(s, src, dst, nullptr); }
+  // Returns bytes written to dst. stats, when given, is added to. pool, when
+  // given, encodes the blob's records on all its threads: the same bytes.
+  virtual size_t compress(const KvChunkShape&, const void* src, void* dst, KvCodecStats* stats,
+                          ThreadPool* pool) const = 0;
+  size_t compress(const KvChunkShape& s, const void* src, void* dst, KvCodecStats* stats) const {
+    return compress(s, src, dst, stats, nullptr);
+  }
+  size_t compress(const KvChunkShape& s, const void* src, void* dst) const {
+    return compress(s, src, dst, nullptr, nullptr);
+  }
   // dst: the chunk storage (chunk_tokens rows of K then of V). Throws
   // ebb::Error when n or the header does not match the shape (a corrupt blob).
   virtual void decompress(const KvChunkShape&, const void* src, size_t n, void* dst) const = 0;

@@ -37,11 +37,12 @@ IoOptions io_options(const DeviceProfile& p) {
 
 }  // namespace
 
-ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts)
+ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts, ThreadPool* pool)
     : model_(model),
       globals_(model),
       alloc_(alloc),
       opts_(std::move(opts)),
+      pool_(pool),
       io_(std::make_unique<IoEngine>(io_options(opts_.profile))),
       gguf_(DirectFile::open_read(model.file().path())),
       stack_(alloc) {}

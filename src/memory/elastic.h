@@ -34,6 +34,7 @@
 #include "model/model.h"
 #include "model/weight_source.h"
 #include "platform/direct_io.h"
+#include "platform/thread_pool.h"
 
 namespace ebb {
 
@@ -101,7 +102,9 @@ struct RestoreReport {
 
 class ElasticMemory final : public WeightSource {
  public:
-  ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts);
+  // pool (optional): the engine's compute threads, idle while evict() runs
+  // between requests; eviction compresses each KV chunk on all of them.
+  ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts, ThreadPool* pool = nullptr);
   ~ElasticMemory() override;
   ElasticMemory(const ElasticMemory&) = delete;
   ElasticMemory& operator=(const ElasticMemory&) = delete;
@@ -228,6 +231,7 @@ class ElasticMemory final : public WeightSource {
   ResidentWeights globals_;  // the embedding and head always stay resident
   Allocator& alloc_;
   ElasticOptions opts_;
+  ThreadPool* pool_;                 // may be null
   std::unique_ptr<IoEngine> io_;
   DirectFile gguf_;                  // the model file, for direct reads of weights
   std::unique_ptr<SwapFile> swap_;

@@ -103,7 +103,7 @@ void ElasticMemory::kv_to_compressed(const ChunkId& id) {
     stack_.set_segment_bytes(std::clamp<uint64_t>(4 * max_bytes, 64 << 10, 4 << 20));
   }
   auto [handle, dst] = stack_.push(max_bytes);
-  const size_t n = codec.compress(shape, kv.chunks(id.layer)[id.chunk].k, dst);
+  const size_t n = codec.compress(shape, kv.chunks(id.layer)[id.chunk].k, dst, nullptr, pool_);
   stack_.shrink_top(handle, n);
   KvChunkMeta& m = kv.meta(id.layer, id.chunk);
   (void)kv.take_chunk(id.layer, id.chunk);  // the chunk's pages go back here

@@ -88,7 +88,7 @@ Engine::Engine(const EngineOptions& opts)
   } else if (opts_.elastic) {
     ElasticOptions eo = opts_.elastic_opts;
     eo.isa = isa_;
-    elastic_ = std::make_unique<ElasticMemory>(*model_, alloc_, std::move(eo));
+    elastic_ = std::make_unique<ElasticMemory>(*model_, alloc_, std::move(eo), &pool_);
     weight_source_ = elastic_.get();
   }
 }
