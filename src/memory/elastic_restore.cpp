@@ -252,8 +252,7 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
       swap_->free(m.slot);
       ++(put_restored(c, std::move(p.chunk_bufs[i]), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
     }
-    std::vector<Buffer> out;
-    out = chunk_buffers(p.stored_comp);
+    std::vector<Buffer> out = chunk_buffers(p.stored_comp);
     for (size_t i = 0; i < p.stored_comp.size(); ++i) {
       const ChunkId& c = p.stored_comp[i];
       KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
@@ -312,8 +311,7 @@ void ElasticMemory::decompress_path(std::vector<LayerPlan>& plan, bool open_latc
   const KvCodec& codec = kv_codec(opts_.codec, opts_.isa);
   for (LayerPlan& p : plan) {
     Stopwatch sw;
-    std::vector<Buffer> out;
-    out = chunk_buffers(p.compressed);
+    std::vector<Buffer> out = chunk_buffers(p.compressed);
     for (size_t i = 0; i < p.compressed.size(); ++i) {
       const ChunkId& c = p.compressed[i];
       KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
