@@ -611,9 +611,9 @@ INSTANTIATE_TEST_SUITE_P(All, MatmulProduct,
                                                               DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K)),
                          [](const auto& info) { return isa_fmt_name(std::get<0>(info.param), std::get<1>(info.param)); });
 
-// ---- packed weights (Packing::kQ4_0x8, kQ8_0x8, kQ4_Kx8) -------------------------------
+// ---- packed weights (Packing::kQ4_0x8, kQ8_0x8, kQ4_Kx8, kQ6_Kx8) ----------------------
 
-const DType kPackable[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K};
+const DType kPackable[] = {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K};
 
 // Row lengths for a packable format: a few blocks, odd counts included.
 std::vector<int64_t> packed_cols(DType t, std::initializer_list<int64_t> blocks) {
@@ -669,7 +669,7 @@ TEST(MatmulPacking, RoundTripsAndLeavesTailRows) {
       }
   EXPECT_EQ(packing_for(DType::kQ4_0, 7, 64), Packing::kRows);
   EXPECT_EQ(packing_for(DType::kQ4_K, 64, 96), Packing::kRows);
-  EXPECT_EQ(packing_for(DType::kQ6_K, 64, 256), Packing::kRows);
+  EXPECT_EQ(packing_for(DType::kQ5_K, 64, 256), Packing::kRows);
 }
 
 class MatmulPacked : public ::testing::TestWithParam<std::tuple<Isa, DType>> {};

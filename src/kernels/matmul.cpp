@@ -308,8 +308,9 @@ void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* 
   }
   const int64_t be = type_info(w.type).block_size;
   for (int64_t i = 0; i < w.cols / be; ++i) {  // block by block back to plain
-    alignas(8) uint8_t b[sizeof(BlockQ4_K)];     // the largest of the packable blocks
-    static_assert(sizeof(BlockQ4_K) >= sizeof(BlockQ8_0) && sizeof(BlockQ4_K) >= sizeof(BlockQ4_0));
+    alignas(8) uint8_t b[sizeof(BlockQ6_K)];     // the largest of the packable blocks
+    static_assert(sizeof(BlockQ6_K) >= sizeof(BlockQ4_K) && sizeof(BlockQ6_K) >= sizeof(BlockQ8_0) &&
+                  sizeof(BlockQ6_K) >= sizeof(BlockQ4_0));
     unpack_block(w, r, i, b);
     fk->to_float(b, dst + i * be, be);
   }

@@ -12,7 +12,7 @@ namespace {
 // Where a plain block's bytes go in a packed block of eight: runs of
 // `piece` bytes; run k of row r's field sits at offset + 32k + piece r (or,
 // for the 2-byte scales, at offset + 2r). The fields of one format, in
-// plain-block order.
+// packed-block order.
 struct Field {
   size_t plain_offset;  // in the plain block
   size_t bytes;         // in the plain block
@@ -34,6 +34,8 @@ Layout layout(Packing p, DType t) {
     return {sizeof(BlockQ8_0), kQK8_0, {{0, 2, 0, 2}, {2, 32, 16, 4}}, 2};
   if (p == Packing::kQ4_Kx8 && t == DType::kQ4_K)
     return {sizeof(BlockQ4_K), kQK_K, {{0, 2, 0, 2}, {2, 2, 16, 2}, {4, 12, 32, 4}, {16, 128, 128, 4}}, 4};
+  if (p == Packing::kQ6_Kx8 && t == DType::kQ6_K)
+    return {sizeof(BlockQ6_K), kQK_K, {{208, 2, 0, 2}, {192, 16, 16, 4}, {0, 128, 144, 4}, {128, 64, 1168, 4}}, 4};
   EBB_CHECK_MSG(false, "packing does not fit the weight type");
   __builtin_unreachable();
 }
@@ -69,6 +71,7 @@ Packing packing_for(DType type, int64_t rows, int64_t cols) {
   if (type == DType::kQ4_0 && cols % kQK8_0 == 0) return Packing::kQ4_0x8;
   if (type == DType::kQ8_0 && cols % kQK8_0 == 0) return Packing::kQ8_0x8;
   if (type == DType::kQ4_K && cols % kQK_K == 0) return Packing::kQ4_Kx8;
+  if (type == DType::kQ6_K && cols % kQK_K == 0) return Packing::kQ6_Kx8;
   return Packing::kRows;
 }
 

@@ -367,6 +367,20 @@ void tile_q4_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, fl
   q4_0_x8<T>(n, static_cast<const uint8_t*>(w), ws, static_cast<const uint8_t*>(a), as, y, ys);
 }
 
+// The one-token packed kernels ask for the bytes kPrefetchAhead past the
+// block they start on (each block's size of them): the hardware prefetcher
+// alone left decode short of the read bandwidth. 2 KiB ahead, by
+// measurement (ebb bench speed, 2 threads): Q4_0 decode 56-59 -> 61-69 tok/s
+// (512 B: 58; 4-8 KiB: the same as 2); Q6_K, 151936 x 1024, 14 -> 19-20
+// GB/s. Several tokens read block rows that sit in L2 and do without.
+inline constexpr size_t kPrefetchAhead = 2048;
+
+template <class Block>
+inline void prefetch_ahead(const Block* b) {
+  const char* p = reinterpret_cast<const char*>(b) + kPrefetchAhead;
+  for (size_t l = 0; l < sizeof(Block); l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
+}
+
 // ---- Q4_0 packed (Packing::kQ4_0x8): the x8 tile without the transpose ------
 //
 // The blocks are stored as load_q4_0_x8 would produce them, with the eight
@@ -389,6 +403,7 @@ void gemm_x8(int64_t n, const BlockQ4_0x8* w, const uint8_t* a, size_t as, const
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
+    if constexpr (T == 1) prefetch_ahead(w + i);
     __m256i v[4];
     for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * k));
     const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].d)));
@@ -457,6 +472,7 @@ inline void q4_k_x8_span(const BlockQ4_Kx8* w, int64_t i0, int64_t i1, const uin
   const __m256i pair[2] = {i16_pair_pattern(0, 1), i16_pair_pattern(2, 3)};
   for (int64_t i = i0; i < i1; ++i) {
     const BlockQ4_Kx8& b = w[i - i0];
+    if constexpr (T == 1) prefetch_ahead(&b);
     const ScalesMinsX8 s = unpack_scales_mins_x8(b.scales);
     __m256i isum[T], imin[T];
     for (int t = 0; t < T; ++t) isum[t] = imin[t] = _mm256_setzero_si256();
@@ -615,6 +631,7 @@ inline void q8_0_x8_span(const BlockQ8_0x8* w, int64_t i0, int64_t i1, const uin
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t i = i0; i < i1; ++i) {
     const BlockQ8_0x8& b = w[i - i0];
+    if constexpr (T == 1) prefetch_ahead(&b);
     const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
     __m256i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
@@ -671,22 +688,6 @@ void tile_q8_0_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as,
     for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
 }
 
-// FormatKernels::x8_gemm for a packed block type: gemm_x8<T> (overloaded on
-// the block type) with the token count as its template argument.
-template <class Block>
-void x8_gemm(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums* sums, int64_t ss, int n_tok, float* y,
-             int64_t ys) {
-  const auto* wb = static_cast<const Block*>(w);
-  const auto* ab = static_cast<const uint8_t*>(a);
-  switch (n_tok) {
-    case 1: return gemm_x8<1>(n, wb, ab, as, sums, ss, y, ys);
-    case 2: return gemm_x8<2>(n, wb, ab, as, sums, ss, y, ys);
-    case 3: return gemm_x8<3>(n, wb, ab, as, sums, ss, y, ys);
-    case 4: return gemm_x8<4>(n, wb, ab, as, sums, ss, y, ys);
-    default: EBB_CHECK_MSG(false, "x8_gemm: 1 to 4 tokens");
-  }
-}
-
 void dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ5_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
@@ -720,20 +721,14 @@ void dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
   *out = hsum(acc) - acc_m;
 }
 
-// vpshufb control picking int16 element 2p of each 128-bit half into the
-// low half's eight lanes and element 2p + 1 into the high half's.
-inline __m256i q6_k_scale_select(int p) {
-  const char lo = static_cast<char>(4 * p), hi = static_cast<char>(4 * p + 2);
-  return _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
-                          hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1);
-}
-
-void dot_q6_k(int64_t n, const void* w, const void* a, float* out) {
+// The packed arithmetic (see q6_k_x8_span) for one plain Q6_K row: the rows
+// past a matrix's last group, and the one-token product of a plain matrix.
+void dot_q6_k_rows(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ6_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   const __m256i m4 = _mm256_set1_epi8(0xF);
   const __m256i m3 = _mm256_set1_epi8(3);
-  __m256 acc = _mm256_setzero_ps();
+  float acc = 0.f;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     // The -32 offset: 32 * sum_g scales[g] * bsums[g].
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
@@ -761,9 +756,165 @@ void dot_q6_k(int64_t n, const void* w, const void* a, float* out) {
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(prod, s));
       }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+    acc = std::fmaf(static_cast<float>(hsum_i32(sumi)), _cvtsh_ss(x[i].d) * y[i].d, acc);
   }
-  *out = hsum(acc);
+  *out = acc;
+}
+
+// ---- Q6_K packed (Packing::kQ6_Kx8) ----------------------------------------
+//
+// Per (row, token), super-block after super-block, with isum = sum_g sc[g]
+// (dot_g - 32 bsums[g]) an exact integer (dot_g: the 16 products of sub-block
+// g with the unsigned 6-bit values):
+//   acc = fmaf(float(isum), dx * dy, acc)
+// The eight rows of a group sit in the eight lanes. A 6-bit value times an
+// activation byte is at most 63 x 127, so one maddubs pair sum is below 2^14
+// and two chunks' pair sums still fit int16; each such int16 sum is scaled to
+// int32 by one madd with the sub-block's scale. dot_q6_k_rows computes a
+// plain row in the same arithmetic, bit for bit.
+
+// The vpshufb pattern that puts bytes j0 and j1 of every dword lane into the
+// high bytes of the lane's two int16 halves (the low bytes zeroed): an
+// arithmetic shift right by 8 then sign-extends them.
+inline __m256i i8_pair_pattern(int j0, int j1) {
+  const int lo = (j0 << 8) | 0x80, hi = (j1 << 8) | 0x80;  // 0x80: zero the low byte
+  const auto lane = [&](int base) { return (lo + (base << 8)) | (hi + (base << 8)) << 16; };
+  return _mm256_setr_epi32(lane(0), lane(4), lane(8), lane(12), lane(0), lane(4), lane(8), lane(12));
+}
+
+// The 6-bit values of elements 128h + 32S + 4c + 0..3 of the eight rows,
+// from ql piece 16h + 8(S & 1) + c (L) and qh piece 8h + c (H).
+template <int S>
+inline __m256i q6_values(__m256i L, __m256i H) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  const __m256i lo = S < 2 ? _mm256_and_si256(L, m4) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+  __m256i hi;
+  if constexpr (S == 0) hi = _mm256_slli_epi16(H, 4);
+  if constexpr (S == 1) hi = _mm256_slli_epi16(H, 2);
+  if constexpr (S == 2) hi = H;
+  if constexpr (S == 3) hi = _mm256_srli_epi16(H, 2);
+  return _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
+}
+
+// Elements 128h + 32S + 0..31 of one super-block (sub-blocks 8h + 2S and
+// 8h + 2S + 1) of the eight rows against T tokens, into isum.
+template <int T, int S>
+inline void q6_k_x8_quarter(const BlockQ6_Kx8& b, int h, __m256i sc_a, __m256i sc_b, const BlockQ8_K* const* y,
+                            __m256i* isum) {
+  const uint8_t* ql = b.ql + 32 * (16 * h + 8 * (S & 1));
+  const uint8_t* qh = b.qh + 32 * 8 * h;
+#pragma GCC unroll 1
+  for (int cp = 0; cp < 4; ++cp) {  // chunks 2cp and 2cp + 1: 8 elements of sub-block 8h + 2S + cp / 2
+    const int c = 2 * cp;
+    const __m256i qa = q6_values<S>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * c)),
+                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * c)));
+    const __m256i qb = q6_values<S>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * c + 32)),
+                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * c + 32)));
+    const __m256i sc = cp < 2 ? sc_a : sc_b;
+    for (int t = 0; t < T; ++t) {
+      const int8_t* q = y[t]->qs + 128 * h + 32 * S + 4 * c;
+      const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(qa, _mm256_set1_epi32(load_i32(q))),
+                                         _mm256_maddubs_epi16(qb, _mm256_set1_epi32(load_i32(q + 4))));
+      isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
+    }
+  }
+}
+
+// Super-blocks [i0, i1) of a group of eight rows (w[i - i0] for super-block
+// i) against T tokens, accumulated into acc (one lane per row).
+template <int T>
+inline void q6_k_x8_span(const BlockQ6_Kx8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc) {
+  // Scale j of a dword lane in both int16 halves, and scales (0, 1), (2, 3).
+  const __m256i same[4] = {i8_pair_pattern(0, 0), i8_pair_pattern(1, 1), i8_pair_pattern(2, 2),
+                           i8_pair_pattern(3, 3)};
+  const __m256i pair[2] = {i8_pair_pattern(0, 1), i8_pair_pattern(2, 3)};
+  for (int64_t i = i0; i < i1; ++i) {
+    const BlockQ6_Kx8& b = w[i - i0];
+    if constexpr (T == 1) prefetch_ahead(&b);
+    const BlockQ8_K* y[T];
+    for (int t = 0; t < T; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a + t * as) + i;
+    __m256i piece[4];  // scales 4p..4p + 3 of every row
+    for (int p = 0; p < 4; ++p) piece[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.scales + 32 * p));
+    // The offset first: isum = -32 sum_g sc[g] bsums[g], two sub-blocks per madd.
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 16; g += 2) {
+      const __m256i scp = _mm256_srai_epi16(_mm256_shuffle_epi8(piece[g / 4], pair[(g % 4) / 2]), 8);
+      for (int t = 0; t < T; ++t) {
+        int32_t bs;
+        std::memcpy(&bs, y[t]->bsums + g, 4);
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(scp, _mm256_set1_epi32(bs)));
+      }
+    }
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(isum[t], 5));
+    const auto scale = [&](int g) { return _mm256_srai_epi16(_mm256_shuffle_epi8(piece[g / 4], same[g % 4]), 8); };
+    for (int h = 0; h < 2; ++h) {
+      const int g = 8 * h;
+      q6_k_x8_quarter<T, 0>(b, h, scale(g), scale(g + 1), y, isum);
+      q6_k_x8_quarter<T, 1>(b, h, scale(g + 2), scale(g + 3), y, isum);
+      q6_k_x8_quarter<T, 2>(b, h, scale(g + 4), scale(g + 5), y, isum);
+      q6_k_x8_quarter<T, 3>(b, h, scale(g + 6), scale(g + 7), y, isum);
+    }
+    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dx, _mm256_set1_ps(y[t]->d)), acc[t]);
+  }
+}
+
+template <int T>
+void gemm_x8(int64_t n, const BlockQ6_Kx8* w, const uint8_t* a, size_t as, const Q8_0Sums*, int64_t, float* y,
+             int64_t ys) {
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  q6_k_x8_span<T>(w, 0, n / kQK_K, a, as, acc);
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
+}
+
+// The tile of plain Q6_K rows (file views): eight rows' super-blocks packed a
+// few at a time on the stack and run through the packed kernel, so a plain
+// matrix computes exactly as its packed form does.
+template <int T>
+void tile_q6_k_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  constexpr int64_t kSpan = 4;  // super-blocks per buffer fill (6.6 KB)
+  alignas(32) BlockQ6_Kx8 buf[kSpan];
+  const auto* rows = static_cast<const uint8_t*>(w);
+  const int64_t nb = n / kQK_K;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t i0 = 0; i0 < nb; i0 += kSpan) {
+    const int64_t i1 = std::min(nb, i0 + kSpan);
+    for (int r = 0; r < 8; ++r) {
+      const auto* x = reinterpret_cast<const BlockQ6_K*>(rows + r * ws);
+      for (int64_t i = i0; i < i1; ++i) {
+        BlockQ6_Kx8& b = buf[i - i0];
+        b.d[r] = x[i].d;
+        for (int k = 0; k < 32; ++k) std::memcpy(b.ql + 32 * k + 4 * r, x[i].ql + 4 * k, 4);
+        for (int k = 0; k < 16; ++k) std::memcpy(b.qh + 32 * k + 4 * r, x[i].qh + 4 * k, 4);
+        for (int k = 0; k < 4; ++k) std::memcpy(b.scales + 32 * k + 4 * r, x[i].scales + 4 * k, 4);
+      }
+    }
+    q6_k_x8_span<T>(buf, i0, i1, static_cast<const uint8_t*>(a), as, acc);
+  }
+  alignas(32) float o[T][8];
+  for (int t = 0; t < T; ++t) _mm256_store_ps(o[t], acc[t]);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
+}
+
+// FormatKernels::x8_gemm for a packed block type: gemm_x8<T> (overloaded on
+// the block type) with the token count as its template argument.
+template <class Block>
+void x8_gemm(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums* sums, int64_t ss, int n_tok, float* y,
+             int64_t ys) {
+  const auto* wb = static_cast<const Block*>(w);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  switch (n_tok) {
+    case 1: return gemm_x8<1>(n, wb, ab, as, sums, ss, y, ys);
+    case 2: return gemm_x8<2>(n, wb, ab, as, sums, ss, y, ys);
+    case 3: return gemm_x8<3>(n, wb, ab, as, sums, ss, y, ys);
+    case 4: return gemm_x8<4>(n, wb, ab, as, sums, ss, y, ys);
+    default: EBB_CHECK_MSG(false, "x8_gemm: 1 to 4 tokens");
+  }
 }
 
 // ---- register-blocked tiles (several tokens at once) ---------------------------
@@ -872,54 +1023,6 @@ void tile_qk_45(int64_t n, const void* w, size_t ws, const void* a, size_t as, f
     for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(acc[r][t]) - acc_m[r][t];
 }
 
-// dot_q6_k per (row, token): exact int32 block sums, then the same single
-// fmadd chain.
-template <int R, int T>
-void tile_q6_k(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  const BlockQ6_K* x[R];
-  const BlockQ8_K* q[T];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ6_K*>(static_cast<const uint8_t*>(w) + r * ws);
-  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + t * as);
-  const __m256i m4 = _mm256_set1_epi8(0xF);
-  const __m256i m3 = _mm256_set1_epi8(3);
-  __m256 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    __m256i sumi[R][T];
-    for (int r = 0; r < R; ++r) {
-      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r][i].scales)));
-      for (int t = 0; t < T; ++t) {
-        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].bsums));
-        sumi[r][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
-      }
-    }
-    for (int h = 0; h < 2; ++h)
-      for (int p = 0; p < 4; ++p) {
-        const int g = 8 * h + 2 * p;
-        __m256i qr[R], sr[R];
-        for (int r = 0; r < R; ++r) {
-          const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].ql + 64 * h + 32 * (p & 1)));
-          const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qh + 32 * h));
-          const __m256i lo = p >= 2 ? _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4) : _mm256_and_si256(q4, m4);
-          qr[r] = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * p), m3), 4));
-          sr[r] = _mm256_set_m128i(_mm_set1_epi16(x[r][i].scales[g + 1]), _mm_set1_epi16(x[r][i].scales[g]));
-        }
-        for (int t = 0; t < T; ++t) {
-          const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs + 128 * h + 32 * p));
-          for (int r = 0; r < R; ++r)
-            sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(qr[r], q8), sr[r]));
-        }
-      }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t)
-        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[r][i].d) * q[t][i].d), _mm256_cvtepi32_ps(sumi[r][t]),
-                                    acc[r][t]);
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(acc[r][t]);
-}
-
 }  // namespace
 
 FormatTable avx2_format_table() {
@@ -928,7 +1031,7 @@ FormatTable avx2_format_table() {
   row(DType::kF32).vec_dot = dot_f32;
   row(DType::kF16) = {DType::kF16, DType::kF16, f16_to_float, quantize_f16, dot_f16};
   row(DType::kBF16) = {DType::kBF16, DType::kBF16, bf16_to_float, quantize_bf16, dot_bf16};
-  // Q8_0, Q4_0 and Q4_K (below) compute plain rows in their packed
+  // Q8_0, Q4_0, Q4_K and Q6_K (below) compute plain rows in their packed
   // arithmetic, one token or many, so a matrix gives the same bits viewed
   // from the file (budget mode, the mmap baseline) as packed in its unit.
   row(DType::kQ8_0) = {DType::kQ8_0, DType::kQ8_0, q8_0_to_float, quantize_q8_0, dot_q8_0_lanes};
@@ -946,7 +1049,8 @@ FormatTable avx2_format_table() {
   // Q4_K: the packed arithmetic for plain rows too (8 x 4, see tile_q4_k_x8).
   tile(DType::kQ4_K, tile_q4_k_x8<4>, 8, 4);
   tile(DType::kQ5_K, tile_qk_45<BlockQ5_K, 2, 4>, 2, 4);
-  tile(DType::kQ6_K, tile_q6_k<2, 4>, 2, 4);
+  // Q6_K: the packed arithmetic for plain rows too (8 x 4, see tile_q6_k_x8).
+  tile(DType::kQ6_K, tile_q6_k_x8<4>, 8, 4);
   row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
   row(DType::kQ4_0).x8_sums = x8_sums_q8_0;
   row(DType::kQ4_0).x8_gemm = x8_gemm<BlockQ4_0x8>;
@@ -964,7 +1068,11 @@ FormatTable avx2_format_table() {
   row(DType::kQ5_K).quantize_act = quantize_q8_k;
   row(DType::kQ5_K).vec_dot = dot_q5_k;
   row(DType::kQ6_K).quantize_act = quantize_q8_k;
-  row(DType::kQ6_K).vec_dot = dot_q6_k;
+  row(DType::kQ6_K).vec_dot = dot_q6_k_rows;
+  row(DType::kQ6_K).tile_dot = dot_q6_k_rows;
+  row(DType::kQ6_K).x8_sums = x8_sums_none;
+  row(DType::kQ6_K).x8_gemm = x8_gemm<BlockQ6_Kx8>;
+  row(DType::kQ6_K).x8_dot = dot_q6_k_rows;
   row(DType::kQ8_K).quantize_act = quantize_q8_k;
   return t;
 }
