@@ -371,7 +371,7 @@ void tile_q4_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, fl
 // block they start on (each block's size of them): the hardware prefetcher
 // alone left decode short of the read bandwidth. 2 KiB ahead, by
 // measurement (ebb bench speed, 2 threads): Q4_0 decode 56-59 -> 61-69 tok/s
-// (512 B: 58; 4-8 KiB: the same as 2); Q6_K, 151936 x 1024, 14 -> 19-20
+// (512 B: 58; 4-8 KiB: the same as 2); Q6_K, 151936 x 1024, 16-18 -> 19-24
 // GB/s. Several tokens read block rows that sit in L2 and do without.
 inline constexpr size_t kPrefetchAhead = 2048;
 

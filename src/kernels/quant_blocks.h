@@ -109,10 +109,8 @@ static_assert(sizeof(BlockQ6_K) == 210);
 // Super-block i of eight Q6_K rows r = 0..7, interleaved (Packing::kQ6_Kx8):
 // the eight d, then scales[32p + 4r + j] = row r's scales[4p + j] (p < 4),
 // ql[32k + 4r + j] = row r's ql[4k + j] (k < 32) and qh[32m + 4r + j] = row
-// r's qh[4m + j] (m < 16). The scales come first, as the kernel reads them
-// first: reading a super-block in address order keeps the hardware
-// prefetcher streaming (with them last, one-token products ran about 20%
-// slower). So for half h and
+// r's qh[4m + j] (m < 16). The scales come first, in the order the kernel
+// reads them. So for half h and
 // chunk c < 8, the 32 bytes of ql piece 16h + c hold, in dword lane r, row
 // r's elements 128h + 4c + 0..3 (low nibbles) and 128h + 64 + 4c + 0..3
 // (high); ql piece 16h + 8 + c the elements 32 further on; and qh piece 8h +
