@@ -46,12 +46,12 @@ struct FormatKernels {
   // one exception, as its model engine is). nullptr: vec_dot serves them.
   // (A one-token product runs vec_dot, which may sum in another order.)
   void (*tile_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
-  // Optional, Q4_0, Q8_0, Q4_K and Q6_K: the kernels of packed views
-  // (Packing::kQ4_0x8, kQ8_0x8, kQ4_Kx8, kQ6_Kx8). Per (row, token) they
-  // compute isum_b, the exact integer dot of block b, and acc = fmaf(dx_b *
-  // dy_b, float(isum_b), acc) block after block (the K-quants: per
-  // super-block; Q4_K has a second chain for the min part and acc - accm at
-  // the end). x8_sums fills
+  // Optional, Q4_0, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K: the kernels of
+  // packed views (Packing::kQ4_0x8, kQ8_0x8, kQ4_Kx8, kQ5_Kx8, kQ6_Kx8). Per
+  // (row, token) they compute isum_b, the exact integer dot of block b, and
+  // acc = fmaf(dx_b * dy_b, float(isum_b), acc) block after block (the
+  // K-quants: per super-block; Q4_K and Q5_K have a second chain for the min
+  // part and acc - accm at the end). x8_sums fills
   // sums[n / 32] for one activation row (Q4_0; the others need none); x8_gemm
   // computes one group of eight rows (w: its n / 32 packed blocks) against
   // n_tok <= 4 tokens: y[t * y_stride + r] for r < 8, activations and sums of

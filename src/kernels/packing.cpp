@@ -23,7 +23,7 @@ struct Field {
 struct Layout {
   size_t block;     // plain block bytes
   int64_t elems;    // elements per block
-  Field fields[4];
+  Field fields[5];
   int n_fields;
 };
 
@@ -34,6 +34,9 @@ Layout layout(Packing p, DType t) {
     return {sizeof(BlockQ8_0), kQK8_0, {{0, 2, 0, 2}, {2, 32, 16, 4}}, 2};
   if (p == Packing::kQ4_Kx8 && t == DType::kQ4_K)
     return {sizeof(BlockQ4_K), kQK_K, {{0, 2, 0, 2}, {2, 2, 16, 2}, {4, 12, 32, 4}, {16, 128, 128, 4}}, 4};
+  if (p == Packing::kQ5_Kx8 && t == DType::kQ5_K)
+    return {sizeof(BlockQ5_K), kQK_K,
+            {{0, 2, 0, 2}, {2, 2, 16, 2}, {4, 12, 32, 4}, {16, 32, 128, 4}, {48, 128, 384, 4}}, 5};
   if (p == Packing::kQ6_Kx8 && t == DType::kQ6_K)
     return {sizeof(BlockQ6_K), kQK_K, {{208, 2, 0, 2}, {192, 16, 16, 4}, {0, 128, 144, 4}, {128, 64, 1168, 4}}, 4};
   EBB_CHECK_MSG(false, "packing does not fit the weight type");
@@ -71,6 +74,7 @@ Packing packing_for(DType type, int64_t rows, int64_t cols) {
   if (type == DType::kQ4_0 && cols % kQK8_0 == 0) return Packing::kQ4_0x8;
   if (type == DType::kQ8_0 && cols % kQK8_0 == 0) return Packing::kQ8_0x8;
   if (type == DType::kQ4_K && cols % kQK_K == 0) return Packing::kQ4_Kx8;
+  if (type == DType::kQ5_K && cols % kQK_K == 0) return Packing::kQ5_Kx8;
   if (type == DType::kQ6_K && cols % kQK_K == 0) return Packing::kQ6_Kx8;
   return Packing::kRows;
 }

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <type_traits>
 
 #include "kernels/quant_avx2_inl.h"
 #include "kernels/quant_blocks.h"
@@ -609,6 +608,128 @@ void dot_q4_k_rows(int64_t n, const void* w, const void* a, float* out) {
 // Q8_K activations carry their sums (bsums): nothing to precompute.
 void x8_sums_none(int64_t, const void*, Q8_0Sums*) {}
 
+// ---- Q5_K packed (Packing::kQ5_Kx8) ----------------------------------------
+//
+// Q4_K's arithmetic (see q4_k_x8_span) with a fifth bit from qh: isum =
+// sum_j sc[j] dot_j and imin = sum_j m[j] (bsums[2j] + bsums[2j + 1]), exact,
+// then the two fmaf chains per super-block. A 5-bit value times an activation
+// byte is at most 31 x 127, so int16 sums run over four pieces (at most 4 x 2
+// x 31 x 127 < 2^15) before each madd with the rows' scale. dot_q5_k_rows
+// computes a plain row the same way, bit for bit.
+
+// Elements 64kk + 32(BIT % 2) + 0..31 (sub-block BIT = 2kk or 2kk + 1) of a
+// super-block of eight rows against T tokens: isum += sc * dot.
+template <int T, int BIT>
+inline void q5_k_x8_sub(const BlockQ5_Kx8& b, const BlockQ8_K* const* y, __m256i sc, __m256i* isum) {
+  constexpr int kk = BIT / 2, half = BIT % 2;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
+  for (int quarter = 0; quarter < 2; ++quarter) {
+    __m256i s16[T];
+    for (int t = 0; t < T; ++t) s16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int mm = 4 * quarter; mm < 4 * quarter + 4; ++mm) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * (8 * kk + mm)));
+      if constexpr (half) v = _mm256_srli_epi16(v, 4);
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * mm));
+      // Bit BIT of each qh byte to bit 4 (16-bit shifts; the mask drops what
+      // crosses from the neighbouring byte).
+      __m256i hb;
+      if constexpr (BIT <= 4) hb = _mm256_slli_epi16(h, 4 - BIT);
+      else hb = _mm256_srli_epi16(h, BIT - 4);
+      v = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(hb, m10));
+      for (int t = 0; t < T; ++t) {
+        const __m256i yb = _mm256_set1_epi32(load_i32(y[t]->qs + 64 * kk + 32 * half + 4 * mm));
+        s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(v, yb));
+      }
+    }
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], sc));
+  }
+}
+
+// Super-blocks [i0, i1) of a group of eight Q5_K rows (w[i - i0] for
+// super-block i) against T tokens, into acc / accm (one lane per row).
+template <int T>
+inline void q5_k_x8_span(const BlockQ5_Kx8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
+                         __m256* accm) {
+  const __m256i same[4] = {i16_pair_pattern(0, 0), i16_pair_pattern(1, 1), i16_pair_pattern(2, 2),
+                           i16_pair_pattern(3, 3)};
+  const __m256i pair[2] = {i16_pair_pattern(0, 1), i16_pair_pattern(2, 3)};
+  for (int64_t i = i0; i < i1; ++i) {
+    const BlockQ5_Kx8& b = w[i - i0];
+    if constexpr (T == 1) prefetch_ahead(&b);
+    const BlockQ8_K* y[T];
+    for (int t = 0; t < T; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a + t * as) + i;
+    const ScalesMinsX8 s = unpack_scales_mins_x8(b.scales);
+    __m256i isum[T], imin[T];
+    for (int t = 0; t < T; ++t) isum[t] = imin[t] = _mm256_setzero_si256();
+    // Scale of sub-block j: byte j % 4 of sc_lo (j < 4) or sc_hi.
+    const auto sc = [&](int j) { return _mm256_shuffle_epi8(j < 4 ? s.sc_lo : s.sc_hi, same[j % 4]); };
+    q5_k_x8_sub<T, 0>(b, y, sc(0), isum);
+    q5_k_x8_sub<T, 1>(b, y, sc(1), isum);
+    q5_k_x8_sub<T, 2>(b, y, sc(2), isum);
+    q5_k_x8_sub<T, 3>(b, y, sc(3), isum);
+    q5_k_x8_sub<T, 4>(b, y, sc(4), isum);
+    q5_k_x8_sub<T, 5>(b, y, sc(5), isum);
+    q5_k_x8_sub<T, 6>(b, y, sc(6), isum);
+    q5_k_x8_sub<T, 7>(b, y, sc(7), isum);
+    for (int kk = 0; kk < 4; ++kk) {
+      const __m256i mins = _mm256_shuffle_epi8(kk < 2 ? s.m_lo : s.m_hi, pair[kk % 2]);
+      for (int t = 0; t < T; ++t) {
+        const int16_t* bs = y[t]->bsums + 4 * kk;
+        const int32_t pr = static_cast<uint16_t>(bs[0] + bs[1]) | static_cast<int32_t>(bs[2] + bs[3]) << 16;
+        imin[t] = _mm256_add_epi32(imin[t], _mm256_madd_epi16(mins, _mm256_set1_epi32(pr)));
+      }
+    }
+    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
+    const __m256 dmx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin)));
+    for (int t = 0; t < T; ++t) {
+      const __m256 dy = _mm256_set1_ps(y[t]->d);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dx, dy), acc[t]);
+      accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[t]), _mm256_mul_ps(dmx, dy), accm[t]);
+    }
+  }
+}
+
+template <int T>
+void gemm_x8(int64_t n, const BlockQ5_Kx8* w, const uint8_t* a, size_t as, const Q8_0Sums*, int64_t, float* y,
+             int64_t ys) {
+  __m256 acc[T], accm[T];
+  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
+  q5_k_x8_span<T>(w, 0, n / kQK_K, a, as, acc, accm);
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, _mm256_sub_ps(acc[t], accm[t]));
+}
+
+// The tile of plain Q5_K rows (file views): eight rows' super-blocks packed a
+// few at a time on the stack and run through the packed kernel.
+template <int T>
+void tile_q5_k_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  constexpr int64_t kSpan = 4;  // super-blocks per buffer fill (5.5 KB)
+  alignas(32) BlockQ5_Kx8 buf[kSpan];
+  const auto* rows = static_cast<const uint8_t*>(w);
+  const int64_t nb = n / kQK_K;
+  __m256 acc[T], accm[T];
+  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
+  for (int64_t i0 = 0; i0 < nb; i0 += kSpan) {
+    const int64_t i1 = std::min(nb, i0 + kSpan);
+    for (int r = 0; r < 8; ++r) {
+      const auto* x = reinterpret_cast<const BlockQ5_K*>(rows + r * ws);
+      for (int64_t i = i0; i < i1; ++i) {
+        BlockQ5_Kx8& b = buf[i - i0];
+        b.d[r] = x[i].d;
+        b.dmin[r] = x[i].dmin;
+        for (int p = 0; p < 3; ++p) std::memcpy(b.scales + 32 * p + 4 * r, x[i].scales + 4 * p, 4);
+        for (int k = 0; k < 8; ++k) std::memcpy(b.qh + 32 * k + 4 * r, x[i].qh + 4 * k, 4);
+        for (int k = 0; k < 32; ++k) std::memcpy(b.qs + 32 * k + 4 * r, x[i].qs + 4 * k, 4);
+      }
+    }
+    q5_k_x8_span<T>(buf, i0, i1, static_cast<const uint8_t*>(a), as, acc, accm);
+  }
+  alignas(32) float o[T][8];
+  for (int t = 0; t < T; ++t) _mm256_store_ps(o[t], _mm256_sub_ps(acc[t], accm[t]));
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
+}
+
 // ---- Q8_0 packed (Packing::kQ8_0x8) ----------------------------------------
 //
 // Eight rows in the eight dword lanes: for each 4-byte piece k of the block,
@@ -688,18 +809,18 @@ void tile_q8_0_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as,
     for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
 }
 
-void dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
+// The packed arithmetic (see q5_k_x8_span) for one plain Q5_K row: the rows
+// past a matrix's last group, and the one-token product of a plain matrix.
+void dot_q5_k_rows(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const BlockQ5_K*>(w);
   const auto* y = static_cast<const BlockQ8_K*>(a);
   const __m256i m4 = _mm256_set1_epi8(0xF);
   const __m256i m1 = _mm256_set1_epi8(1);
-  __m256 acc = _mm256_setzero_ps();
-  float acc_m = 0.f;
+  float acc = 0.f, accm = 0.f;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const __m128i scm = unpack_scales_mins(x[i].scales);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
-    const float d = _cvtsh_ss(x[i].d) * y[i].d, dmin = _cvtsh_ss(x[i].dmin) * y[i].d;
-    acc_m += dmin * static_cast<float>(mins_dot_bsums(_mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)), y[i].bsums));
+    const int imin = mins_dot_bsums(_mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)), y[i].bsums);
     __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
     __m256i sumi = _mm256_setzero_si256();
     for (int k = 0; k < 4; ++k) {
@@ -711,14 +832,13 @@ void dot_q5_k(int64_t n, const void* w, const void* a, float* out) {
       const __m256i q5h = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), hh);
       const __m256i q8l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k));
       const __m256i q8h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * k + 32));
-      const __m256i pl = _mm256_maddubs_epi16(q5l, q8l);
-      const __m256i ph = _mm256_maddubs_epi16(q5h, q8h);
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, scale_of(sc16, 2 * k)));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, scale_of(sc16, 2 * k + 1)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q5l, q8l), scale_of(sc16, 2 * k)));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q5h, q8h), scale_of(sc16, 2 * k + 1)));
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc = std::fmaf(static_cast<float>(hsum_i32(sumi)), _cvtsh_ss(x[i].d) * y[i].d, acc);
+    accm = std::fmaf(static_cast<float>(imin), _cvtsh_ss(x[i].dmin) * y[i].d, accm);
   }
-  *out = hsum(acc) - acc_m;
+  *out = acc - accm;
 }
 
 // The packed arithmetic (see q6_k_x8_span) for one plain Q6_K row: the rows
@@ -957,72 +1077,6 @@ void tile_f16(int64_t n, const void* w, size_t ws, const void* a, size_t as, flo
                                          _mm256_add_ps(chain[2][r][t], chain[3][r][t])));
 }
 
-// dot_q5_k per (row, token): per block an exact int32 sum (order free), then
-// one fmadd into a single vector chain and one scalar min term, as there.
-// Block is BlockQ5_K (or BlockQ4_K: the same without the fifth bit from qh).
-template <class Block, int R, int T>
-void tile_qk_45(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  constexpr bool kFive = std::is_same_v<Block, BlockQ5_K>;
-  const Block* x[R];
-  const BlockQ8_K* q[T];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w) + r * ws);
-  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + t * as);
-  const __m256i m4 = _mm256_set1_epi8(0xF), m1 = _mm256_set1_epi8(1);
-  __m256 acc[R][T];
-  float acc_m[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      acc_m[r][t] = 0.f;
-    }
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    __m256i sc16[R], hb[R];
-    for (int r = 0; r < R; ++r) {
-      const __m128i scm = unpack_scales_mins(x[r][i].scales);
-      sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
-      const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
-      for (int t = 0; t < T; ++t) {
-        const float dmin = _cvtsh_ss(x[r][i].dmin) * q[t][i].d;
-        acc_m[r][t] += dmin * static_cast<float>(mins_dot_bsums(mn16, q[t][i].bsums));
-      }
-      if constexpr (kFive) hb[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qh));
-    }
-    __m256i sumi[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) sumi[r][t] = _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k) {
-      __m256i lo[R], hi[R];
-      for (int r = 0; r < R; ++r) {
-        const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs + 32 * k));
-        lo[r] = _mm256_and_si256(q4, m4);
-        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
-        if constexpr (kFive) {
-          lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(_mm256_and_si256(hb[r], m1), 4));
-          hi[r] = _mm256_or_si256(hi[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb[r], 1), m1), 4));
-          hb[r] = _mm256_srli_epi16(hb[r], 2);
-        }
-      }
-      for (int t = 0; t < T; ++t) {
-        const __m256i q8l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs + 64 * k));
-        const __m256i q8h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t][i].qs + 64 * k + 32));
-        for (int r = 0; r < R; ++r) {
-          const __m256i pl = _mm256_maddubs_epi16(lo[r], q8l);
-          const __m256i ph = _mm256_maddubs_epi16(hi[r], q8h);
-          sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(pl, scale_of(sc16[r], 2 * k)));
-          sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(ph, scale_of(sc16[r], 2 * k + 1)));
-        }
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) {
-        const float d = _cvtsh_ss(x[r][i].d) * q[t][i].d;
-        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r][t]), acc[r][t]);
-      }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(acc[r][t]) - acc_m[r][t];
-}
-
 }  // namespace
 
 FormatTable avx2_format_table() {
@@ -1031,7 +1085,7 @@ FormatTable avx2_format_table() {
   row(DType::kF32).vec_dot = dot_f32;
   row(DType::kF16) = {DType::kF16, DType::kF16, f16_to_float, quantize_f16, dot_f16};
   row(DType::kBF16) = {DType::kBF16, DType::kBF16, bf16_to_float, quantize_bf16, dot_bf16};
-  // Q8_0, Q4_0, Q4_K and Q6_K (below) compute plain rows in their packed
+  // Q8_0, Q4_0 and the K-quants (below) compute plain rows in their packed
   // arithmetic, one token or many, so a matrix gives the same bits viewed
   // from the file (budget mode, the mmap baseline) as packed in its unit.
   row(DType::kQ8_0) = {DType::kQ8_0, DType::kQ8_0, q8_0_to_float, quantize_q8_0, dot_q8_0_lanes};
@@ -1048,7 +1102,8 @@ FormatTable avx2_format_table() {
   tile(DType::kQ4_0, tile_q4_0<4>, 8, 4);
   // Q4_K: the packed arithmetic for plain rows too (8 x 4, see tile_q4_k_x8).
   tile(DType::kQ4_K, tile_q4_k_x8<4>, 8, 4);
-  tile(DType::kQ5_K, tile_qk_45<BlockQ5_K, 2, 4>, 2, 4);
+  // Q5_K: the packed arithmetic for plain rows too (8 x 4, see tile_q5_k_x8).
+  tile(DType::kQ5_K, tile_q5_k_x8<4>, 8, 4);
   // Q6_K: the packed arithmetic for plain rows too (8 x 4, see tile_q6_k_x8).
   tile(DType::kQ6_K, tile_q6_k_x8<4>, 8, 4);
   row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
@@ -1066,7 +1121,11 @@ FormatTable avx2_format_table() {
   row(DType::kQ4_K).vec_dot = dot_q4_k_rows;
   row(DType::kQ4_K).tile_dot = dot_q4_k_rows;
   row(DType::kQ5_K).quantize_act = quantize_q8_k;
-  row(DType::kQ5_K).vec_dot = dot_q5_k;
+  row(DType::kQ5_K).vec_dot = dot_q5_k_rows;
+  row(DType::kQ5_K).tile_dot = dot_q5_k_rows;
+  row(DType::kQ5_K).x8_sums = x8_sums_none;
+  row(DType::kQ5_K).x8_gemm = x8_gemm<BlockQ5_Kx8>;
+  row(DType::kQ5_K).x8_dot = dot_q5_k_rows;
   row(DType::kQ6_K).quantize_act = quantize_q8_k;
   row(DType::kQ6_K).vec_dot = dot_q6_k_rows;
   row(DType::kQ6_K).tile_dot = dot_q6_k_rows;

@@ -113,8 +113,9 @@ FormatTable avx512_format_table() {
   row(DType::kBF16).to_float = bf16_to_float;
   row(DType::kBF16).vec_dot = dot_bf16;
   // The AVX2 tiles compute in the AVX2 vec_dot's order: drop them where
-  // vec_dot was replaced. Q8_0, Q4_0 and Q4_K keep the AVX2 kernels: their
-  // plain rows compute in the packed arithmetic (see avx2_format_table).
+  // vec_dot was replaced. Q8_0, Q4_0 and the K-quants keep the AVX2
+  // kernels: their plain rows compute in the packed arithmetic (see
+  // avx2_format_table).
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) row(d).vec_dot_tile = nullptr;
   return t;
 }

@@ -91,6 +91,21 @@ struct BlockQ5_K {
 };
 static_assert(sizeof(BlockQ5_K) == 176);
 
+// Super-block i of eight Q5_K rows r = 0..7, interleaved (Packing::kQ5_Kx8):
+// as BlockQ4_Kx8 (the eight d, the eight dmin, the scale pieces, qs[32k + 4r
+// + j] = row r's qs[4k + j]) with qh[32m + 4r + j] = row r's qh[4m + j] (m <
+// 8) before qs. So qs piece 8kk + mm and qh piece mm hold, in dword lane r,
+// row r's elements 64kk + 4mm + 0..3 (low nibbles, fifth bit: bit 2kk of the
+// qh bytes) and the same 32 further on (high nibbles, bit 2kk + 1).
+struct BlockQ5_Kx8 {
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t scales[96];
+  uint8_t qh[256];
+  uint8_t qs[1024];
+};
+static_assert(sizeof(BlockQ5_Kx8) == 8 * sizeof(BlockQ5_K));
+
 // Q6_K: 16 sub-blocks of 16 with int8 scales; x = d * scales[e / 16] * (q - 32),
 // q 6 bits. For half h (128 elements) and l < 32, with ql' = ql + 64h,
 // qh' = qh + 32h, e0 = 128h:

@@ -51,14 +51,15 @@ uint64_t row_bytes(DType t, int64_t n);
 
 // How a weight matrix's rows sit in memory.
 //   kRows:   as GGUF stores them, row after row.
-//   kQ4_0x8, kQ8_0x8, kQ4_Kx8, kQ6_Kx8: Q4_0 / Q8_0 / Q4_K / Q6_K rows
-//            interleaved in groups of eight (BlockQ4_0x8, BlockQ8_0x8,
-//            BlockQ4_Kx8, BlockQ6_Kx8, see kernels/packing.h): rows
+//   kQ4_0x8, kQ8_0x8, kQ4_Kx8, kQ5_Kx8, kQ6_Kx8: Q4_0 / Q8_0 / Q4_K /
+//            Q5_K / Q6_K rows interleaved in groups of eight (BlockQ4_0x8,
+//            BlockQ8_0x8, BlockQ4_Kx8, BlockQ5_Kx8, BlockQ6_Kx8, see
+//            kernels/packing.h): rows
 //            [0, rows / 8 * 8) as groups, any remaining rows as plain rows
 //            after them, at the offsets plain rows would have. Same bytes in
 //            all; kernels read eight rows' blocks in one vector without
 //            transposing them.
-enum class Packing : uint8_t { kRows, kQ4_0x8, kQ8_0x8, kQ4_Kx8, kQ6_Kx8 };
+enum class Packing : uint8_t { kRows, kQ4_0x8, kQ8_0x8, kQ4_Kx8, kQ5_Kx8, kQ6_Kx8 };
 
 // A 2-D weight matrix: rows of `cols` elements (ne0 = cols, ne1 = rows),
 // each row `row_stride` bytes apart when packing is kRows.

@@ -64,7 +64,8 @@ Engine::Engine(const EngineOptions& opts)
   const KernelSet& ks = kernel_set(isa_);
   // Packed units when the target has packed kernels for every format that packs.
   bool pack = true;
-  for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) pack = pack && ks.format(t) && ks.format(t)->x8_gemm;
+  for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
+    pack = pack && ks.format(t) && ks.format(t)->x8_gemm;
   model_ = Model::load(opts_.model_path, alloc_, {.load_weights = !budget_mode, .pack_weights = pack});
   const ModelConfig& c = model_->config();
   // Every weight format must have kernels on the chosen target.
