@@ -125,11 +125,11 @@ static_assert(sizeof(BlockQ6_K) == 210);
 // the eight d, then scales[32p + 4r + j] = row r's scales[4p + j] (p < 4),
 // ql[32k + 4r + j] = row r's ql[4k + j] (k < 32) and qh[32m + 4r + j] = row
 // r's qh[4m + j] (m < 16). The scales come first, in the order the kernel
-// reads them. So for half h and
-// chunk c < 8, the 32 bytes of ql piece 16h + c hold, in dword lane r, row
-// r's elements 128h + 4c + 0..3 (low nibbles) and 128h + 64 + 4c + 0..3
-// (high); ql piece 16h + 8 + c the elements 32 further on; and qh piece 8h +
-// c the high bits of all four (bits 2s..2s+1: element 128h + 32s + 4c + j).
+// reads them. So for half h and chunk c < 8, the 32 bytes of ql piece 16h +
+// c hold, in dword lane r, row r's elements 128h + 4c + 0..3 (low nibbles)
+// and 128h + 64 + 4c + 0..3 (high); ql piece 16h + 8 + c the elements 32
+// further on; and qh piece 8h + c the high bits of all four (bits 2s..2s+1:
+// element 128h + 32s + 4c + j).
 struct BlockQ6_Kx8 {
   uint16_t d[8];
   int8_t scales[128];
