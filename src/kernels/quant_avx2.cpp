@@ -416,6 +416,79 @@ void gemm_x8(int64_t n, const BlockQ4_0x8* w, const uint8_t* a, size_t as, const
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
 }
 
+// ---- packed groups and tiles of plain rows, shared by Q8_0 and the K-quants --
+//
+// A span kernel computes blocks [i0, i1) of a group of eight rows (w[i - i0]
+// for block i) against T tokens into acc, and the K-quants with mins (Q4_K,
+// Q5_K) their min chain into accm; the others leave accm at zero.
+template <class Block8>
+using SpanFn = void (*)(const Block8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
+                        __m256* accm);
+
+// One group's nb blocks against T tokens: y[t * ys + r] = acc - accm (acc
+// - 0 is acc, bit for bit).
+template <int T, class Block8, SpanFn<Block8> Span>
+inline void group_store(int64_t nb, const Block8* w, const uint8_t* a, size_t as, float* y, int64_t ys) {
+  __m256 acc[T], accm[T];
+  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
+  Span(w, 0, nb, a, as, acc, accm);
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, _mm256_sub_ps(acc[t], accm[t]));
+}
+
+// Lane r of a packed block from row r's plain block: its fields' 4-byte
+// pieces 32 bytes apart (as pack_rows lays them out, kernels/packing.cpp).
+inline void put_pieces(uint8_t* dst, const void* src, int n_pieces, int r) {
+  for (int k = 0; k < n_pieces; ++k) std::memcpy(dst + 32 * k + 4 * r, static_cast<const uint8_t*>(src) + 4 * k, 4);
+}
+inline void pack_lane(BlockQ8_0x8& b, const BlockQ8_0& x, int r) {
+  b.d[r] = x.d;
+  put_pieces(reinterpret_cast<uint8_t*>(b.qs), x.qs, 8, r);
+}
+inline void pack_lane(BlockQ4_Kx8& b, const BlockQ4_K& x, int r) {
+  b.d[r] = x.d;
+  b.dmin[r] = x.dmin;
+  put_pieces(b.scales, x.scales, 3, r);
+  put_pieces(b.qs, x.qs, 32, r);
+}
+inline void pack_lane(BlockQ5_Kx8& b, const BlockQ5_K& x, int r) {
+  b.d[r] = x.d;
+  b.dmin[r] = x.dmin;
+  put_pieces(b.scales, x.scales, 3, r);
+  put_pieces(b.qh, x.qh, 8, r);
+  put_pieces(b.qs, x.qs, 32, r);
+}
+inline void pack_lane(BlockQ6_Kx8& b, const BlockQ6_K& x, int r) {
+  b.d[r] = x.d;
+  put_pieces(reinterpret_cast<uint8_t*>(b.scales), x.scales, 4, r);
+  put_pieces(b.ql, x.ql, 32, r);
+  put_pieces(b.qh, x.qh, 16, r);
+}
+
+// The tile of eight plain rows (file views, which are not packed): their
+// blocks packed kSpan at a time into a buffer on the stack (a few KB) and
+// run through the packed kernel, so a plain matrix computes exactly as its
+// packed form does.
+template <int T, class Block, class Block8, int kElems, int kSpan, SpanFn<Block8> Span>
+void tile_on_stack(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  alignas(32) Block8 buf[kSpan];
+  const auto* rows = static_cast<const uint8_t*>(w);
+  const int64_t nb = n / kElems;
+  __m256 acc[T], accm[T];
+  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
+  for (int64_t i0 = 0; i0 < nb; i0 += kSpan) {
+    const int64_t i1 = std::min(nb, i0 + kSpan);
+    for (int r = 0; r < 8; ++r) {
+      const auto* x = reinterpret_cast<const Block*>(rows + r * ws);
+      for (int64_t i = i0; i < i1; ++i) pack_lane(buf[i - i0], x[i], r);
+    }
+    Span(buf, i0, i1, static_cast<const uint8_t*>(a), as, acc, accm);
+  }
+  alignas(32) float o[T][8];
+  for (int t = 0; t < T; ++t) _mm256_store_ps(o[t], _mm256_sub_ps(acc[t], accm[t]));
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
+}
+
 // ---- Q4_K packed (Packing::kQ4_Kx8) ----------------------------------------
 //
 // Per (row, token), super-block after super-block, with isum = sum_j sc[j]
@@ -457,6 +530,33 @@ inline __m256i i16_pair_pattern(int j0, int j1) {
                            (lo + 8) | (hi + 8) << 16, (lo + 12) | (hi + 12) << 16);
 }
 
+// imin += m[j] (bsums[2j] + bsums[2j + 1]) for sub-blocks 2kk and 2kk + 1 of
+// the eight rows (Q4_K, Q5_K), both in one madd (pair: i16_pair_pattern(0,
+// 1) and (2, 3)).
+template <int T>
+inline void add_mins(const ScalesMinsX8& s, int kk, const __m256i* pair, const BlockQ8_K* const* y, __m256i* imin) {
+  const __m256i mins = _mm256_shuffle_epi8(kk < 2 ? s.m_lo : s.m_hi, pair[kk % 2]);
+  for (int t = 0; t < T; ++t) {
+    const int16_t* bs = y[t]->bsums + 4 * kk;
+    const int32_t pr = static_cast<uint16_t>(bs[0] + bs[1]) | static_cast<int32_t>(bs[2] + bs[3]) << 16;
+    imin[t] = _mm256_add_epi32(imin[t], _mm256_madd_epi16(mins, _mm256_set1_epi32(pr)));
+  }
+}
+
+// The end of a Q4_K / Q5_K super-block of eight rows: acc = fmaf(float(isum),
+// dx * dy, acc) and accm = fmaf(float(imin), dmin_x * dy, accm) per lane.
+template <int T>
+inline void min_chains(const uint16_t* d, const uint16_t* dmin, const BlockQ8_K* const* y, const __m256i* isum,
+                       const __m256i* imin, __m256* acc, __m256* accm) {
+  const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d)));
+  const __m256 dmx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin)));
+  for (int t = 0; t < T; ++t) {
+    const __m256 dy = _mm256_set1_ps(y[t]->d);
+    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dx, dy), acc[t]);
+    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[t]), _mm256_mul_ps(dmx, dy), accm[t]);
+  }
+}
+
 // Super-blocks [i0, i1) of a group of eight rows (w: the group's packed
 // super-blocks, w[i - i0] for super-block i) against T tokens, accumulated
 // into acc / accm (the scale and min chains, one lane per row).
@@ -472,14 +572,15 @@ inline void q4_k_x8_span(const BlockQ4_Kx8* w, int64_t i0, int64_t i1, const uin
   for (int64_t i = i0; i < i1; ++i) {
     const BlockQ4_Kx8& b = w[i - i0];
     if constexpr (T == 1) prefetch_ahead(&b);
+    const BlockQ8_K* y[T];
+    for (int t = 0; t < T; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a + t * as) + i;
     const ScalesMinsX8 s = unpack_scales_mins_x8(b.scales);
     __m256i isum[T], imin[T];
     for (int t = 0; t < T; ++t) isum[t] = imin[t] = _mm256_setzero_si256();
     for (int kk = 0; kk < 4; ++kk) {  // sub-blocks 2kk (low nibbles) and 2kk + 1 (high)
-      const __m256i sc_src = kk < 2 ? s.sc_lo : s.sc_hi, m_src = kk < 2 ? s.m_lo : s.m_hi;
+      const __m256i sc_src = kk < 2 ? s.sc_lo : s.sc_hi;
       const int j = 2 * (kk % 2);
       const __m256i sc0 = _mm256_shuffle_epi8(sc_src, same[j]), sc1 = _mm256_shuffle_epi8(sc_src, same[j + 1]);
-      const __m256i mins = _mm256_shuffle_epi8(m_src, pair[kk % 2]);
       // One token or two: both halves of each piece at once. More: the low
       // nibbles' sub-block, then the high ones', T int16 sums live at a time
       // (with both halves at once GCC spills one for T = 4, and the spilled
@@ -519,63 +620,19 @@ inline void q4_k_x8_span(const BlockQ4_Kx8* w, int64_t i0, int64_t i1, const uin
           }
         }
       }
-      for (int t = 0; t < T; ++t) {
-        const int16_t* bs = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].bsums + 4 * kk;
-        const int32_t pair = static_cast<uint16_t>(bs[0] + bs[1]) | static_cast<int32_t>(bs[2] + bs[3]) << 16;
+      for (int t = 0; t < T; ++t)
         isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(lo16[t], sc0),
                                                              _mm256_madd_epi16(hi16[t], sc1)));
-        imin[t] = _mm256_add_epi32(imin[t], _mm256_madd_epi16(mins, _mm256_set1_epi32(pair)));
-      }
+      add_mins<T>(s, kk, pair, y, imin);
     }
-    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
-    const __m256 dmx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin)));
-    for (int t = 0; t < T; ++t) {
-      const __m256 dy = _mm256_set1_ps(reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].d);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dx, dy), acc[t]);
-      accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[t]), _mm256_mul_ps(dmx, dy), accm[t]);
-    }
+    min_chains<T>(b.d, b.dmin, y, isum, imin, acc, accm);
   }
 }
 
 template <int T>
 void gemm_x8(int64_t n, const BlockQ4_Kx8* w, const uint8_t* a, size_t as, const Q8_0Sums*, int64_t, float* y,
              int64_t ys) {
-  __m256 acc[T], accm[T];
-  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
-  q4_k_x8_span<T>(w, 0, n / kQK_K, a, as, acc, accm);
-  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, _mm256_sub_ps(acc[t], accm[t]));
-}
-
-// The tile of plain Q4_K rows (file views, which are not packed): eight rows'
-// super-blocks packed a few at a time into a buffer on the stack and run
-// through the packed kernel, so a plain matrix computes exactly as its packed
-// form does.
-template <int T>
-void tile_q4_k_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  constexpr int64_t kSpan = 8;  // super-blocks per buffer fill (9 KB)
-  alignas(32) BlockQ4_Kx8 buf[kSpan];
-  const auto* rows = static_cast<const uint8_t*>(w);
-  const int64_t nb = n / kQK_K;
-  __m256 acc[T], accm[T];
-  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
-  for (int64_t i0 = 0; i0 < nb; i0 += kSpan) {
-    const int64_t i1 = std::min(nb, i0 + kSpan);
-    for (int r = 0; r < 8; ++r) {
-      const auto* x = reinterpret_cast<const BlockQ4_K*>(rows + r * ws);
-      for (int64_t i = i0; i < i1; ++i) {
-        BlockQ4_Kx8& b = buf[i - i0];
-        b.d[r] = x[i].d;
-        b.dmin[r] = x[i].dmin;
-        for (int p = 0; p < 3; ++p) std::memcpy(b.scales + 32 * p + 4 * r, x[i].scales + 4 * p, 4);
-        for (int k = 0; k < 32; ++k) std::memcpy(b.qs + 32 * k + 4 * r, x[i].qs + 4 * k, 4);
-      }
-    }
-    q4_k_x8_span<T>(buf, i0, i1, static_cast<const uint8_t*>(a), as, acc, accm);
-  }
-  alignas(32) float o[T][8];
-  for (int t = 0; t < T; ++t) _mm256_store_ps(o[t], _mm256_sub_ps(acc[t], accm[t]));
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
+  group_store<T, BlockQ4_Kx8, q4_k_x8_span<T>>(n / kQK_K, w, a, as, y, ys);
 }
 
 // The packed arithmetic for one plain Q4_K row (the rows past a matrix's last
@@ -672,62 +729,15 @@ inline void q5_k_x8_span(const BlockQ5_Kx8* w, int64_t i0, int64_t i1, const uin
     q5_k_x8_sub<T, 5>(b, y, sc(5), isum);
     q5_k_x8_sub<T, 6>(b, y, sc(6), isum);
     q5_k_x8_sub<T, 7>(b, y, sc(7), isum);
-    for (int kk = 0; kk < 4; ++kk) {
-      const __m256i mins = _mm256_shuffle_epi8(kk < 2 ? s.m_lo : s.m_hi, pair[kk % 2]);
-      for (int t = 0; t < T; ++t) {
-        const int16_t* bs = y[t]->bsums + 4 * kk;
-        const int32_t pr = static_cast<uint16_t>(bs[0] + bs[1]) | static_cast<int32_t>(bs[2] + bs[3]) << 16;
-        imin[t] = _mm256_add_epi32(imin[t], _mm256_madd_epi16(mins, _mm256_set1_epi32(pr)));
-      }
-    }
-    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
-    const __m256 dmx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin)));
-    for (int t = 0; t < T; ++t) {
-      const __m256 dy = _mm256_set1_ps(y[t]->d);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dx, dy), acc[t]);
-      accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[t]), _mm256_mul_ps(dmx, dy), accm[t]);
-    }
+    for (int kk = 0; kk < 4; ++kk) add_mins<T>(s, kk, pair, y, imin);
+    min_chains<T>(b.d, b.dmin, y, isum, imin, acc, accm);
   }
 }
 
 template <int T>
 void gemm_x8(int64_t n, const BlockQ5_Kx8* w, const uint8_t* a, size_t as, const Q8_0Sums*, int64_t, float* y,
              int64_t ys) {
-  __m256 acc[T], accm[T];
-  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
-  q5_k_x8_span<T>(w, 0, n / kQK_K, a, as, acc, accm);
-  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, _mm256_sub_ps(acc[t], accm[t]));
-}
-
-// The tile of plain Q5_K rows (file views): eight rows' super-blocks packed a
-// few at a time on the stack and run through the packed kernel.
-template <int T>
-void tile_q5_k_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  constexpr int64_t kSpan = 4;  // super-blocks per buffer fill (5.5 KB)
-  alignas(32) BlockQ5_Kx8 buf[kSpan];
-  const auto* rows = static_cast<const uint8_t*>(w);
-  const int64_t nb = n / kQK_K;
-  __m256 acc[T], accm[T];
-  for (int t = 0; t < T; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
-  for (int64_t i0 = 0; i0 < nb; i0 += kSpan) {
-    const int64_t i1 = std::min(nb, i0 + kSpan);
-    for (int r = 0; r < 8; ++r) {
-      const auto* x = reinterpret_cast<const BlockQ5_K*>(rows + r * ws);
-      for (int64_t i = i0; i < i1; ++i) {
-        BlockQ5_Kx8& b = buf[i - i0];
-        b.d[r] = x[i].d;
-        b.dmin[r] = x[i].dmin;
-        for (int p = 0; p < 3; ++p) std::memcpy(b.scales + 32 * p + 4 * r, x[i].scales + 4 * p, 4);
-        for (int k = 0; k < 8; ++k) std::memcpy(b.qh + 32 * k + 4 * r, x[i].qh + 4 * k, 4);
-        for (int k = 0; k < 32; ++k) std::memcpy(b.qs + 32 * k + 4 * r, x[i].qs + 4 * k, 4);
-      }
-    }
-    q5_k_x8_span<T>(buf, i0, i1, static_cast<const uint8_t*>(a), as, acc, accm);
-  }
-  alignas(32) float o[T][8];
-  for (int t = 0; t < T; ++t) _mm256_store_ps(o[t], _mm256_sub_ps(acc[t], accm[t]));
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
+  group_store<T, BlockQ5_Kx8, q5_k_x8_span<T>>(n / kQK_K, w, a, as, y, ys);
 }
 
 // ---- Q8_0 packed (Packing::kQ8_0x8) ----------------------------------------
@@ -748,7 +758,8 @@ void dot_q8_0_lanes(int64_t n, const void* w, const void* a, float* out) {
 // Blocks [i0, i1) of a group of eight Q8_0 rows (w[i - i0] for block i)
 // against T tokens, accumulated into acc (one lane per row).
 template <int T>
-inline void q8_0_x8_span(const BlockQ8_0x8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc) {
+inline void q8_0_x8_span(const BlockQ8_0x8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
+                         __m256* /*accm: no min part*/) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t i = i0; i < i1; ++i) {
     const BlockQ8_0x8& b = w[i - i0];
@@ -775,38 +786,7 @@ inline void q8_0_x8_span(const BlockQ8_0x8* w, int64_t i0, int64_t i1, const uin
 template <int T>
 void gemm_x8(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, const Q8_0Sums*, int64_t, float* y,
              int64_t ys) {
-  __m256 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-  q8_0_x8_span<T>(w, 0, n / kQK8_0, a, as, acc);
-  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
-}
-
-// The tile of plain Q8_0 rows (file views): eight rows' blocks packed a span
-// at a time on the stack and run through the packed kernel, so a plain matrix
-// computes exactly as its packed form does.
-template <int T>
-void tile_q8_0_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  constexpr int64_t kSpan = 32;  // blocks per buffer fill (8.5 KB)
-  alignas(32) BlockQ8_0x8 buf[kSpan];
-  const auto* rows = static_cast<const uint8_t*>(w);
-  const int64_t nb = n / kQK8_0;
-  __m256 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t i0 = 0; i0 < nb; i0 += kSpan) {
-    const int64_t i1 = std::min(nb, i0 + kSpan);
-    for (int r = 0; r < 8; ++r) {
-      const auto* x = reinterpret_cast<const BlockQ8_0*>(rows + r * ws);
-      for (int64_t i = i0; i < i1; ++i) {
-        buf[i - i0].d[r] = x[i].d;
-        for (int k = 0; k < 8; ++k) std::memcpy(buf[i - i0].qs + 32 * k + 4 * r, x[i].qs + 4 * k, 4);
-      }
-    }
-    q8_0_x8_span<T>(buf, i0, i1, static_cast<const uint8_t*>(a), as, acc);
-  }
-  alignas(32) float o[T][8];
-  for (int t = 0; t < T; ++t) _mm256_store_ps(o[t], acc[t]);
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
+  group_store<T, BlockQ8_0x8, q8_0_x8_span<T>>(n / kQK8_0, w, a, as, y, ys);
 }
 
 // The packed arithmetic (see q5_k_x8_span) for one plain Q5_K row: the rows
@@ -943,7 +923,8 @@ inline void q6_k_x8_quarter(const BlockQ6_Kx8& b, int h, __m256i sc_a, __m256i s
 // Super-blocks [i0, i1) of a group of eight rows (w[i - i0] for super-block
 // i) against T tokens, accumulated into acc (one lane per row).
 template <int T>
-inline void q6_k_x8_span(const BlockQ6_Kx8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc) {
+inline void q6_k_x8_span(const BlockQ6_Kx8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
+                         __m256* /*accm: no min part*/) {
   // Scale j of a dword lane in both int16 halves, and scales (0, 1), (2, 3).
   const __m256i same[4] = {i8_pair_pattern(0, 0), i8_pair_pattern(1, 1), i8_pair_pattern(2, 2),
                            i8_pair_pattern(3, 3)};
@@ -984,41 +965,7 @@ inline void q6_k_x8_span(const BlockQ6_Kx8* w, int64_t i0, int64_t i1, const uin
 template <int T>
 void gemm_x8(int64_t n, const BlockQ6_Kx8* w, const uint8_t* a, size_t as, const Q8_0Sums*, int64_t, float* y,
              int64_t ys) {
-  __m256 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-  q6_k_x8_span<T>(w, 0, n / kQK_K, a, as, acc);
-  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
-}
-
-// The tile of plain Q6_K rows (file views): eight rows' super-blocks packed a
-// few at a time on the stack and run through the packed kernel, so a plain
-// matrix computes exactly as its packed form does.
-template <int T>
-void tile_q6_k_x8(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  constexpr int64_t kSpan = 4;  // super-blocks per buffer fill (6.6 KB)
-  alignas(32) BlockQ6_Kx8 buf[kSpan];
-  const auto* rows = static_cast<const uint8_t*>(w);
-  const int64_t nb = n / kQK_K;
-  __m256 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t i0 = 0; i0 < nb; i0 += kSpan) {
-    const int64_t i1 = std::min(nb, i0 + kSpan);
-    for (int r = 0; r < 8; ++r) {
-      const auto* x = reinterpret_cast<const BlockQ6_K*>(rows + r * ws);
-      for (int64_t i = i0; i < i1; ++i) {
-        BlockQ6_Kx8& b = buf[i - i0];
-        b.d[r] = x[i].d;
-        for (int k = 0; k < 32; ++k) std::memcpy(b.ql + 32 * k + 4 * r, x[i].ql + 4 * k, 4);
-        for (int k = 0; k < 16; ++k) std::memcpy(b.qh + 32 * k + 4 * r, x[i].qh + 4 * k, 4);
-        for (int k = 0; k < 4; ++k) std::memcpy(b.scales + 32 * k + 4 * r, x[i].scales + 4 * k, 4);
-      }
-    }
-    q6_k_x8_span<T>(buf, i0, i1, static_cast<const uint8_t*>(a), as, acc);
-  }
-  alignas(32) float o[T][8];
-  for (int t = 0; t < T; ++t) _mm256_store_ps(o[t], acc[t]);
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < 8; ++r) y[t * ys + r] = o[t][r];
+  group_store<T, BlockQ6_Kx8, q6_k_x8_span<T>>(n / kQK_K, w, a, as, y, ys);
 }
 
 // FormatKernels::x8_gemm for a packed block type: gemm_x8<T> (overloaded on
@@ -1098,14 +1045,13 @@ FormatTable avx2_format_table() {
     row(d).tile_tokens = tokens;
   };
   tile(DType::kF16, tile_f16<2, 4>, 2, 4);
-  tile(DType::kQ8_0, tile_q8_0_x8<4>, 8, 4);
   tile(DType::kQ4_0, tile_q4_0<4>, 8, 4);
-  // Q4_K: the packed arithmetic for plain rows too (8 x 4, see tile_q4_k_x8).
-  tile(DType::kQ4_K, tile_q4_k_x8<4>, 8, 4);
-  // Q5_K: the packed arithmetic for plain rows too (8 x 4, see tile_q5_k_x8).
-  tile(DType::kQ5_K, tile_q5_k_x8<4>, 8, 4);
-  // Q6_K: the packed arithmetic for plain rows too (8 x 4, see tile_q6_k_x8).
-  tile(DType::kQ6_K, tile_q6_k_x8<4>, 8, 4);
+  // Q8_0 and the K-quants: the packed arithmetic for plain rows too (8 x 4,
+  // see tile_on_stack; its span sizes keep the stack buffer at 5-9 KB).
+  tile(DType::kQ8_0, tile_on_stack<4, BlockQ8_0, BlockQ8_0x8, kQK8_0, 32, q8_0_x8_span<4>>, 8, 4);
+  tile(DType::kQ4_K, tile_on_stack<4, BlockQ4_K, BlockQ4_Kx8, kQK_K, 8, q4_k_x8_span<4>>, 8, 4);
+  tile(DType::kQ5_K, tile_on_stack<4, BlockQ5_K, BlockQ5_Kx8, kQK_K, 4, q5_k_x8_span<4>>, 8, 4);
+  tile(DType::kQ6_K, tile_on_stack<4, BlockQ6_K, BlockQ6_Kx8, kQK_K, 4, q6_k_x8_span<4>>, 8, 4);
   row(DType::kQ4_0).tile_dot = dot_q4_0_lanes;
   row(DType::kQ4_0).x8_sums = x8_sums_q8_0;
   row(DType::kQ4_0).x8_gemm = x8_gemm<BlockQ4_0x8>;
