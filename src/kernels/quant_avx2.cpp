@@ -703,6 +703,39 @@ inline void q5_k_x8_sub(const BlockQ5_Kx8& b, const BlockQ8_K* const* y, __m256i
   }
 }
 
+// One or two tokens: sub-blocks 2KK and 2KK + 1 at once, each piece of qs
+// and qh loaded once for both (the same sums as q5_k_x8_sub on each).
+template <int T, int KK>
+inline void q5_k_x8_pair(const BlockQ5_Kx8& b, const BlockQ8_K* const* y, __m256i sc_lo, __m256i sc_hi,
+                         __m256i* isum) {
+  static_assert(T <= 2);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
+  for (int quarter = 0; quarter < 2; ++quarter) {
+    __m256i lo16[T], hi16[T];
+    for (int t = 0; t < T; ++t) lo16[t] = hi16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int mm = 4 * quarter; mm < 4 * quarter + 4; ++mm) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * (8 * KK + mm)));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * mm));
+      __m256i hl, hh;  // bits 2KK and 2KK + 1 of each qh byte at bit 4
+      if constexpr (2 * KK <= 4) hl = _mm256_slli_epi16(h, 4 - 2 * KK);
+      else hl = _mm256_srli_epi16(h, 2 * KK - 4);
+      if constexpr (2 * KK + 1 <= 4) hh = _mm256_slli_epi16(h, 3 - 2 * KK);
+      else hh = _mm256_srli_epi16(h, 2 * KK - 3);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(hl, m10));
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_and_si256(hh, m10));
+      for (int t = 0; t < T; ++t) {
+        const int8_t* q = y[t]->qs + 64 * KK + 4 * mm;
+        lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
+        hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q + 32))));
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(lo16[t], sc_lo),
+                                                           _mm256_madd_epi16(hi16[t], sc_hi)));
+  }
+}
+
 // Super-blocks [i0, i1) of a group of eight Q5_K rows (w[i - i0] for
 // super-block i) against T tokens, into acc / accm (one lane per row).
 template <int T>
@@ -721,14 +754,21 @@ inline void q5_k_x8_span(const BlockQ5_Kx8* w, int64_t i0, int64_t i1, const uin
     for (int t = 0; t < T; ++t) isum[t] = imin[t] = _mm256_setzero_si256();
     // Scale of sub-block j: byte j % 4 of sc_lo (j < 4) or sc_hi.
     const auto sc = [&](int j) { return _mm256_shuffle_epi8(j < 4 ? s.sc_lo : s.sc_hi, same[j % 4]); };
-    q5_k_x8_sub<T, 0>(b, y, sc(0), isum);
-    q5_k_x8_sub<T, 1>(b, y, sc(1), isum);
-    q5_k_x8_sub<T, 2>(b, y, sc(2), isum);
-    q5_k_x8_sub<T, 3>(b, y, sc(3), isum);
-    q5_k_x8_sub<T, 4>(b, y, sc(4), isum);
-    q5_k_x8_sub<T, 5>(b, y, sc(5), isum);
-    q5_k_x8_sub<T, 6>(b, y, sc(6), isum);
-    q5_k_x8_sub<T, 7>(b, y, sc(7), isum);
+    if constexpr (T <= 2) {
+      q5_k_x8_pair<T, 0>(b, y, sc(0), sc(1), isum);
+      q5_k_x8_pair<T, 1>(b, y, sc(2), sc(3), isum);
+      q5_k_x8_pair<T, 2>(b, y, sc(4), sc(5), isum);
+      q5_k_x8_pair<T, 3>(b, y, sc(6), sc(7), isum);
+    } else {  // one sub-block at a time: T int16 sums live, not 2T
+      q5_k_x8_sub<T, 0>(b, y, sc(0), isum);
+      q5_k_x8_sub<T, 1>(b, y, sc(1), isum);
+      q5_k_x8_sub<T, 2>(b, y, sc(2), isum);
+      q5_k_x8_sub<T, 3>(b, y, sc(3), isum);
+      q5_k_x8_sub<T, 4>(b, y, sc(4), isum);
+      q5_k_x8_sub<T, 5>(b, y, sc(5), isum);
+      q5_k_x8_sub<T, 6>(b, y, sc(6), isum);
+      q5_k_x8_sub<T, 7>(b, y, sc(7), isum);
+    }
     for (int kk = 0; kk < 4; ++kk) add_mins<T>(s, kk, pair, y, imin);
     min_chains<T>(b.d, b.dmin, y, isum, imin, acc, accm);
   }
