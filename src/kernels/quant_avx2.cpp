@@ -557,76 +557,90 @@ inline void min_chains(const uint16_t* d, const uint16_t* dmin, const BlockQ8_K*
   }
 }
 
-// Super-blocks [i0, i1) of a group of eight rows (w: the group's packed
-// super-blocks, w[i - i0] for super-block i) against T tokens, accumulated
-// into acc / accm (the scale and min chains, one lane per row).
-template <int T>
-inline void q4_k_x8_span(const BlockQ4_Kx8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
-                         __m256* accm) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  // Scale j of a lane, in both halves (j = 0..3 within sc_lo / sc_hi); mins
-  // of sub-blocks (0, 1) and (2, 3) of m_lo / m_hi.
+// Super-blocks [i0, i1) of a group of eight Q4_K or Q5_K rows (w[i - i0]
+// for super-block i) against T tokens, accumulated into acc / accm (the scale
+// and min chains, one lane per row). Per super-block, scale_part(b, s, y,
+// same, isum) adds sum_j sc[j] dot_j to isum; the min part and both chains
+// are the same for the two formats. `same[j]` picks scale j of sc_lo / sc_hi
+// into both halves of every lane.
+template <int T, class Block8, class ScalePart>
+inline void min_format_span(const Block8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
+                            __m256* accm, ScalePart scale_part) {
   const __m256i same[4] = {i16_pair_pattern(0, 0), i16_pair_pattern(1, 1), i16_pair_pattern(2, 2),
                            i16_pair_pattern(3, 3)};
-  const __m256i pair[2] = {i16_pair_pattern(0, 1), i16_pair_pattern(2, 3)};
+  const __m256i pair[2] = {i16_pair_pattern(0, 1), i16_pair_pattern(2, 3)};  // mins of sub-blocks (0, 1), (2, 3)
   for (int64_t i = i0; i < i1; ++i) {
-    const BlockQ4_Kx8& b = w[i - i0];
+    const Block8& b = w[i - i0];
     if constexpr (T == 1) prefetch_ahead(&b);
     const BlockQ8_K* y[T];
     for (int t = 0; t < T; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a + t * as) + i;
     const ScalesMinsX8 s = unpack_scales_mins_x8(b.scales);
     __m256i isum[T], imin[T];
     for (int t = 0; t < T; ++t) isum[t] = imin[t] = _mm256_setzero_si256();
-    for (int kk = 0; kk < 4; ++kk) {  // sub-blocks 2kk (low nibbles) and 2kk + 1 (high)
-      const __m256i sc_src = kk < 2 ? s.sc_lo : s.sc_hi;
-      const int j = 2 * (kk % 2);
-      const __m256i sc0 = _mm256_shuffle_epi8(sc_src, same[j]), sc1 = _mm256_shuffle_epi8(sc_src, same[j + 1]);
-      // One token or two: both halves of each piece at once. More: the low
-      // nibbles' sub-block, then the high ones', T int16 sums live at a time
-      // (with both halves at once GCC spills one for T = 4, and the spilled
-      // sum's store-load chain bounds the loop). Neither loop is unrolled:
-      // GCC would reassociate the int16 sums and keep every product on the
-      // stack.
-      __m256i lo16[T], hi16[T];
-      for (int t = 0; t < T; ++t) lo16[t] = hi16[t] = _mm256_setzero_si256();
-      const uint8_t* qs = b.qs + 32 * 8 * kk;
-      if constexpr (T <= 2) {
-#pragma GCC unroll 1
-        for (int mm = 0; mm < 8; ++mm) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm));
-          const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-          for (int t = 0; t < T; ++t) {
-            const int8_t* q = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].qs + 64 * kk + 4 * mm;
-            lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
-            hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q + 32))));
-          }
-        }
-      } else {
-#pragma GCC unroll 1
-        for (int mm = 0; mm < 8; ++mm) {
-          const __m256i lo = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm)), m4);
-          for (int t = 0; t < T; ++t) {
-            const int8_t* q = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].qs + 64 * kk + 4 * mm;
-            lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
-          }
-        }
-#pragma GCC unroll 1
-        for (int mm = 0; mm < 8; ++mm) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm));
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-          for (int t = 0; t < T; ++t) {
-            const int8_t* q = reinterpret_cast<const BlockQ8_K*>(a + t * as)[i].qs + 64 * kk + 32 + 4 * mm;
-            hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q))));
-          }
-        }
-      }
-      for (int t = 0; t < T; ++t)
-        isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(lo16[t], sc0),
-                                                             _mm256_madd_epi16(hi16[t], sc1)));
-      add_mins<T>(s, kk, pair, y, imin);
-    }
+    scale_part(b, s, y, same, isum);
+    for (int kk = 0; kk < 4; ++kk) add_mins<T>(s, kk, pair, y, imin);
     min_chains<T>(b.d, b.dmin, y, isum, imin, acc, accm);
   }
+}
+
+// The scale part of a Q4_K super-block of eight rows (see min_format_span).
+template <int T>
+inline void q4_k_x8_scale_part(const BlockQ4_Kx8& b, const ScalesMinsX8& s, const BlockQ8_K* const* y,
+                               const __m256i* same, __m256i* isum) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int kk = 0; kk < 4; ++kk) {  // sub-blocks 2kk (low nibbles) and 2kk + 1 (high)
+    const __m256i sc_src = kk < 2 ? s.sc_lo : s.sc_hi;
+    const int j = 2 * (kk % 2);
+    const __m256i sc0 = _mm256_shuffle_epi8(sc_src, same[j]), sc1 = _mm256_shuffle_epi8(sc_src, same[j + 1]);
+    // One token or two: both halves of each piece at once. More: the low
+    // nibbles' sub-block, then the high ones', T int16 sums live at a time
+    // (with both halves at once GCC spills one for T = 4, and the spilled
+    // sum's store-load chain bounds the loop). Neither loop is unrolled:
+    // GCC would reassociate the int16 sums and keep every product on the
+    // stack.
+    __m256i lo16[T], hi16[T];
+    for (int t = 0; t < T; ++t) lo16[t] = hi16[t] = _mm256_setzero_si256();
+    const uint8_t* qs = b.qs + 32 * 8 * kk;
+    if constexpr (T <= 2) {
+#pragma GCC unroll 1
+      for (int mm = 0; mm < 8; ++mm) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm));
+        const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* q = y[t]->qs + 64 * kk + 4 * mm;
+          lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
+          hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q + 32))));
+        }
+      }
+    } else {
+#pragma GCC unroll 1
+      for (int mm = 0; mm < 8; ++mm) {
+        const __m256i lo = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm)), m4);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* q = y[t]->qs + 64 * kk + 4 * mm;
+          lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
+        }
+      }
+#pragma GCC unroll 1
+      for (int mm = 0; mm < 8; ++mm) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * mm));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* q = y[t]->qs + 64 * kk + 32 + 4 * mm;
+          hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q))));
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(lo16[t], sc0),
+                                                           _mm256_madd_epi16(hi16[t], sc1)));
+  }
+}
+
+template <int T>
+inline void q4_k_x8_span(const BlockQ4_Kx8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
+                         __m256* accm) {
+  min_format_span<T>(w, i0, i1, a, as, acc, accm, q4_k_x8_scale_part<T>);
 }
 
 template <int T>
@@ -736,42 +750,33 @@ inline void q5_k_x8_pair(const BlockQ5_Kx8& b, const BlockQ8_K* const* y, __m256
   }
 }
 
-// Super-blocks [i0, i1) of a group of eight Q5_K rows (w[i - i0] for
-// super-block i) against T tokens, into acc / accm (one lane per row).
+// The scale part of a Q5_K super-block of eight rows (see min_format_span).
+template <int T>
+inline void q5_k_x8_scale_part(const BlockQ5_Kx8& b, const ScalesMinsX8& s, const BlockQ8_K* const* y,
+                               const __m256i* same, __m256i* isum) {
+  // Scale of sub-block j: byte j % 4 of sc_lo (j < 4) or sc_hi.
+  const auto sc = [&](int j) { return _mm256_shuffle_epi8(j < 4 ? s.sc_lo : s.sc_hi, same[j % 4]); };
+  if constexpr (T <= 2) {
+    q5_k_x8_pair<T, 0>(b, y, sc(0), sc(1), isum);
+    q5_k_x8_pair<T, 1>(b, y, sc(2), sc(3), isum);
+    q5_k_x8_pair<T, 2>(b, y, sc(4), sc(5), isum);
+    q5_k_x8_pair<T, 3>(b, y, sc(6), sc(7), isum);
+  } else {  // one sub-block at a time: T int16 sums live, not 2T
+    q5_k_x8_sub<T, 0>(b, y, sc(0), isum);
+    q5_k_x8_sub<T, 1>(b, y, sc(1), isum);
+    q5_k_x8_sub<T, 2>(b, y, sc(2), isum);
+    q5_k_x8_sub<T, 3>(b, y, sc(3), isum);
+    q5_k_x8_sub<T, 4>(b, y, sc(4), isum);
+    q5_k_x8_sub<T, 5>(b, y, sc(5), isum);
+    q5_k_x8_sub<T, 6>(b, y, sc(6), isum);
+    q5_k_x8_sub<T, 7>(b, y, sc(7), isum);
+  }
+}
+
 template <int T>
 inline void q5_k_x8_span(const BlockQ5_Kx8* w, int64_t i0, int64_t i1, const uint8_t* a, size_t as, __m256* acc,
                          __m256* accm) {
-  const __m256i same[4] = {i16_pair_pattern(0, 0), i16_pair_pattern(1, 1), i16_pair_pattern(2, 2),
-                           i16_pair_pattern(3, 3)};
-  const __m256i pair[2] = {i16_pair_pattern(0, 1), i16_pair_pattern(2, 3)};
-  for (int64_t i = i0; i < i1; ++i) {
-    const BlockQ5_Kx8& b = w[i - i0];
-    if constexpr (T == 1) prefetch_ahead(&b);
-    const BlockQ8_K* y[T];
-    for (int t = 0; t < T; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a + t * as) + i;
-    const ScalesMinsX8 s = unpack_scales_mins_x8(b.scales);
-    __m256i isum[T], imin[T];
-    for (int t = 0; t < T; ++t) isum[t] = imin[t] = _mm256_setzero_si256();
-    // Scale of sub-block j: byte j % 4 of sc_lo (j < 4) or sc_hi.
-    const auto sc = [&](int j) { return _mm256_shuffle_epi8(j < 4 ? s.sc_lo : s.sc_hi, same[j % 4]); };
-    if constexpr (T <= 2) {
-      q5_k_x8_pair<T, 0>(b, y, sc(0), sc(1), isum);
-      q5_k_x8_pair<T, 1>(b, y, sc(2), sc(3), isum);
-      q5_k_x8_pair<T, 2>(b, y, sc(4), sc(5), isum);
-      q5_k_x8_pair<T, 3>(b, y, sc(6), sc(7), isum);
-    } else {  // one sub-block at a time: T int16 sums live, not 2T
-      q5_k_x8_sub<T, 0>(b, y, sc(0), isum);
-      q5_k_x8_sub<T, 1>(b, y, sc(1), isum);
-      q5_k_x8_sub<T, 2>(b, y, sc(2), isum);
-      q5_k_x8_sub<T, 3>(b, y, sc(3), isum);
-      q5_k_x8_sub<T, 4>(b, y, sc(4), isum);
-      q5_k_x8_sub<T, 5>(b, y, sc(5), isum);
-      q5_k_x8_sub<T, 6>(b, y, sc(6), isum);
-      q5_k_x8_sub<T, 7>(b, y, sc(7), isum);
-    }
-    for (int kk = 0; kk < 4; ++kk) add_mins<T>(s, kk, pair, y, imin);
-    min_chains<T>(b.d, b.dmin, y, isum, imin, acc, accm);
-  }
+  min_format_span<T>(w, i0, i1, a, as, acc, accm, q5_k_x8_scale_part<T>);
 }
 
 template <int T>
