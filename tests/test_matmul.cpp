@@ -145,6 +145,15 @@ class MatmulKernels : public ::testing::TestWithParam<std::tuple<Isa, DType>> {
     fk.quantize_act(x.data(), a.data(), static_cast<int64_t>(x.size()));
     return a;
   }
+  // The activations a batch's kernels (vec_dot_tile, tile_dot) read.
+  static bool has_batch_act(const FormatKernels& fk) { return fk.quantize_batch_act != nullptr; }
+  static DType batch_act(const FormatKernels& fk) { return has_batch_act(fk) ? fk.batch_act : fk.act; }
+  std::vector<uint8_t> batch_act_of(const FormatKernels& fk, const std::vector<float>& x) {
+    if (!has_batch_act(fk)) return act_of(fk, x);
+    std::vector<uint8_t> a(row_bytes(fk.batch_act, static_cast<int64_t>(x.size())));
+    fk.quantize_batch_act(x.data(), a.data(), static_cast<int64_t>(x.size()));
+    return a;
+  }
   Isa isa_;
   DType type_;
   const FormatKernels* fk_ = nullptr;
@@ -280,6 +289,16 @@ TEST_P(MatmulFloatAct, RoundingEdgesBitExact) {
       ASSERT_EQ(got[i], want[i]) << "off=" << off << " n=" << n << " input bits 0x" << std::hex << fp32_to_bits(x[off + i]);
     }
     for (int64_t i = n; i < n + 4; ++i) ASSERT_EQ(got[i], 0xdead) << "wrote past the row, n=" << n;
+    if (!has_batch_act(*fk_)) return;
+    // The batch form: the same rounding, widened back to floats, bit for bit.
+    ASSERT_EQ(fk_->batch_act, DType::kF32);
+    std::vector<float> wide(n + 4, -9.f);
+    fk_->quantize_batch_act(x.data() + off, wide.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float back = f16 ? fp16_to_fp32(want[i]) : bf16_to_fp32(want[i]);
+      ASSERT_EQ(fp32_to_bits(wide[i]), fp32_to_bits(back)) << "batch form, off=" << off << " n=" << n;
+    }
+    for (int64_t i = n; i < n + 4; ++i) ASSERT_EQ(wide[i], -9.f) << "batch form wrote past the row, n=" << n;
   };
   for (int64_t off = 0; off < static_cast<int64_t>(cases.size()); ++off)
     for (int64_t n = 1; n <= 40 && off + n <= static_cast<int64_t>(x.size()); ++n) check(off, n);
@@ -313,7 +332,7 @@ TEST_P(MatmulKernels, VecDotMatchesScalar) {
       ASSERT_TRUE(std::isfinite(got));
       if (fk_->tile_dot) {  // the batch arithmetic, held to the same reference
         float batch = 0.f;
-        fk_->tile_dot(n, w.data(), a.data(), &batch);
+        fk_->tile_dot(n, w.data(), batch_act_of(*fk_, x).data(), &batch);
         EXPECT_NEAR(batch, want, tol) << "tile_dot vs scalar, n=" << n << " seed=" << seed;
       }
     }
@@ -372,7 +391,7 @@ TEST_P(MatmulTile, MatchesItsDotBitExact) {
   const int64_t bs = std::max(type_info(type_).block_size, type_info(fk_->act).block_size);
   for (int64_t n : {bs, 2 * bs, 3 * bs, 7 * bs, 32 * bs, int64_t{40}, int64_t{1000}}) {
     if (n % type_info(type_).block_size || n % type_info(fk_->act).block_size) continue;
-    const size_t wrow = row_bytes(type_, n), arow = row_bytes(fk_->act, n) + 64;  // padded activation rows
+    const size_t wrow = row_bytes(type_, n), arow = row_bytes(batch_act(*fk_), n) + 64;  // padded activation rows
     std::vector<uint8_t> w(wrow * R), a(arow * T);
     for (int r = 0; r < R; ++r) {
       const auto wr = random_blocks(type_, n, 77 + static_cast<uint32_t>(r * 13 + n));
@@ -380,7 +399,8 @@ TEST_P(MatmulTile, MatchesItsDotBitExact) {
     }
     for (int t = 0; t < T; ++t) {
       const auto x = normal(n, 500 + static_cast<uint32_t>(t + n), t == 1 ? 50.f : 1.f);
-      fk_->quantize_act(x.data(), a.data() + t * arow, n);
+      const auto at = batch_act_of(*fk_, x);
+      std::memcpy(a.data() + t * arow, at.data(), at.size());
     }
     const int64_t ys = R + 3;
     std::vector<float> got(static_cast<size_t>(ys * T), -1.f);
@@ -835,10 +855,12 @@ TEST(MatmulApi, TableAndScratch) {
     EXPECT_EQ(ks.format(DType::kBF16)->act, DType::kBF16);
   }
   EXPECT_EQ(matmul_scratch_bytes(DType::kF32, 4096, 8), 0u);
-  // F16 / BF16: one 2-byte row per token, rows 64-byte aligned.
-  EXPECT_EQ(matmul_scratch_bytes(DType::kF16, 4096, 8), 8u * 8192u);
+  // F16 / BF16: one 2-byte row per token, rows 64-byte aligned; a batch of
+  // F16 products room for float rows (batch_act).
+  EXPECT_EQ(matmul_scratch_bytes(DType::kF16, 4096, 1), 8192u);
+  EXPECT_EQ(matmul_scratch_bytes(DType::kF16, 4096, 8), 8u * 16384u);
   EXPECT_EQ(matmul_scratch_bytes(DType::kBF16, 4096, 3), 3u * 8192u);
-  EXPECT_EQ(matmul_scratch_bytes(DType::kF16, 37, 2), 2u * 128u);
+  EXPECT_EQ(matmul_scratch_bytes(DType::kF16, 37, 2), 2u * 192u);
   EXPECT_EQ(matmul_scratch_bytes(DType::kBF16, 32, 5), 5u * 64u);
   EXPECT_GE(matmul_scratch_bytes(DType::kQ4_0, 4096, 3), 3 * row_bytes(DType::kQ8_0, 4096));
   EXPECT_EQ(matmul_scratch_bytes(DType::kQ4_K, 4096, 2) % 64, 0u);

@@ -90,6 +90,8 @@ size_t sums_stride_bytes(int64_t cols) { return align_up(static_cast<size_t>(col
 
 size_t matmul_scratch_bytes(DType weight, int64_t cols, int64_t n_tokens) {
   size_t per_token = act_row_stride(scalar_row(weight).act, cols);
+  // A batch of F16 products may hold its activations as floats (batch_act).
+  if (weight == DType::kF16 && n_tokens > 1) per_token = align_up(row_bytes(DType::kF32, cols), kCacheLine);
   if (weight == DType::kQ4_0 || weight == DType::kQ8_0) per_token += sums_stride_bytes(cols);  // if packed
   return per_token * static_cast<size_t>(n_tokens);
 }
@@ -166,18 +168,21 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   // 1. The activations in the format vec_dot wants: quantized (or rounded to
   //    F16 / BF16) once per token into the scratch (split over the threads),
   //    or x itself for F32.
+  //    A batch takes batch_act when the target has one.
   const uint8_t* act = reinterpret_cast<const uint8_t*>(args.x);
   size_t act_stride = static_cast<size_t>(args.x_stride) * sizeof(float);
-  if (fk->act != DType::kF32) {
+  const bool batch_act = n_tok > 1 && fk->quantize_batch_act != nullptr;
+  if (fk->act != DType::kF32 || batch_act) {
     EBB_CHECK(args.scratch != nullptr);
-    act_stride = act_row_stride(fk->act, cols);
+    act_stride = batch_act ? align_up(row_bytes(fk->batch_act, cols), kCacheLine) : act_row_stride(fk->act, cols);
+    const auto quantize = batch_act ? fk->quantize_batch_act : fk->quantize_act;
     auto* scratch = static_cast<uint8_t*>(args.scratch);
     if (n_tok == 1) {
       // One row is a few microseconds at most; a fork-join would cost as much.
-      fk->quantize_act(args.x, scratch, cols);
+      quantize(args.x, scratch, cols);
     } else {
       pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1, int) {
-        for (int64_t t = t0; t < t1; ++t) fk->quantize_act(args.x + t * args.x_stride, scratch + t * act_stride, cols);
+        for (int64_t t = t0; t < t1; ++t) quantize(args.x + t * args.x_stride, scratch + t * act_stride, cols);
       });
     }
     act = scratch;
@@ -222,6 +227,7 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
     return;
   }
   // Rows and tokens outside whole tiles: in the tile's arithmetic.
+  EBB_CHECK_MSG(!batch_act || fk->tile_dot, "batch activations need the batch's own dot");
   const auto rest_dot = fk->tile_dot ? fk->tile_dot : vec_dot;
   int64_t block_rows = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(rstride, 1)), 4, 64);
   block_rows = std::max<int64_t>(TR, block_rows / TR * TR);

@@ -46,6 +46,12 @@ struct FormatKernels {
   // one exception, as its model engine is). nullptr: vec_dot serves them.
   // (A one-token product runs vec_dot, which may sum in another order.)
   void (*tile_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
+  // Optional: a batch's activations in another format than vec_dot's, made
+  // by quantize_batch_act (rows of batch_act) and read by vec_dot_tile and
+  // tile_dot. F16 on AVX2: rounded to F16 and kept as floats (the same
+  // values), so a tile widens only its weight rows. nullptr: act throughout.
+  DType batch_act = DType::kF32;
+  void (*quantize_batch_act)(const float* src, void* dst, int64_t n) = nullptr;
   // Optional, Q4_0, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K: the kernels of
   // packed views (Packing::kQ4_0x8, kQ8_0x8, kQ4_Kx8, kQ5_Kx8, kQ6_Kx8). Per
   // (row, token) they compute isum_b, the exact integer dot of block b, and

@@ -92,6 +92,20 @@ void quantize_f16(const float* src, void* dst, int64_t n) {
   }
 }
 
+// The batch form of F16 activations: rounded to F16 as above, kept as floats
+// (the same values, exactly), so a tile widens only its weight rows.
+void quantize_f16_wide(const float* src, void* dst, int64_t n) {
+  auto* d = static_cast<float*>(dst);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(f16_round_8(src + i)));
+  if (i < n) {
+    float in[8] = {}, res[8];
+    std::memcpy(in, src + i, (n - i) * sizeof(float));
+    _mm256_storeu_ps(res, _mm256_cvtph_ps(f16_round_8(in)));
+    std::memcpy(d + i, res, (n - i) * sizeof(float));
+  }
+}
+
 // 8 floats (as bits) -> 8 bf16 in the low halves of the 32-bit lanes, exactly
 // as fp32_to_bf16: x + 0x7fff + (bit 16 of x), top half; NaN -> top half | 0x40.
 inline __m256i bf16_round_8(__m256i x) {
@@ -190,6 +204,21 @@ void dot_f16(int64_t n, const void* w, const void* a, float* out) {
   for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_f16x8(x + i), load_f16x8(y + i), acc[0]);
   float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
   for (; i < n; ++i) s += _cvtsh_ss(x[i]) * _cvtsh_ss(y[i]);
+  *out = s;
+}
+
+// F16 weights x F16 activations held as floats (quantize_f16_wide), the
+// batch arithmetic: one chain of 8 lanes from the row's start (each row read
+// once, in order, by the tile), then the lanes summed as hsum does and the
+// tail (n % 8) added one product at a time.
+void dot_f16_wide(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(load_f16x8(x + i), _mm256_loadu_ps(y + i), acc);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += _cvtsh_ss(x[i]) * y[i];
   *out = s;
 }
 
@@ -1035,38 +1064,35 @@ void x8_gemm(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums*
 // dot_* above in the same order, so results are bit-identical. dot_f16 keeps
 // four chains (element offset 8k within each 32) for n % 32 == 0.
 
+// F16 weights against the batch's float activations (quantize_f16_wide): per
+// step R weight widenings, T loads and R x T fused products, every row and
+// token read once in order; per (row, token) the arithmetic of dot_f16_wide.
 template <int R, int T>
-void tile_f16(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  if (n % 32 != 0) {  // tails: vec_dot itself
+void tile_f16_wide(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  if (n % 8 != 0) {  // tails: the dot itself
     for (int t = 0; t < T; ++t)
       for (int r = 0; r < R; ++r)
-        dot_f16(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as, y + t * ys + r);
+        dot_f16_wide(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as,
+                     y + t * ys + r);
     return;
   }
   const uint16_t* x[R];
-  const uint16_t* q[T];
+  const float* q[T];
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w) + r * ws);
-  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a) + t * as);
-  __m256 chain[4][R][T];
-  for (int k = 0; k < 4; ++k) {
-    __m256 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t i = 8 * k; i < n; i += 32) {
-      __m256 wx[R];
-      for (int r = 0; r < R; ++r) wx[r] = load_f16x8(x[r] + i);
-      for (int t = 0; t < T; ++t) {
-        const __m256 ay = load_f16x8(q[t] + i);
-        for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wx[r], ay, acc[r][t]);
-      }
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a) + t * as);
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256 wx[R];
+    for (int r = 0; r < R; ++r) wx[r] = load_f16x8(x[r] + i);
+    for (int t = 0; t < T; ++t) {
+      const __m256 ay = _mm256_loadu_ps(q[t] + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wx[r], ay, acc[r][t]);
     }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) chain[k][r][t] = acc[r][t];
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      y[t * ys + r] = hsum(_mm256_add_ps(_mm256_add_ps(chain[0][r][t], chain[1][r][t]),
-                                         _mm256_add_ps(chain[2][r][t], chain[3][r][t])));
+    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum(acc[r][t]);
 }
 
 }  // namespace
@@ -1089,7 +1115,13 @@ FormatTable avx2_format_table() {
     row(d).tile_rows = rows;
     row(d).tile_tokens = tokens;
   };
-  tile(DType::kF16, tile_f16<2, 4>, 2, 4);
+  // F16 batches: activations as F16-rounded floats, so a step widens only
+  // the weights (3 x 4: 12 accumulators, 3 weights and 1 activation in 16
+  // registers).
+  tile(DType::kF16, tile_f16_wide<3, 4>, 3, 4);
+  row(DType::kF16).batch_act = DType::kF32;
+  row(DType::kF16).quantize_batch_act = quantize_f16_wide;
+  row(DType::kF16).tile_dot = dot_f16_wide;
   tile(DType::kQ4_0, tile_q4_0<4>, 8, 4);
   // Q8_0 and the K-quants: the packed arithmetic for plain rows too (8 x 4,
   // see tile_on_stack; its span sizes keep the stack buffer at 5-9 KB).
