@@ -154,6 +154,33 @@ void packed_rows_batch(const FormatKernels& fk, const WeightView& w, const uint8
   }
 }
 
+// Rows [rb, re) of a plain matrix for n_tok tokens (a block sized for L2):
+// tiles of TR rows x TT tokens, each tile's weight rows reused by its TT
+// tokens and the block by every token; rows and tokens that do not fill a
+// tile through tile_dot (else vec_dot), in the tile's arithmetic.
+void rows_batch(const FormatKernels& fk, const WeightView& w, const uint8_t* act, size_t act_stride, int64_t n_tok,
+                int64_t rb, int64_t re, float* y, int64_t y_stride) {
+  const auto tile = fk.vec_dot_tile;
+  const auto rest_dot = fk.tile_dot ? fk.tile_dot : fk.vec_dot;
+  const int64_t cols = w.cols, TR = tile ? fk.tile_rows : 1, TT = tile ? fk.tile_tokens : 1;
+  const int64_t re_tiled = rb + (re - rb) / TR * TR;
+  int64_t t = 0;
+  if (tile) {
+    for (; t + TT <= n_tok; t += TT) {
+      const uint8_t* a = act + t * act_stride;
+      float* yt = y + t * y_stride;
+      for (int64_t r = rb; r < re_tiled; r += TR)
+        tile(cols, w.row(r), w.row_stride, a, act_stride, yt + r, y_stride);
+      for (int64_t tt = 0; tt < TT; ++tt)
+        for (int64_t r = re_tiled; r < re; ++r) rest_dot(cols, w.row(r), a + tt * act_stride, yt + tt * y_stride + r);
+    }
+  }
+  for (; t < n_tok; ++t) {
+    const uint8_t* a = act + t * act_stride;
+    for (int64_t r = rb; r < re; ++r) rest_dot(cols, w.row(r), a, y + t * y_stride + r);
+  }
+}
+
 }  // namespace
 
 void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
@@ -205,8 +232,10 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
     });
     const int64_t block_rows =
         std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(w.row_stride, 1)), 8, 64) / 8 * 8;
-    pool.parallel_for_dynamic(rows, block_rows, [&](int64_t rb, int64_t re, int) {
-      packed_rows_batch(pk, w, act, act_stride, sums, ss, n_tok, rb, re, args.y, args.y_stride);
+    pool.parallel_for_dynamic(rows, block_rows, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t rb = r0; rb < r1; rb += block_rows)  // one thread: the whole range at once
+        packed_rows_batch(pk, w, act, act_stride, sums, ss, n_tok, rb, std::min(r1, rb + block_rows), args.y,
+                          args.y_stride);
     });
     return;
   }
@@ -218,7 +247,7 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   //    stream from memory once.
   const auto vec_dot = fk->vec_dot;
   const auto tile = fk->vec_dot_tile;
-  const int64_t TR = tile ? fk->tile_rows : 1, TT = tile ? fk->tile_tokens : 1;
+  const int64_t TR = tile ? fk->tile_rows : 1;
   const uint64_t rstride = w.row_stride;
   if (n_tok == 1) {
     pool.parallel_for_dynamic(rows, piece_rows(rows, pool.size()), [&](int64_t r0, int64_t r1, int) {
@@ -226,30 +255,12 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
     });
     return;
   }
-  // Rows and tokens outside whole tiles: in the tile's arithmetic.
   EBB_CHECK_MSG(!batch_act || fk->tile_dot, "batch activations need the batch's own dot");
-  const auto rest_dot = fk->tile_dot ? fk->tile_dot : vec_dot;
   int64_t block_rows = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(rstride, 1)), 4, 64);
   block_rows = std::max<int64_t>(TR, block_rows / TR * TR);
-  pool.parallel_for_dynamic(rows, block_rows, [&](int64_t rb, int64_t re, int) {
-    int64_t t = 0;
-    if (tile) {
-      // Tiles of TR rows x TT tokens; leftover rows go through rest_dot.
-      const int64_t re_tiled = rb + (re - rb) / TR * TR;
-      for (; t + TT <= n_tok; t += TT) {
-        const uint8_t* a = act + t * act_stride;
-        float* y = args.y + t * args.y_stride;
-        for (int64_t r = rb; r < re_tiled; r += TR) tile(cols, w.row(r), rstride, a, act_stride, y + r, args.y_stride);
-        for (int64_t tt = 0; tt < TT; ++tt)
-          for (int64_t r = re_tiled; r < re; ++r)
-            rest_dot(cols, w.row(r), a + tt * act_stride, y + tt * args.y_stride + r);
-      }
-    }
-    for (; t < n_tok; ++t) {
-      const uint8_t* a = act + t * act_stride;
-      float* y = args.y + t * args.y_stride;
-      for (int64_t r = rb; r < re; ++r) rest_dot(cols, w.row(r), a, y + r);
-    }
+  pool.parallel_for_dynamic(rows, block_rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t rb = r0; rb < r1; rb += block_rows)  // one thread: the whole range at once
+      rows_batch(*fk, w, act, act_stride, n_tok, rb, std::min(r1, rb + block_rows), args.y, args.y_stride);
   });
 }
 
