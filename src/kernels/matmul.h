@@ -6,7 +6,8 @@
 // with activations rounded to F16 and BF16 weights with activations rounded
 // to BF16 (round to nearest even), the products summed in F32: the pairing of
 // the engine we validate logits against, and half the activation bytes (and
-// both operands of VDPBF16PS). F32 weights pair with F32 activations.
+// both operands of VDPBF16PS); a batch may hold the rounded values as floats
+// (batch_act). F32 weights pair with F32 activations.
 #pragma once
 
 #include <cstddef>

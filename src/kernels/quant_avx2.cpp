@@ -1061,8 +1061,8 @@ void x8_gemm(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums*
 // ---- register-blocked tiles (several tokens at once) ---------------------------
 //
 // Each (row, token) dot below performs exactly the operations of the matching
-// dot_* above in the same order, so results are bit-identical. dot_f16 keeps
-// four chains (element offset 8k within each 32) for n % 32 == 0.
+// dot_* above (the batch's tile_dot) in the same order, so results are
+// bit-identical.
 
 // F16 weights against the batch's float activations (quantize_f16_wide): per
 // step R weight widenings, T loads and R x T fused products, every row and
