@@ -1,6 +1,5 @@
 // AVX-512 row operations. Tails use k-masks, so every element goes through
-// the same arithmetic as the body. Not exercised on the development machine
-// (no AVX-512 there); mirrors ops_avx2.cpp lane for lane.
+// the same arithmetic as the body; mirrors ops_avx2.cpp lane for lane.
 // GCC 12's avx512fintrin.h seeds several intrinsics (moveldup, permute, ...)
 // with _mm512_undefined_ps() and then warns about it (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"

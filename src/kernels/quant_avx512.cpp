@@ -4,6 +4,10 @@
 // without a 512-bit version (the K-quants, the activation quantizers,
 // including the F16 / BF16 rounding) are the AVX2 ones, which this target can
 // also run.
+// GCC 12's avx512fintrin.h seeds _mm512_cvtph_ps and others with
+// _mm512_undefined_ps() and then warns about it (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstring>
@@ -63,6 +67,58 @@ void dot_f16(int64_t n, const void* w, const void* a, float* out) {
   *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
+// The sum of a 16-lane vector: the halves added, then as avx2::hsum (one
+// fixed order, used by the batch dot and its tile alike).
+inline float hsum16(__m512 v) {
+  return avx2::hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+// F16 weights x F16 activations held as floats (avx2's quantize_f16_wide),
+// the batch arithmetic: one chain of 16 lanes from the row's start, hsum16,
+// then the tail (n % 16) one product at a time. tile_f16_wide16 computes
+// every (row, token) this way, bit for bit.
+void dot_f16_wide16(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(load_f16x16(x + i), _mm512_loadu_ps(y + i), acc);
+  float s = hsum16(acc);
+  for (; i < n; ++i) s += _cvtsh_ss(x[i]) * y[i];
+  *out = s;
+}
+
+// R rows x T tokens: per step R weight widenings, T loads and R x T fused
+// products (R x T + R + 1 of the 32 registers), every row and token read once
+// in order.
+template <int R, int T>
+void tile_f16_wide16(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  if (n % 16 != 0) {  // tails: the dot itself
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r)
+        dot_f16_wide16(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as,
+                       y + t * ys + r);
+    return;
+  }
+  const uint16_t* x[R];
+  const float* q[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a) + t * as);
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 wx[R];
+    for (int r = 0; r < R; ++r) wx[r] = load_f16x16(x[r] + i);
+    for (int t = 0; t < T; ++t) {
+      const __m512 ay = _mm512_loadu_ps(q[t] + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wx[r], ay, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum16(acc[r][t]);
+}
+
 // BF16 x BF16 with VDPBF16PS: float lane j += x[2j] * y[2j] + x[2j+1] * y[2j+1]
 // over 32 bf16 pairs per instruction. The products of two bf16 are exact in
 // float; unlike the scalar reference the instruction treats bf16 subnormals
@@ -117,6 +173,11 @@ FormatTable avx512_format_table() {
   // kernels: their plain rows compute in the packed arithmetic (see
   // avx2_format_table).
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) row(d).vec_dot_tile = nullptr;
+  // F16 batches: the AVX2 batch form (F16-rounded floats), 16 lanes per step.
+  row(DType::kF16).vec_dot_tile = tile_f16_wide16<4, 4>;
+  row(DType::kF16).tile_rows = 4;
+  row(DType::kF16).tile_tokens = 4;
+  row(DType::kF16).tile_dot = dot_f16_wide16;
   return t;
 }
 
