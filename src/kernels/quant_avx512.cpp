@@ -1,9 +1,9 @@
-// AVX-512 (F/BW/VL/DQ + VNNI + BF16) kernels: wider float dots, VDPBF16PS
-// (_mm512_dpbf16_ps) for BF16 x BF16, and VNNI (_mm512_dpbusd_epi32) int8
-// dots for the 32-element block formats, two blocks per register. Rows
-// without a 512-bit version (the K-quants, the activation quantizers,
-// including the F16 / BF16 rounding) are the AVX2 ones, which this target can
-// also run.
+// AVX-512 (F/BW/VL/DQ + VNNI + BF16) kernels: wider float dots, the F16
+// batch tile (16 lanes), VDPBF16PS (_mm512_dpbf16_ps) for BF16 x BF16, and
+// VNNI (VPDPBUSD on 256 bits) for the packed Q8_0 and Q4_0 groups. Rows and
+// kernels without an AVX-512 version (the K-quants, the activation
+// quantizers, including the F16 / BF16 rounding, the plain-row forms of the
+// packed arithmetic) are the AVX2 ones, which this target can also run.
 // GCC 12's avx512fintrin.h seeds _mm512_cvtph_ps and others with
 // _mm512_undefined_ps() and then warns about it (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -11,9 +11,11 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/quant_avx2_inl.h"
 #include "kernels/quant_blocks.h"
+#include "platform/error.h"
 
 namespace ebb {
 namespace {
@@ -157,6 +159,113 @@ void dot_f32(int64_t n, const void* w, const void* a, float* out) {
   *out = s;
 }
 
+// ---- packed Q8_0 and Q4_0 with VNNI ---------------------------------------
+//
+// The arithmetic of the AVX2 packed kernels (quant_avx2.cpp: q8_0_x8_span
+// and gemm_x8 for BlockQ4_0x8; the layouts are in quant_blocks.h), with the
+// integer dot of each 4-byte piece in one VPDPBUSD instead of VPMADDUBSW,
+// VPMADDWD and VPADDD. The int32 block sums are exact either way (AVX2's int16
+// partial sums never saturate: Q8_0 pairs are at most 2 x 128 x 127, Q4_0's
+// eight terms at most 2 x 15 x 127 each), and the float chain is the same, so
+// the results are AVX2's bit for bit, and the plain-row kernels (x8_dot, the
+// tiles) stay AVX2's.
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// One token reads ahead as the AVX2 kernels do (see kPrefetchAhead there).
+template <class Block>
+inline void prefetch_ahead(const Block* b) {
+  const char* p = reinterpret_cast<const char*>(b) + 2048;
+  for (size_t l = 0; l < sizeof(Block); l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
+}
+
+// One group of eight Q8_0 rows against T tokens: per block, |w| times each
+// token's broadcast piece carrying w's signs, summed into int32 per lane.
+template <int T>
+void gemm_q8_0_vnni(int64_t n, const BlockQ8_0x8* w, const uint8_t* a, size_t as, float* y, int64_t ys) {
+  const BlockQ8_0* q[T];
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_0*>(a + t * as);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    const BlockQ8_0x8& b = w[i];
+    if constexpr (T == 1) prefetch_ahead(&b);
+    __m256i isum[T];
+    for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * k));
+      const __m256i av = _mm256_sign_epi8(v, v);
+      for (int t = 0; t < T; ++t) {
+        const __m256i yk = _mm256_set1_epi32(load_i32(q[t][i].qs + 4 * k));
+        isum[t] = _mm256_dpbusd_epi32(isum[t], av, _mm256_sign_epi8(yk, v));
+      }
+    }
+    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(_cvtsh_ss(q[t][i].d))), _mm256_cvtepi32_ps(isum[t]),
+                               acc[t]);
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
+}
+
+// One group of eight Q4_0 rows against T tokens: the nibbles (0..15) times
+// the activation bytes, minus 8 x the activation sum (sums[].m8).
+template <int T>
+void gemm_q4_0_vnni(int64_t n, const BlockQ4_0x8* w, const uint8_t* a, size_t as, const Q8_0Sums* sums, int64_t ss,
+                    float* y, int64_t ys) {
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  const BlockQ8_0* q[T];
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_0*>(a + t * as);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    if constexpr (T == 1) prefetch_ahead(w + i);
+    __m256i lo[4], hi[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * k));
+      lo[k] = _mm256_and_si256(v, m4);
+      hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].d)));
+    for (int t = 0; t < T; ++t) {
+      const int8_t* yq = q[t][i].qs;
+      const Q8_0Sums& s = sums[t * ss + i];
+      __m256i isum = _mm256_setzero_si256();
+      for (int k = 0; k < 4; ++k) {
+        isum = _mm256_dpbusd_epi32(isum, lo[k], _mm256_set1_epi32(load_i32(yq + 4 * k)));
+        isum = _mm256_dpbusd_epi32(isum, hi[k], _mm256_set1_epi32(load_i32(yq + 16 + 4 * k)));
+      }
+      isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(s.m8));
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_set1_ps(s.d)), _mm256_cvtepi32_ps(isum), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * ys, acc[t]);
+}
+
+template <class Block>
+void x8_gemm_vnni(int64_t n, const void* w, const void* a, size_t as, const Q8_0Sums* sums, int64_t ss, int n_tok,
+                  float* y, int64_t ys) {
+  const auto* wb = static_cast<const Block*>(w);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  auto run = [&]<int T>() {
+    if constexpr (std::is_same_v<Block, BlockQ8_0x8>)
+      gemm_q8_0_vnni<T>(n, wb, ab, as, y, ys);
+    else
+      gemm_q4_0_vnni<T>(n, wb, ab, as, sums, ss, y, ys);
+  };
+  switch (n_tok) {
+    case 1: return run.template operator()<1>();
+    case 2: return run.template operator()<2>();
+    case 3: return run.template operator()<3>();
+    case 4: return run.template operator()<4>();
+    default: EBB_CHECK_MSG(false, "x8_gemm: 1 to 4 tokens");
+  }
+}
+
 }  // namespace
 
 FormatTable avx512_format_table() {
@@ -178,6 +287,8 @@ FormatTable avx512_format_table() {
   row(DType::kF16).tile_rows = 4;
   row(DType::kF16).tile_tokens = 4;
   row(DType::kF16).tile_dot = dot_f16_wide16;
+  row(DType::kQ8_0).x8_gemm = x8_gemm_vnni<BlockQ8_0x8>;
+  row(DType::kQ4_0).x8_gemm = x8_gemm_vnni<BlockQ4_0x8>;
   return t;
 }
 
