@@ -145,6 +145,53 @@ void dot_bf16(int64_t n, const void* w, const void* a, float* out) {
   *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
+// BF16 x BF16, the batch arithmetic: one VDPBF16PS chain from the row's
+// start, a zero-masked last step for the tail (n % 32), then hsum16.
+// tile_bf16 computes every (row, token) this way, bit for bit.
+void dot_bf16_chain(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const uint16_t*>(w);
+  const auto* y = static_cast<const uint16_t*>(a);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    acc = _mm512_dpbf16_ps(acc, as_bh(_mm512_loadu_si512(x + i)), as_bh(_mm512_loadu_si512(y + i)));
+  if (i < n) {
+    const __mmask32 m = static_cast<__mmask32>((1u << (n - i)) - 1);
+    acc = _mm512_dpbf16_ps(acc, as_bh(_mm512_maskz_loadu_epi16(m, x + i)), as_bh(_mm512_maskz_loadu_epi16(m, y + i)));
+  }
+  *out = hsum16(acc);
+}
+
+// R rows x T tokens of BF16 weights against BF16 activations: per step R + T
+// loads and R x T VDPBF16PS (32 products each).
+template <int R, int T>
+void tile_bf16(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  if (n % 32 != 0) {  // tails: the dot itself
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r)
+        dot_bf16_chain(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as,
+                       y + t * ys + r);
+    return;
+  }
+  const uint16_t* x[R];
+  const uint16_t* q[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a) + t * as);
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 32) {
+    __m512bh wx[R];
+    for (int r = 0; r < R; ++r) wx[r] = as_bh(_mm512_loadu_si512(x[r] + i));
+    for (int t = 0; t < T; ++t) {
+      const __m512bh ay = as_bh(_mm512_loadu_si512(q[t] + i));
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wx[r], ay);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum16(acc[r][t]);
+}
+
 void dot_f32(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const float*>(w);
   const auto* y = static_cast<const float*>(a);
@@ -287,6 +334,10 @@ FormatTable avx512_format_table() {
   row(DType::kF16).tile_rows = 4;
   row(DType::kF16).tile_tokens = 4;
   row(DType::kF16).tile_dot = dot_f16_wide16;
+  row(DType::kBF16).vec_dot_tile = tile_bf16<4, 4>;
+  row(DType::kBF16).tile_rows = 4;
+  row(DType::kBF16).tile_tokens = 4;
+  row(DType::kBF16).tile_dot = dot_bf16_chain;
   row(DType::kQ8_0).x8_gemm = x8_gemm_vnni<BlockQ8_0x8>;
   row(DType::kQ4_0).x8_gemm = x8_gemm_vnni<BlockQ4_0x8>;
   return t;
