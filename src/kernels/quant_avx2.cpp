@@ -292,12 +292,6 @@ inline int load_u16(const uint8_t* p) {
   return v;
 }
 
-inline int32_t load_i32(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // The F16 scales of one block of rows 0..7, as floats in lanes 0..7.
 inline __m256 load_d_x8(const uint8_t* d, size_t ws) {
   __m128i h = _mm_cvtsi32_si128(load_u16(d));
@@ -393,20 +387,6 @@ void q4_0_x8(int64_t n, const uint8_t* w, size_t ws, const uint8_t* a, size_t as
 template <int T>
 void tile_q4_0(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
   q4_0_x8<T>(n, static_cast<const uint8_t*>(w), ws, static_cast<const uint8_t*>(a), as, y, ys);
-}
-
-// The one-token packed kernels ask for the bytes kPrefetchAhead past the
-// block they start on (each block's size of them): the hardware prefetcher
-// alone left decode short of the read bandwidth. 2 KiB ahead, by
-// measurement (ebb bench speed, 2 threads): Q4_0 decode 56-59 -> 61-69 tok/s
-// (512 B: 58; 4-8 KiB: the same as 2); Q6_K, 151936 x 1024, 16-18 -> 19-24
-// GB/s. Several tokens read block rows that sit in L2 and do without.
-inline constexpr size_t kPrefetchAhead = 2048;
-
-template <class Block>
-inline void prefetch_ahead(const Block* b) {
-  const char* p = reinterpret_cast<const char*>(b) + kPrefetchAhead;
-  for (size_t l = 0; l < sizeof(Block); l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
 }
 
 // ---- Q4_0 packed (Packing::kQ4_0x8): the x8 tile without the transpose ------

@@ -20,6 +20,9 @@
 namespace ebb {
 namespace {
 
+using avx2::load_i32;
+using avx2::prefetch_ahead;
+
 inline __m512 load_f16x16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -215,20 +218,7 @@ void dot_f32(int64_t n, const void* w, const void* a, float* out) {
 // partial sums never saturate: Q8_0 pairs are at most 2 x 128 x 127, Q4_0's
 // eight terms at most 2 x 15 x 127 each), and the float chain is the same, so
 // the results are AVX2's bit for bit, and the plain-row kernels (x8_dot, the
-// tiles) stay AVX2's.
-
-inline int32_t load_i32(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// One token reads ahead as the AVX2 kernels do (see kPrefetchAhead there).
-template <class Block>
-inline void prefetch_ahead(const Block* b) {
-  const char* p = reinterpret_cast<const char*>(b) + 2048;
-  for (size_t l = 0; l < sizeof(Block); l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
-}
+// tiles) stay AVX2's. One token prefetches as AVX2 does (kPrefetchAhead).
 
 // One group of eight Q8_0 rows against T tokens: per block, |w| times each
 // token's broadcast piece carrying w's signs, summed into int32 per lane.
@@ -325,11 +315,13 @@ FormatTable avx512_format_table() {
   row(DType::kBF16).to_float = bf16_to_float;
   row(DType::kBF16).vec_dot = dot_bf16;
   // The AVX2 tiles compute in the AVX2 vec_dot's order: drop them where
-  // vec_dot was replaced. Q8_0, Q4_0 and the K-quants keep the AVX2
-  // kernels: their plain rows compute in the packed arithmetic (see
-  // avx2_format_table).
+  // vec_dot was replaced (F32 batches then run vec_dot per row and token).
+  // Q8_0, Q4_0 and the K-quants keep the AVX2 kernels for plain rows, which
+  // compute in the packed arithmetic (see avx2_format_table); the packed
+  // Q8_0 and Q4_0 groups get VNNI, bit for bit the same.
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) row(d).vec_dot_tile = nullptr;
-  // F16 batches: the AVX2 batch form (F16-rounded floats), 16 lanes per step.
+  // F16 batches: the AVX2 batch form (F16-rounded floats), 16 lanes per step;
+  // 4 x 4 measured best of 2x8 to 8x2 (bench_matmul, 64 tokens).
   row(DType::kF16).vec_dot_tile = tile_f16_wide16<4, 4>;
   row(DType::kF16).tile_rows = 4;
   row(DType::kF16).tile_tokens = 4;
