@@ -1,9 +1,9 @@
-// AVX-512 (F/BW/VL/DQ + VNNI + BF16) kernels: wider float dots, the F16
-// batch tile (16 lanes), VDPBF16PS (_mm512_dpbf16_ps) for BF16 x BF16, and
-// VNNI (VPDPBUSD on 256 bits) for the packed Q8_0 and Q4_0 groups. Rows and
-// kernels without an AVX-512 version (the K-quants, the activation
-// quantizers, including the F16 / BF16 rounding, the plain-row forms of the
-// packed arithmetic) are the AVX2 ones, which this target can also run.
+// AVX-512 (F/BW/VL/DQ + VNNI + BF16) kernels: wider float dots, batch tiles
+// for F32, F16 and BF16 (16 lanes; BF16 with VDPBF16PS), and VNNI (VPDPBUSD
+// on 256 bits) for the packed Q8_0 and Q4_0 groups. Rows and kernels without
+// an AVX-512 version (the K-quants, the activation quantizers, including the
+// F16 / BF16 rounding, the plain-row forms of the packed arithmetic) are the
+// AVX2 ones, which this target can also run.
 // GCC 12's avx512fintrin.h seeds _mm512_cvtph_ps and others with
 // _mm512_undefined_ps() and then warns about it (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -209,6 +209,49 @@ void dot_f32(int64_t n, const void* w, const void* a, float* out) {
   *out = s;
 }
 
+// F32 x F32, the batch arithmetic: one 16-lane chain from the row's start,
+// hsum16, then the tail (n % 16) one product at a time. tile_f32 computes
+// every (row, token) this way, bit for bit.
+void dot_f32_chain(int64_t n, const void* w, const void* a, float* out) {
+  const auto* x = static_cast<const float*>(w);
+  const auto* y = static_cast<const float*>(a);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
+  float s = hsum16(acc);
+  for (; i < n; ++i) s += x[i] * y[i];
+  *out = s;
+}
+
+// R rows x T tokens of F32: per step R + T loads and R x T fused products.
+template <int R, int T>
+void tile_f32(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  if (n % 16 != 0) {  // tails: the dot itself
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r)
+        dot_f32_chain(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as,
+                      y + t * ys + r);
+    return;
+  }
+  const float* x[R];
+  const float* q[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a) + t * as);
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 wx[R];
+    for (int r = 0; r < R; ++r) wx[r] = _mm512_loadu_ps(x[r] + i);
+    for (int t = 0; t < T; ++t) {
+      const __m512 ay = _mm512_loadu_ps(q[t] + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wx[r], ay, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum16(acc[r][t]);
+}
+
 // ---- packed Q8_0 and Q4_0 with VNNI ---------------------------------------
 //
 // The arithmetic of the AVX2 packed kernels (quant_avx2.cpp: q8_0_x8_span
@@ -315,7 +358,7 @@ FormatTable avx512_format_table() {
   row(DType::kBF16).to_float = bf16_to_float;
   row(DType::kBF16).vec_dot = dot_bf16;
   // The AVX2 tiles compute in the AVX2 vec_dot's order: drop them where
-  // vec_dot was replaced (F32 batches then run vec_dot per row and token).
+  // vec_dot was replaced; F32, F16 and BF16 get 16-lane tiles of their own.
   // Q8_0, Q4_0 and the K-quants keep the AVX2 kernels for plain rows, which
   // compute in the packed arithmetic (see avx2_format_table); the packed
   // Q8_0 and Q4_0 groups get VNNI, bit for bit the same.
@@ -326,6 +369,10 @@ FormatTable avx512_format_table() {
   row(DType::kF16).tile_rows = 4;
   row(DType::kF16).tile_tokens = 4;
   row(DType::kF16).tile_dot = dot_f16_wide16;
+  row(DType::kF32).vec_dot_tile = tile_f32<4, 4>;
+  row(DType::kF32).tile_rows = 4;
+  row(DType::kF32).tile_tokens = 4;
+  row(DType::kF32).tile_dot = dot_f32_chain;
   row(DType::kBF16).vec_dot_tile = tile_bf16<4, 4>;
   row(DType::kBF16).tile_rows = 4;
   row(DType::kBF16).tile_tokens = 4;
