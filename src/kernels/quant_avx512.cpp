@@ -80,8 +80,7 @@ inline float hsum16(__m512 v) {
 
 // F16 weights x F16 activations held as floats (avx2's quantize_f16_wide),
 // the batch arithmetic: one chain of 16 lanes from the row's start, hsum16,
-// then the tail (n % 16) one product at a time. tile_f16_wide16 computes
-// every (row, token) this way, bit for bit.
+// then the tail (n % 16) one product at a time.
 void dot_f16_wide16(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const uint16_t*>(w);
   const auto* y = static_cast<const float*>(a);
@@ -91,37 +90,6 @@ void dot_f16_wide16(int64_t n, const void* w, const void* a, float* out) {
   float s = hsum16(acc);
   for (; i < n; ++i) s += _cvtsh_ss(x[i]) * y[i];
   *out = s;
-}
-
-// R rows x T tokens: per step R weight widenings, T loads and R x T fused
-// products (R x T + R + 1 of the 32 registers), every row and token read once
-// in order.
-template <int R, int T>
-void tile_f16_wide16(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  if (n % 16 != 0) {  // tails: the dot itself
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r)
-        dot_f16_wide16(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as,
-                       y + t * ys + r);
-    return;
-  }
-  const uint16_t* x[R];
-  const float* q[T];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w) + r * ws);
-  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a) + t * as);
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    __m512 wx[R];
-    for (int r = 0; r < R; ++r) wx[r] = load_f16x16(x[r] + i);
-    for (int t = 0; t < T; ++t) {
-      const __m512 ay = _mm512_loadu_ps(q[t] + i);
-      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wx[r], ay, acc[r][t]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum16(acc[r][t]);
 }
 
 // BF16 x BF16 with VDPBF16PS: float lane j += x[2j] * y[2j] + x[2j+1] * y[2j+1]
@@ -150,7 +118,6 @@ void dot_bf16(int64_t n, const void* w, const void* a, float* out) {
 
 // BF16 x BF16, the batch arithmetic: one VDPBF16PS chain from the row's
 // start, a zero-masked last step for the tail (n % 32), then hsum16.
-// tile_bf16 computes every (row, token) this way, bit for bit.
 void dot_bf16_chain(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const uint16_t*>(w);
   const auto* y = static_cast<const uint16_t*>(a);
@@ -163,36 +130,6 @@ void dot_bf16_chain(int64_t n, const void* w, const void* a, float* out) {
     acc = _mm512_dpbf16_ps(acc, as_bh(_mm512_maskz_loadu_epi16(m, x + i)), as_bh(_mm512_maskz_loadu_epi16(m, y + i)));
   }
   *out = hsum16(acc);
-}
-
-// R rows x T tokens of BF16 weights against BF16 activations: per step R + T
-// loads and R x T VDPBF16PS (32 products each).
-template <int R, int T>
-void tile_bf16(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  if (n % 32 != 0) {  // tails: the dot itself
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r)
-        dot_bf16_chain(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as,
-                       y + t * ys + r);
-    return;
-  }
-  const uint16_t* x[R];
-  const uint16_t* q[T];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(w) + r * ws);
-  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a) + t * as);
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 32) {
-    __m512bh wx[R];
-    for (int r = 0; r < R; ++r) wx[r] = as_bh(_mm512_loadu_si512(x[r] + i));
-    for (int t = 0; t < T; ++t) {
-      const __m512bh ay = as_bh(_mm512_loadu_si512(q[t] + i));
-      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wx[r], ay);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * ys + r] = hsum16(acc[r][t]);
 }
 
 void dot_f32(int64_t n, const void* w, const void* a, float* out) {
@@ -210,8 +147,7 @@ void dot_f32(int64_t n, const void* w, const void* a, float* out) {
 }
 
 // F32 x F32, the batch arithmetic: one 16-lane chain from the row's start,
-// hsum16, then the tail (n % 16) one product at a time. tile_f32 computes
-// every (row, token) this way, bit for bit.
+// hsum16, then the tail (n % 16) one product at a time.
 void dot_f32_chain(int64_t n, const void* w, const void* a, float* out) {
   const auto* x = static_cast<const float*>(w);
   const auto* y = static_cast<const float*>(a);
@@ -223,34 +159,68 @@ void dot_f32_chain(int64_t n, const void* w, const void* a, float* out) {
   *out = s;
 }
 
-// R rows x T tokens of F32: per step R + T loads and R x T fused products.
-template <int R, int T>
-void tile_f32(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
-  if (n % 16 != 0) {  // tails: the dot itself
+// ---- batch tiles of the float formats --------------------------------------
+//
+// R rows x T tokens; per step of K::kStep elements, R weight loads (widened by
+// K::w), T activation loads (K::a) and R x T K::fma into one chain per (row,
+// token), summed by hsum16 at the end: every (row, token) computes as K::dot
+// (its batch dot above), bit for bit. R x T + R + 1 of the 32 registers.
+template <int R, int T, class K>
+void float_tile(int64_t n, const void* w, size_t ws, const void* a, size_t as, float* y, int64_t ys) {
+  if (n % K::kStep != 0) {  // tails: the dot itself
     for (int t = 0; t < T; ++t)
       for (int r = 0; r < R; ++r)
-        dot_f32_chain(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as,
-                      y + t * ys + r);
+        K::dot(n, static_cast<const uint8_t*>(w) + r * ws, static_cast<const uint8_t*>(a) + t * as, y + t * ys + r);
     return;
   }
-  const float* x[R];
-  const float* q[T];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(w) + r * ws);
-  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a) + t * as);
+  const typename K::W* x[R];
+  const typename K::A* q[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const typename K::W*>(static_cast<const uint8_t*>(w) + r * ws);
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const typename K::A*>(static_cast<const uint8_t*>(a) + t * as);
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    __m512 wx[R];
-    for (int r = 0; r < R; ++r) wx[r] = _mm512_loadu_ps(x[r] + i);
+  for (int64_t i = 0; i < n; i += K::kStep) {
+    decltype(K::w(x[0])) wx[R];
+    for (int r = 0; r < R; ++r) wx[r] = K::w(x[r] + i);
     for (int t = 0; t < T; ++t) {
-      const __m512 ay = _mm512_loadu_ps(q[t] + i);
-      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wx[r], ay, acc[r][t]);
+      const auto ay = K::a(q[t] + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = K::fma(acc[r][t], wx[r], ay);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) y[t * ys + r] = hsum16(acc[r][t]);
 }
+
+// F32 weights and activations.
+struct F32Tile {
+  using W = float;
+  using A = float;
+  static constexpr int kStep = 16;
+  static __m512 w(const float* p) { return _mm512_loadu_ps(p); }
+  static __m512 a(const float* p) { return _mm512_loadu_ps(p); }
+  static __m512 fma(__m512 acc, __m512 x, __m512 y) { return _mm512_fmadd_ps(x, y, acc); }
+  static constexpr auto dot = dot_f32_chain;
+};
+
+// F16 weights against the batch's F16-rounded float activations: F32's
+// step, only the weights widened.
+struct F16WideTile : F32Tile {
+  using W = uint16_t;
+  static __m512 w(const uint16_t* p) { return load_f16x16(p); }
+  static constexpr auto dot = dot_f16_wide16;
+};
+
+// BF16 weights and activations, 32 products per VDPBF16PS.
+struct Bf16Tile {
+  using W = uint16_t;
+  using A = uint16_t;
+  static constexpr int kStep = 32;
+  static __m512bh w(const uint16_t* p) { return as_bh(_mm512_loadu_si512(p)); }
+  static __m512bh a(const uint16_t* p) { return as_bh(_mm512_loadu_si512(p)); }
+  static __m512 fma(__m512 acc, __m512bh x, __m512bh y) { return _mm512_dpbf16_ps(acc, x, y); }
+  static constexpr auto dot = dot_bf16_chain;
+};
 
 // ---- packed Q8_0 and Q4_0 with VNNI ---------------------------------------
 //
@@ -365,15 +335,15 @@ FormatTable avx512_format_table() {
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) row(d).vec_dot_tile = nullptr;
   // F16 batches: the AVX2 batch form (F16-rounded floats), 16 lanes per step;
   // 4 x 4 measured best of 2x8 to 8x2 (bench_matmul, 64 tokens).
-  row(DType::kF16).vec_dot_tile = tile_f16_wide16<4, 4>;
+  row(DType::kF16).vec_dot_tile = float_tile<4, 4, F16WideTile>;
   row(DType::kF16).tile_rows = 4;
   row(DType::kF16).tile_tokens = 4;
   row(DType::kF16).tile_dot = dot_f16_wide16;
-  row(DType::kF32).vec_dot_tile = tile_f32<4, 4>;
+  row(DType::kF32).vec_dot_tile = float_tile<4, 4, F32Tile>;
   row(DType::kF32).tile_rows = 4;
   row(DType::kF32).tile_tokens = 4;
   row(DType::kF32).tile_dot = dot_f32_chain;
-  row(DType::kBF16).vec_dot_tile = tile_bf16<4, 4>;
+  row(DType::kBF16).vec_dot_tile = float_tile<4, 4, Bf16Tile>;
   row(DType::kBF16).tile_rows = 4;
   row(DType::kBF16).tile_tokens = 4;
   row(DType::kBF16).tile_dot = dot_bf16_chain;
