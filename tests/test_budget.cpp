@@ -149,7 +149,9 @@ TEST(BudgetPlanner, VariantsFollowTheirOrder) {
     b.system = BudgetSystem::kUnbalanced;
     const BudgetPlan pu = plan_for(ref->model(), ref->forward(), b, 256);
     // attn-first: an FFN tensor is kept only once every attention tensor is.
-    if (kind_bytes(pa, lay, ffn, true) > 0) EXPECT_EQ(kind_bytes(pa, lay, attn, false), 0u) << i;
+    if (kind_bytes(pa, lay, ffn, true) > 0) {
+      EXPECT_EQ(kind_bytes(pa, lay, attn, false), 0u) << i;
+    }
     // ffn-first keeps at least as many FFN bytes as attn-first.
     EXPECT_GE(kind_bytes(pf, lay, ffn, true), kind_bytes(pa, lay, ffn, true)) << i;
     // unbalanced: whole layers in order; only the last partly kept layer is partial.
@@ -161,7 +163,9 @@ TEST(BudgetPlanner, VariantsFollowTheirOrder) {
         ++big;
         kept += pu.layers[l].preserved[s];
       }
-      if (seen_partial) EXPECT_EQ(kept, 0u) << "layer " << l << " at step " << i;
+      if (seen_partial) {
+        EXPECT_EQ(kept, 0u) << "layer " << l << " at step " << i;
+      }
       if (kept < big) seen_partial = true;
     }
     EXPECT_LE(pa.total(), b.budget);
@@ -201,7 +205,9 @@ TEST_P(BudgetLogits, BitIdenticalToResidentUnderEveryBudgetAndSystem) {
         embd_streamed |= !st->plan().embd_preserved;
         // Everything the LLM holds went through the allocator and fits.
         EXPECT_LE(static_cast<uint64_t>(e->ledger().total()), b.budget) << budget_system_name(sys) << " " << f;
-        if (st->plan().streamed_per_token() > 0) EXPECT_GE(st->bytes_streamed(), st->plan().streamed_per_token());
+        if (st->plan().streamed_per_token() > 0) {
+          EXPECT_GE(st->bytes_streamed(), st->plan().streamed_per_token());
+        }
       }
     }
   }

@@ -118,7 +118,9 @@ TEST_P(GoldenStories, LogitsAndGreedyTokensMatch) {
         max_diff = std::max(max_diff, std::fabs(ref[i] - got[pos * V + i]));
       }
       EXPECT_LE(max_diff, tol * max_ref) << "position " << pos;
-      if (ref_engine) EXPECT_LE(nmse(&got[pos * V], ref), 1e-7) << "position " << pos;
+      if (ref_engine) {
+        EXPECT_LE(nmse(&got[pos * V], ref), 1e-7) << "position " << pos;
+      }
     }
     // Real greedy generation, token by token, in both attention arithmetics
     // (the default F32 one and the reference's).
@@ -246,8 +248,9 @@ TEST(GoldenKv, ChunkSizeDoesNotChangeLogits) {
     // an activation across a quantization step (a few % of the logits), so
     // only the F32 model is held to a bound here.
     small.f16_attention = big.f16_attention = false;
-    if (std::string(m) == "stories260K")
+    if (std::string(m) == "stories260K") {
       EXPECT_LE(max_rel_diff(all_logits(*engine, cases[1], small), all_logits(*engine, cases[1], big)), 1e-4) << m;
+    }
     small.kv_type = big.kv_type = DType::kF32;
     EXPECT_LE(max_rel_diff(all_logits(*engine, cases[1], small), all_logits(*engine, cases[1], big)), 1e-5) << m;
   }

@@ -366,7 +366,9 @@ TEST_P(MatmulKernels, EdgeValues) {
     scalar_fk(ref_->act).to_float(a.data(), af.data(), n);
     for (int64_t i = 0; i < n; ++i) abs_sum += std::fabs(double(want[i]) * af[i]);
     EXPECT_NEAR(dg, dw, 1e-5 * abs_sum + 1e-30);
-    if (wf[0] == 0.f && wf[1] == 0.f) EXPECT_EQ(dg, 0.f);
+    if (wf[0] == 0.f && wf[1] == 0.f) {
+      EXPECT_EQ(dg, 0.f);
+    }
   }
 }
 

@@ -320,7 +320,9 @@ std::string describe_plan(const BudgetPlan& p, const WeightLayout& layout) {
     const auto& slots = layout.layers[l0].slots();
     for (size_t s = 0; s < slots.size(); ++s) {
       if (slots[s].dims.size() < 2) continue;
-      (p.layers[l0].preserved[s] ? res : str) += " " + short_name(slots[s].name);
+      std::string& to = p.layers[l0].preserved[s] ? res : str;
+      to += ' ';
+      to += short_name(slots[s].name);
     }
     char buf[96];
     std::snprintf(buf, sizeof buf, "  layers %2d-%-2d resident:", l0, l1);
