@@ -383,5 +383,24 @@ TEST(Allocator, GroupMembersAreDisjointAndEachGivesItsPagesBack) {
   EXPECT_TRUE(alloc.allocate_group(0, bytes, MemCategory::kKvCache).empty());
 }
 
+// A populated group is in the RSS before anything is written to it (the KV
+// chunks a turn reserves are, so that evicting them gives back what the
+// ledger says), and reads as zeros.
+TEST(Allocator, PopulatedGroupIsResidentAtOnce) {
+  Ledger ledger;
+  Allocator alloc(&ledger);
+  const size_t n = 12, bytes = 1 << 20;
+  const uint64_t before = rss_bytes();
+  std::vector<Buffer> g = alloc.allocate_group(n, bytes, MemCategory::kKvCache, true);
+  const uint64_t after = rss_bytes();
+  EXPECT_GE(static_cast<double>(after - std::min(after, before)), 0.9 * n * bytes)
+      << "rss " << before << " -> " << after;
+  for (const Buffer& b : g)
+    for (size_t at : {size_t{0}, bytes / 2, bytes - 1}) ASSERT_EQ(b.as<uint8_t>()[at], 0);
+  const uint64_t full = rss_bytes();
+  g.clear();
+  EXPECT_GE(static_cast<double>(full - std::min(full, rss_bytes())), 0.9 * n * bytes);
+}
+
 }  // namespace
 }  // namespace ebb

@@ -83,7 +83,6 @@ class KvCache {
   // it went. Positions of chunk c: [c * chunk_size, (c + 1) * chunk_size).
   bool chunk_resident(int64_t layer, int64_t chunk) const { return !storage_[layer][chunk].empty(); }
   Buffer take_chunk(int64_t layer, int64_t chunk);
-  Buffer new_chunk_buffer() const;
   // n chunk buffers in one mapping (huge pages when it is large enough); each
   // is freed on its own. Restoration allocates a layer's chunks this way.
   std::vector<Buffer> new_chunk_buffers(size_t n) const;
