@@ -7,32 +7,11 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "kernels/ops_avx512.h"
 #include "kernels/ops_internal.h"
 
 namespace ebb {
 namespace {
-
-static inline __mmask16 tail16(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
-
-// e^x as in avx2::exp_ps; scalef applies 2^n with correct overflow to inf
-// and underflow through the subnormals to 0.
-static inline __m512 exp16(__m512 x) {
-  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_scalef_ps(p, n);
-  // NaN in, NaN out (min/max above dropped it).
-  return _mm512_mask_mov_ps(p, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
-}
 
 void rmsnorm_avx512(const float* x, const float* w, float* y, int64_t n, float eps) {
   if (n <= 0) return;
@@ -40,7 +19,7 @@ void rmsnorm_avx512(const float* x, const float* w, float* y, int64_t n, float e
   __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
   int64_t i = 0;
   for (; i < n; i += 16) {
-    const __m512 a = i + 16 <= n ? _mm512_loadu_ps(x + i) : _mm512_maskz_loadu_ps(tail16(n - i), x + i);
+    const __m512 a = i + 16 <= n ? _mm512_loadu_ps(x + i) : _mm512_maskz_loadu_ps(avx512::tail_mask(n - i), x + i);
     const __m512 sq = _mm512_mul_ps(a, a);
     s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(sq)));
     s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq), 1))));
@@ -50,14 +29,14 @@ void rmsnorm_avx512(const float* x, const float* w, float* y, int64_t n, float e
   for (i = 0; i + 16 <= n; i += 16)
     _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), scale), _mm512_loadu_ps(w + i)));
   if (i < n) {
-    const __mmask16 m = tail16(n - i);
+    const __mmask16 m = avx512::tail_mask(n - i);
     _mm512_mask_storeu_ps(
         y + i, m, _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), scale), _mm512_maskz_loadu_ps(m, w + i)));
   }
 }
 
 static inline __m512 swiglu16(__m512 g, __m512 u) {
-  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  const __m512 e = avx512::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
   return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 
@@ -65,7 +44,7 @@ void swiglu_avx512(const float* gate, const float* up, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, swiglu16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
   if (i < n) {
-    const __mmask16 m = tail16(n - i);
+    const __mmask16 m = avx512::tail_mask(n - i);
     _mm512_mask_storeu_ps(y + i, m, swiglu16(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i)));
   }
 }
@@ -74,7 +53,7 @@ void add_avx512(float* y, const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_loadu_ps(x + i)));
   if (i < n) {
-    const __mmask16 m = tail16(n - i);
+    const __mmask16 m = avx512::tail_mask(n - i);
     _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_maskz_loadu_ps(m, x + i)));
   }
 }
@@ -86,17 +65,17 @@ void softmax_avx512(float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + i));
   const int64_t nb = i;
-  const __mmask16 mt = tail16(n - nb);
+  const __mmask16 mt = avx512::tail_mask(n - nb);
   if (nb < n) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, mt, x + nb));
   const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
   __m512 sum = _mm512_setzero_ps();
   for (i = 0; i < nb; i += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+    const __m512 e = avx512::exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
     _mm512_storeu_ps(x + i, e);
     sum = _mm512_add_ps(sum, e);
   }
   if (nb < n) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, mt, x + nb), m));
+    const __m512 e = avx512::exp_ps(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, mt, x + nb), m));
     _mm512_mask_storeu_ps(x + nb, mt, e);
     sum = _mm512_add_ps(sum, e);
   }
