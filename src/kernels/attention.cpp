@@ -384,7 +384,9 @@ void merge_row(Part&& part, int64_t n, int64_t r, int64_t hd, float* dst) {
 
 const AttnKernels& select_kernels(Isa isa, DType kv, int64_t hd) {
 #if defined(EBB_ARCH_X86)
-  // kAvx512 uses the AVX2 block kernels for now (see attention.h).
+  if (isa == Isa::kAvx512)
+    if (const AttnKernels* k = attn_kernels_avx512(kv, hd)) return *k;
+  // kAvx512 with head_dim a multiple of 8 but not of 16: the AVX2 kernels.
   if (isa == Isa::kAvx2 || isa == Isa::kAvx512)
     if (const AttnKernels* k = attn_kernels_avx2(kv, hd)) return *k;
 #endif

@@ -78,10 +78,11 @@ size_t attention_scratch_floats(int64_t n_threads, int64_t head_dim, int64_t chu
 //   (KV head, query tile) items than threads, items take fewer query heads.
 //   Targets agree to a few F16 ulps (exp approximation, FMA rounding).
 //
-// Targets: kAvx2 and kAvx512 run the AVX2 block kernels when head_dim is a
-// multiple of 8, everything else the scalar ones (there are no NEON or
-// AVX-512-specific attention kernels yet). The scalar kernels implement the
-// definitions above in plain code and are the reference.
+// Targets: kAvx512 runs AVX-512 block kernels when head_dim is a multiple of
+// 16; kAvx2, and kAvx512 for the other multiples of 8, the AVX2 ones;
+// everything else the scalar ones (there are no NEON attention kernels yet).
+// The scalar kernels implement the definitions above in plain code and are
+// the reference.
 void attention(Isa isa, const AttentionArgs& args, ThreadPool& pool);
 
 }  // namespace ebb

@@ -57,6 +57,9 @@ const AttnKernels& attn_kernels_ref_engine(DType kv);
 #if defined(EBB_ARCH_X86)
 // nullptr when head_dim is not a multiple of 8 (the scalar kernels serve then).
 const AttnKernels* attn_kernels_avx2(DType kv, int64_t head_dim);  // attention_avx2.cpp
+// nullptr when head_dim is not a multiple of 16 (the AVX2 kernels serve then,
+// or the scalar ones).
+const AttnKernels* attn_kernels_avx512(DType kv, int64_t head_dim);  // attention_avx512.cpp
 #endif
 
 }  // namespace ebb::detail
