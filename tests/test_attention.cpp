@@ -8,14 +8,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/attention_internal.h"
 #include "platform/fp16.h"
 #include "platform/thread_pool.h"
 
@@ -346,6 +349,101 @@ TEST_F(AttentionTest, HeadDimNotMultipleOfEight) {
       check({.n_heads = 4, .n_kv = 2, .hd = hd, .pos0 = 70, .n_q = 9, .cs = 16, .type = t});
 }
 
+TEST_F(AttentionTest, HeadDimMultipleOfSixteen) {
+  // The AVX-512 kernels' shapes: head_dim with a tail past its last 64 (16,
+  // 48, 80) or none (64, 128); blocks of odd lengths (chunk sizes 7 and 13);
+  // item rows in groups of 4, 2 and 1 (GQA 1, 2, 3: up to 16, 16 and 15 rows).
+  const Heads heads[] = {{6, 6}, {4, 2}, {3, 1}};
+  for (int64_t hd : {16, 48, 64, 80, 128})
+    for (Heads h : heads)
+      for (int64_t cs : {7, 13})
+        for (DType t : {DType::kF16, DType::kF32}) {
+          const Case c{.n_heads = h.n_heads, .n_kv = h.n_kv, .hd = hd, .cs = cs, .type = t};
+          for (auto [pos0, n_q] : {std::pair<int64_t, int64_t>{0, 11}, {37, 1}, {70, 9}}) {
+            Case ci = c;
+            ci.pos0 = pos0;
+            ci.n_q = n_q;
+            check(ci);
+          }
+        }
+}
+
+// a and b bit for bit (NaN never appears in these outputs).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_F(AttentionTest, HeadDimMultipleOfEightNotSixteen) {
+  // The AVX-512 target runs the AVX2 kernels for these: the same bits.
+  for (int64_t hd : {8, 24, 40})
+    for (DType t : {DType::kF16, DType::kF32}) {
+      const Case c{.n_heads = 4, .n_kv = 2, .hd = hd, .pos0 = 70, .n_q = 9, .cs = 16, .type = t};
+      check(c);
+      if (!isa_supported(Isa::kAvx512)) continue;
+      for (bool f16_acc : {true, false}) {
+        Case ci = c;
+        ci.f16_acc = f16_acc;
+        const Data x = make_data(ci, 23);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        EXPECT_TRUE(same_bits(run(Isa::kAvx512, pool1, ci, x, scale), run(Isa::kAvx2, pool1, ci, x, scale)))
+            << ci.name();
+      }
+    }
+}
+
+TEST_F(AttentionTest, Avx512HalfMatchesAvx2WhenScoresAreExact) {
+  // q and K values i / 8 (|i| <= 8): every product and partial sum of a dot is
+  // exact in F32, so the scores do not depend on the summation order. The F16
+  // arithmetic's output is then decided by seq_weights and pv_seq alone, and
+  // AVX-512's are AVX2's lane for lane (same exp, same fma, same roundings).
+  if (!isa_supported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const Heads heads[] = {{16, 8}, {6, 6}, {3, 1}};
+  for (int64_t hd : {16, 48, 64, 128})
+    for (Heads h : heads)
+      for (auto [pos0, n_q] : {std::pair<int64_t, int64_t>{0, 13}, {300, 1}, {70, 9}}) {
+        const Case c{.n_heads = h.n_heads, .n_kv = h.n_kv, .hd = hd, .pos0 = pos0, .n_q = n_q, .cs = 7};
+        Data x = make_data(c, 5);
+        std::mt19937 rng(9);
+        std::uniform_int_distribution<int> eighths(-8, 8);
+        for (auto* a : {&x.q, &x.k})
+          for (auto& e : *a) e = eighths(rng) / 8.0f;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        check_data(c, x, scale, 1e-6);
+        for (ThreadPool* pool : {&pool1, &pool2})
+          ASSERT_TRUE(same_bits(run(Isa::kAvx512, *pool, c, x, scale), run(Isa::kAvx2, *pool, c, x, scale)))
+              << c.name() << " threads=" << pool->size();
+      }
+}
+
+#if defined(EBB_ARCH_X86)
+TEST(AttentionKernels, Avx512ScoresSumInTheReferenceEnginesOrder) {
+  // attention_avx512.cpp sums an F16 dot as the reference engine does
+  // (attention_ref_engine.cpp); with head_dim a multiple of 64 nothing is
+  // left over for its double-precision tail, so the scores are its scores
+  // bit for bit, whichever rows and positions a call groups together.
+  if (!isa_supported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (int64_t hd : {64, 128, 192}) {
+    const int64_t stride = 3 * hd;  // one KV head of 3
+    std::vector<uint16_t> k(40 * stride);
+    for (auto& e : k) e = fp32_to_fp16(d(rng));
+    std::vector<float> q(16 * hd);
+    for (auto& e : q) e = f16_round(d(rng));
+    for (int nr : {1, 2, 3, 4, 7, 16})
+      for (int np : {1, 2, 3, 5, 16, 37}) {
+        std::vector<float> got(16 * 64, NAN), want(16 * 64, NAN);
+        detail::attn_kernels_avx512(DType::kF16, hd)->qk(q.data(), nr, k.data(), stride, np, hd, got.data(), 64);
+        detail::attn_kernels_ref_engine(DType::kF16).qk(q.data(), nr, k.data(), stride, np, hd, want.data(), 64);
+        for (int r = 0; r < nr; ++r)
+          for (int j = 0; j < np; ++j)
+            ASSERT_EQ(fp32_to_bits(got[r * 64 + j]), fp32_to_bits(want[r * 64 + j]))
+                << "hd=" << hd << " nr=" << nr << " np=" << np << " row " << r << " position " << j;
+      }
+  }
+}
+#endif
+
 TEST_F(AttentionTest, LargeScoresStayFinite) {
   // Scores of several hundred: without the running max e^s would overflow.
   for (DType t : {DType::kF16, DType::kF32})
@@ -409,27 +507,39 @@ TEST_F(AttentionTest, HalfRescalesOnNewMax) {
 }
 
 TEST_F(AttentionTest, ChunkSizeDoesNotChangeResult) {
-  for (DType t : {DType::kF16, DType::kF32})
-    for (int64_t pos0 : {0, 300, 1000})
-      for (int64_t n_q : {1, 40}) {
-        Case c{.n_heads = 8, .n_kv = 2, .hd = 128, .pos0 = pos0, .n_q = n_q, .type = t};
-        const Data x = make_data(c, 11);
-        for (Isa isa : supported_isas())
-          for (ThreadPool* pool : {&pool1, &pool2}) {
-            const float scale = 1.0f / std::sqrt(128.0f);
-            c.cs = 4;
-            const auto a = run(isa, *pool, c, x, scale);
-            c.cs = 256;
-            const auto b = run(isa, *pool, c, x, scale);
-            double mag = 0;
-            for (float e : b) mag = std::max(mag, double(std::fabs(e)));
-            // F16 KV is position-sequential by definition: identical.
-            const double tol = t == DType::kF16 ? 0.0 : 1e-6 * mag;
-            for (size_t i = 0; i < a.size(); ++i)
-              ASSERT_LE(std::fabs(a[i] - b[i]), tol)
-                  << c.name() << " " << isa_name(isa) << " threads=" << pool->size() << " at " << i;
-          }
-      }
+  // Chunk sizes 3, 4 and 7 cut the blocks short at different places, so a
+  // score is computed by other paths of the qk kernels (4, 2 or 1 rows; a
+  // group of positions or one alone) than with 256; GQA 4, 2 and 3 give row
+  // groups of every kind. F16 KV must not see the difference at all.
+  const Heads heads[] = {{8, 2}, {4, 2}, {3, 1}};
+  for (Heads h : heads)
+    for (DType t : {DType::kF16, DType::kF32})
+      for (int64_t pos0 : {0, 300, 1000})
+        for (int64_t n_q : {1, 40}) {
+          Case c{.n_heads = h.n_heads, .n_kv = h.n_kv, .hd = 128, .pos0 = pos0, .n_q = n_q, .type = t};
+          const Data x = make_data(c, 11);
+          for (Isa isa : supported_isas())
+            for (ThreadPool* pool : {&pool1, &pool2}) {
+              const float scale = 1.0f / std::sqrt(128.0f);
+              c.cs = 256;
+              const auto b = run(isa, *pool, c, x, scale);
+              double mag = 0;
+              for (float e : b) mag = std::max(mag, double(std::fabs(e)));
+              // F16 KV is position-sequential by definition: identical.
+              const double tol = t == DType::kF16 ? 0.0 : 1e-6 * mag;
+              // F32 sums more roundings with more, shorter blocks: its bound
+              // holds for chunks of 4 (the scalar target measured 1.07e-6 of the
+              // magnitude with chunks of 3).
+              for (int64_t cs : {3, 4, 7}) {
+                if (t == DType::kF32 && cs != 4) continue;
+                c.cs = cs;
+                const auto a = run(isa, *pool, c, x, scale);
+                for (size_t i = 0; i < a.size(); ++i)
+                  ASSERT_LE(std::fabs(a[i] - b[i]), tol)
+                      << c.name() << " " << isa_name(isa) << " threads=" << pool->size() << " at " << i;
+              }
+            }
+        }
 }
 
 TEST_F(AttentionTest, ScratchDoesNotGrowWithContextOrQueries) {
