@@ -5,13 +5,15 @@
 // accumulator is rounded to F16 with vcvtps2ph after every update.
 //
 // Scores are summed in one order whichever path computes them (4, 2 or 1
-// rows; 4, 2 or 1 positions), so a score does not depend on the block split:
-// element 64 i + 16 j + l of the dot into lane l of accumulator j, then
-// (acc0 + acc2) + (acc1 + acc3) halved down to one lane, the order the
-// reference engine's AVX-512 build sums an F16 dot in (attention_ref_engine.cpp;
-// the same scores when head_dim is a multiple of 64). seq_weights and pv_seq
-// are AVX2's lane for lane (the same exp polynomial, the same fma and
-// roundings), so given the same scores they give AVX2's results bit for bit.
+// rows; a group of positions or one alone), so a score does not depend on
+// the block split: element 64 i + 16 j + l of the dot into lane l of
+// accumulator j, then (acc0 + acc2) + (acc1 + acc3) halved down to one lane.
+// That is the order the reference engine's AVX-512 build sums an F16 dot in
+// (attention_ref_engine.cpp): with head_dim a multiple of 64 the scores are
+// its scores, bit for bit. seq_weights and pv_seq are AVX2's lane for lane
+// (the same exp polynomial, the same fma and roundings), so given the same
+// scores they give AVX2's results bit for bit.
+//
 // GCC 12's avx512fintrin.h seeds several intrinsics with _mm512_undefined_ps()
 // and then warns about it (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -78,36 +80,33 @@ static inline void qk_dot_vecs(const float* q, int64_t hd_, const T* k, __m512 (
     t[r] = _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][2]), _mm512_add_ps(a[r][1], a[r][3]));
 }
 
-// Scores of NR query rows against NP consecutive positions (NR * NP <= 4),
-// the NR * NP dot vectors summed across together. HD: head_dim when known at
-// compile time (no loop or tail tests left), else 0.
+// Scores of NR query rows against NP consecutive positions, their dot
+// vectors summed across 4 at a time (NR * NP a multiple of 4, or below 4).
+// HD: head_dim when known at compile time (no loop or tail tests left), else 0.
 template <int NR, int NP, int HD, class T>
 static inline void qk_group(const float* q, int64_t hd, const T* k, int64_t ks, float* s, int64_t ss) {
-  static_assert(NR * NP <= 4);
-  __m512 t[4];  // slot r * NP + j: row r, position j; unused slots repeat slot 0
-#pragma GCC unroll 4  // else GCC keeps t on the stack, indexed by j
+  constexpr int N = NR * NP < 4 ? 4 : NR * NP;
+  static_assert(N % 4 == 0);
+  __m512 t[N];  // slot j * NR + r: row r, position j; unused slots repeat slot 0
+#pragma GCC unroll 8  // else GCC keeps t on the stack, indexed by j
   for (int j = 0; j < NP; ++j) {
     __m512 tj[NR];
     qk_dot_vecs<NR, HD>(q, hd, k + j * ks, tj);
-    for (int r = 0; r < NR; ++r) t[r * NP + j] = tj[r];
+    for (int r = 0; r < NR; ++r) t[j * NR + r] = tj[r];
   }
-  for (int i = NR * NP; i < 4; ++i) t[i] = t[0];
-  const __m128 sums = hsum4_ps(t[0], t[1], t[2], t[3]);
-  if constexpr (NR == 1 && NP == 4) {
-    _mm_storeu_ps(s, sums);
-  } else {
-    float out[4];
-    _mm_storeu_ps(out, sums);
-    for (int r = 0; r < NR; ++r)
-      for (int j = 0; j < NP; ++j) s[r * ss + j] = out[r * NP + j];
-  }
+  for (int i = NR * NP; i < N; ++i) t[i] = t[0];
+  float out[N];
+  for (int i = 0; i < N; i += 4) _mm_storeu_ps(out + i, hsum4_ps(t[i], t[i + 1], t[i + 2], t[i + 3]));
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NP; ++j) s[r * ss + j] = out[j * NR + r];
 }
 
-// Scores of NR query rows against np positions: groups of 4 / NR positions,
-// then one at a time.
+// Scores of NR query rows against np positions: groups of 8 / NR positions
+// (two sums across per group: more independent work between them), then one
+// at a time.
 template <int NR, int HD, class T>
 static inline void qk_rows(const float* q, int64_t hd, const T* k, int64_t ks, int np, float* s, int64_t ss) {
-  constexpr int NP = 4 / NR;
+  constexpr int NP = 8 / NR;
   int j = 0;
   for (; j + NP <= np; j += NP) qk_group<NR, NP, HD>(q, hd, k + j * ks, ks, s + j, ss);
   for (; j < np; ++j) qk_group<NR, 1, HD>(q, hd, k + j * ks, ks, s + j, ss);
