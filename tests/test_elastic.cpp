@@ -208,6 +208,27 @@ TEST_F(ElasticTest, GenerationContinuesAfterRestore) {
   EXPECT_EQ(ga.tokens, gb.tokens);
 }
 
+// While a restore runs beside the prefill, the compute threads spin only
+// briefly at joins (the cores are shared); afterwards decode gets its long
+// spins back.
+TEST_F(ElasticTest, RestoreShortensThePoolsSpinsAndGivesThemBack) {
+  auto eng = make_engine(model, dir);
+  Session s(*eng);
+  s.feed(context);
+  ThreadPool& pool = eng->pool();
+  const int normal = pool.default_spin_iterations();
+  ASSERT_GT(normal, ElasticMemory::kRestoreSpin);
+  eng->evict(evictable(*eng, s) / 2);
+  EXPECT_EQ(pool.spin_iterations(), normal);
+  eng->elastic()->begin_restore();
+  EXPECT_EQ(pool.spin_iterations(), ElasticMemory::kRestoreSpin);
+  eng->elastic()->wait_restored();
+  EXPECT_EQ(pool.spin_iterations(), normal);
+  const auto l = s.feed(query);
+  EXPECT_EQ(pool.spin_iterations(), normal);
+  EXPECT_EQ(argmax(l), argmax(ref_logits));
+}
+
 TEST_F(ElasticTest, UnwritableSwapDirFallsBackToCompressedOnly) {
   const std::string file = dir + "/not-a-dir";
   std::ofstream(file) << "x";

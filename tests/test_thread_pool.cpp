@@ -35,6 +35,20 @@ TEST(ThreadPool, EveryThreadRunsEachJobOnce) {
   }
 }
 
+TEST(ThreadPool, SpinCountChangesBetweenJobsAndJobsStillRun) {
+  ThreadPool pool(ThreadPoolOptions{.n_threads = 3, .spin_iterations = 5000});
+  EXPECT_EQ(pool.default_spin_iterations(), 5000);
+  for (int spin : {0, 1, 1000, 5000}) {
+    pool.set_spin_iterations(spin);
+    for (int job = 0; job < 300; ++job) {
+      std::atomic<int> ran{0};
+      pool.run([&](int, int) { ran.fetch_add(1); });
+      ASSERT_EQ(ran.load(), 3) << "spin " << spin << " job " << job;
+    }
+  }
+  EXPECT_EQ(pool.default_spin_iterations(), 5000);
+}
+
 TEST(ThreadPool, ParallelForCoversRangeOnce) {
   ThreadPool pool(ThreadPoolOptions{.n_threads = 2});
   for (int64_t n : {1, 7, 16, 100, 1001}) {

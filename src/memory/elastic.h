@@ -102,6 +102,8 @@ struct RestoreReport {
 
 class ElasticMemory final : public WeightSource {
  public:
+  // Thread-pool polls before a compute thread sleeps while a restore runs.
+  static constexpr int kRestoreSpin = 1000;
   // pool (optional): the engine's compute threads, idle while evict() runs
   // between requests; eviction compresses each KV chunk on all of them.
   ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts, ThreadPool* pool = nullptr);

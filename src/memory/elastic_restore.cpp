@@ -137,6 +137,11 @@ void ElasticMemory::begin_restore() {
   latches_->pending.assign(plan.size(), 2);
   latches_->error.assign(plan.size(), {});
   last_restore_ = {};
+  // The prefill that overlaps this restore shares the cores with it: its
+  // threads spin only briefly at joins, so a restore thread that needs the
+  // core gets it (TTFT at 0% and 2k context 0.27 s instead of 0.31 s on 2
+  // cores; wait_restored() gives decode its long spins back).
+  if (pool_) pool_->set_spin_iterations(kRestoreSpin);
   restoring_.store(true);
   restore_thread_ = std::thread([this, p = std::move(plan)]() mutable { run_restore(std::move(p)); });
 }
@@ -353,6 +358,7 @@ RestoreReport ElasticMemory::wait_restored() {
   const std::string err = latches_->first_error;
   latches_.reset();
   restoring_.store(false);
+  if (pool_) pool_->set_spin_iterations(pool_->default_spin_iterations());
   if (!err.empty()) {
     restore_pending_ = true;  // the failed units are still out: the next request tries again
     throw Error(err);

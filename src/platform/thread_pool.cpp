@@ -16,6 +16,7 @@ namespace ebb {
 ThreadPool::ThreadPool(ThreadPoolOptions opts)
     : n_threads_(opts.n_threads > 0 ? opts.n_threads
                                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
+      default_spin_(opts.spin_iterations),
       spin_iterations_(opts.spin_iterations) {
   workers_.reserve(n_threads_ - 1);
   // Workers start from the generation seen here, not from whatever it is
@@ -47,7 +48,7 @@ void ThreadPool::run(FunctionRef<void(int, int)> fn) {
   for (;;) {
     const int p = pending_.load(std::memory_order_acquire);
     if (p == 0) break;
-    if (++spins < spin_iterations_) {
+    if (++spins < spin_iterations_.load(std::memory_order_relaxed)) {
       EBB_CPU_RELAX();
     } else {
       pending_.wait(p, std::memory_order_acquire);
@@ -61,7 +62,7 @@ void ThreadPool::worker_loop(int index, uint32_t seen) {
     int spins = 0;
     uint32_t g;
     while ((g = generation_.load(std::memory_order_acquire)) == seen) {
-      if (++spins < spin_iterations_) {
+      if (++spins < spin_iterations_.load(std::memory_order_relaxed)) {
         EBB_CPU_RELAX();
       } else {
         generation_.wait(seen, std::memory_order_acquire);

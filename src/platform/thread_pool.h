@@ -48,6 +48,15 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
+  // Busy-wait polls before a thread sleeps (at a join, or between jobs).
+  // Long spins suit decode, where jobs come every few microseconds and the
+  // pool has the cores to itself; while other threads of the process need the
+  // cores too (a restore reading and decompressing beside the prefill), a
+  // thread spinning at a join only delays them. Takes effect at the next poll.
+  void set_spin_iterations(int n) { spin_iterations_.store(n, std::memory_order_relaxed); }
+  int spin_iterations() const { return spin_iterations_.load(std::memory_order_relaxed); }
+  int default_spin_iterations() const { return default_spin_; }
+
   // Calls fn(thread_index, n_threads) once on every thread and returns when
   // all have finished. Not reentrant.
   void run(FunctionRef<void(int, int)> fn);
@@ -90,7 +99,8 @@ class ThreadPool {
   void worker_loop(int index, uint32_t seen);
 
   int n_threads_;
-  int spin_iterations_;
+  int default_spin_;
+  std::atomic<int> spin_iterations_;
   std::vector<std::thread> workers_;
   const FunctionRef<void(int, int)>* job_ = nullptr;
   alignas(64) std::atomic<uint32_t> generation_{0};
