@@ -1,13 +1,15 @@
 // Decode attention speed: one query row over a 4096-token F16 context,
 // 16 heads / 8 KV heads / head_dim 128 (Qwen3-0.6B's shape), per target and
 // thread count, in GB/s of K+V read. Cycles over several layers' KV so the
-// reads come from memory, not the last-level cache. F16 KV runs the
-// half-precision attention of attention.h (F16 accumulator, never split-K).
+// reads come from memory, not the last-level cache. The arithmetic is the
+// engine's default, F32 over the F16 cache; `f16acc` as the 7th argument runs
+// the half-precision accumulator of attention.h instead (--f16-attention).
 //
-//   bench_attention [ctx [layers [n_heads n_kv_heads [isa [n_q]]]]]
+//   bench_attention [ctx [layers [n_heads n_kv_heads [isa [n_q [f16acc]]]]]]
 // e.g. `bench_attention 4096 8 16 1` for decode with a single KV head;
 // `bench_attention 576 28 16 8 avx2` runs one target only;
-// `bench_attention 4096 8 16 8 avx2 8` an 8-token query (a chat turn's prefill).
+// `bench_attention 4096 8 16 8 avx2 8` an 8-token query (a chat turn's prefill);
+// `bench_attention 576 28 16 8 avx512 1 f16acc` the F16 accumulator.
 //
 // Built with -DEBB_BENCH=ON: cmake -S . -B build -DEBB_BENCH=ON &&
 // cmake --build build --target bench_attention && build/bench_attention
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -31,6 +34,7 @@ int main(int argc, char** argv) {
   const int64_t n_layers = argc > 2 ? std::atoll(argv[2]) : 8;  // 1: KV stays in the LLC
   const int64_t n_heads = argc > 4 ? std::atoll(argv[3]) : 16, n_kv = argc > 4 ? std::atoll(argv[4]) : 8;
   const int64_t n_q = argc > 6 ? std::atoll(argv[6]) : 1;
+  const bool f16_acc = argc > 7 && std::string(argv[7]) == "f16acc";
   const int64_t n_chunks = (ctx + cs - 1) / cs, chunk_elems = cs * n_kv * hd;
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
@@ -48,8 +52,10 @@ int main(int argc, char** argv) {
   for (auto& e : q) e = d(rng);
   const double bytes = 2.0 * ctx * n_kv * hd * 2;  // K and V, F16, per layer
 
-  std::printf("decode attention: ctx %lld, %lld/%lld heads, head_dim %lld, F16 KV, chunk %lld; %.1f MiB KV per layer\n",
-              (long long)ctx, (long long)n_heads, (long long)n_kv, (long long)hd, (long long)cs, bytes / (1 << 20));
+  std::printf("decode attention: ctx %lld, %lld/%lld heads, head_dim %lld, F16 KV, %s arithmetic, chunk %lld; "
+              "%.1f MiB KV per layer\n",
+              (long long)ctx, (long long)n_heads, (long long)n_kv, (long long)hd, f16_acc ? "F16-accumulator" : "F32",
+              (long long)cs, bytes / (1 << 20));
   std::printf("%-8s %7s %12s %10s\n", "isa", "threads", "us/layer", "GB/s");
   for (int nt : {1, 2}) {
     ThreadPool pool({.n_threads = nt});
@@ -68,6 +74,7 @@ int main(int argc, char** argv) {
       a.pos0 = ctx - n_q;
       a.chunk_size = cs;
       a.kv_type = DType::kF16;
+      a.f16_accumulator = f16_acc;
       a.scale = 0.088388f;
       a.scratch = scratch.data();
       std::vector<double> us;
