@@ -199,11 +199,7 @@ void seq_weights_avx2(float* s, float* ms, int n_valid, float scale, float* m, f
   for (int j = n_valid; j < n8; ++j) s[j] = 0.0f;  // padding lanes: defined, unused
   const __m256 sc = _mm256_set1_ps(scale);
   for (int j = 0; j < n8; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), sc));
-  float mx = *m;
-  for (int j = 0; j < n_valid; ++j) {
-    ms[j] = mx;  // the max before position j
-    if (s[j] > mx) mx = s[j];
-  }
+  const float mx = seq_prefix_max(s, ms, n_valid, *m);
   for (int j = n_valid; j < n8; ++j) ms[j] = mx;
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
   for (int j = 0; j < n8; j += 8) {
@@ -214,10 +210,8 @@ void seq_weights_avx2(float* s, float* ms, int n_valid, float scale, float* m, f
     _mm256_storeu_ps(ms + j, _mm256_blendv_ps(one, e, gt));
     _mm256_storeu_ps(s + j, _mm256_blendv_ps(e, one, gt));
   }
-  float sum = *l;
-  for (int j = 0; j < n_valid; ++j) sum = sum * ms[j] + s[j];
   *m = mx;
-  *l = sum;
+  *l = seq_running_sum(s, ms, n_valid, *l);
 }
 
 // Positions [j0, j1) into NR rows' accumulators, ND vectors at column d.

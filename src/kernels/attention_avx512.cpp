@@ -245,17 +245,11 @@ void seq_weights_avx512(float* s, float* ms, int n_valid, float scale, float* m,
   const __m512 sc = _mm512_set1_ps(scale);
   for (int j = 0; j < nb; j += 16) _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), sc));
   if (nb < n_valid) _mm512_mask_storeu_ps(s + nb, mt, _mm512_mul_ps(_mm512_maskz_loadu_ps(mt, s + nb), sc));
-  float mx = *m;
-  for (int j = 0; j < n_valid; ++j) {
-    ms[j] = mx;  // the max before position j
-    if (s[j] > mx) mx = s[j];
-  }
+  const float mx = seq_prefix_max(s, ms, n_valid, *m);
   for (int j = 0; j < nb; j += 16) seq_weights16(s + j, ms + j, 0xffff);
   if (nb < n_valid) seq_weights16(s + nb, ms + nb, mt);
-  float sum = *l;
-  for (int j = 0; j < n_valid; ++j) sum = sum * ms[j] + s[j];
   *m = mx;
-  *l = sum;
+  *l = seq_running_sum(s, ms, n_valid, *l);
 }
 
 // Positions [j0, j1) into NR rows' accumulators, ND vectors at column d.

@@ -49,6 +49,22 @@ struct AttnKernels {
                  int64_t kv_stride, int64_t head_dim, float* acc) = nullptr;
 };
 
+// The sequential halves of seq_weights, shared by the SIMD targets (each
+// compiles them with its own flags, as it did inline). ms[j] = the running
+// max before position j, from m, for j < n; returns the max over all n.
+inline float seq_prefix_max(const float* s, float* ms, int n, float m) {
+  for (int j = 0; j < n; ++j) {
+    ms[j] = m;
+    if (s[j] > m) m = s[j];
+  }
+  return m;
+}
+// l = l * ms[j] + vs[j] for j < n, in position order.
+inline float seq_running_sum(const float* vs, const float* ms, int n, float l) {
+  for (int j = 0; j < n; ++j) l = l * ms[j] + vs[j];
+  return l;
+}
+
 // kv: kF16 or kF32.
 const AttnKernels& attn_kernels_scalar(DType kv);
 // The scalar kernels with the F16 scores summed in the reference engine's
