@@ -254,18 +254,7 @@ static inline void pv_seq_rows(const float* vs, const float* ms, int64_t ps, con
 
 void pv_seq_avx2(const float* vs, const float* ms, int64_t stride, const int* nv, int nr, const void* v,
                  int64_t kv_stride, int64_t hd, float* acc) {
-  const uint16_t* vb = static_cast<const uint16_t*>(v);
-  int r = 0;
-  for (; r + 2 <= nr; r += 2) {
-    // Two rows share each V load over the positions both see; the rest of the
-    // row that sees more (a later query) goes alone.
-    const int both = nv[r] < nv[r + 1] ? nv[r] : nv[r + 1];
-    pv_seq_rows<2>(vs + r * stride, ms + r * stride, stride, vb, kv_stride, 0, both, hd, acc + r * hd);
-    const int rl = nv[r] > nv[r + 1] ? r : r + 1;
-    if (nv[rl] > both)
-      pv_seq_rows<1>(vs + rl * stride, ms + rl * stride, stride, vb, kv_stride, both, nv[rl], hd, acc + rl * hd);
-  }
-  if (r < nr) pv_seq_rows<1>(vs + r * stride, ms + r * stride, stride, vb, kv_stride, 0, nv[r], hd, acc + r * hd);
+  pv_seq_paired(pv_seq_rows<2>, pv_seq_rows<1>, vs, ms, stride, nv, nr, v, kv_stride, hd, acc);
 }
 
 }  // namespace

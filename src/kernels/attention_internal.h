@@ -65,6 +65,25 @@ inline float seq_running_sum(const float* vs, const float* ms, int n, float l) {
   return l;
 }
 
+// pv_seq's row pairing, shared by the SIMD targets. rows2 / rows1 run two or
+// one rows (vs, ms `ps` floats apart; acc rows hd apart) over positions
+// [j0, j1). Two rows share each V load over the positions both see; the rest
+// of the row that sees more (a later query) goes alone.
+using PvSeqRows = void (*)(const float* vs, const float* ms, int64_t ps, const uint16_t* v, int64_t vstride, int j0,
+                           int j1, int64_t hd, float* acc);
+inline void pv_seq_paired(PvSeqRows rows2, PvSeqRows rows1, const float* vs, const float* ms, int64_t stride,
+                          const int* nv, int nr, const void* v, int64_t kv_stride, int64_t hd, float* acc) {
+  const uint16_t* vb = static_cast<const uint16_t*>(v);
+  int r = 0;
+  for (; r + 2 <= nr; r += 2) {
+    const int both = nv[r] < nv[r + 1] ? nv[r] : nv[r + 1];
+    rows2(vs + r * stride, ms + r * stride, stride, vb, kv_stride, 0, both, hd, acc + r * hd);
+    const int rl = nv[r] > nv[r + 1] ? r : r + 1;
+    if (nv[rl] > both) rows1(vs + rl * stride, ms + rl * stride, stride, vb, kv_stride, both, nv[rl], hd, acc + rl * hd);
+  }
+  if (r < nr) rows1(vs + r * stride, ms + r * stride, stride, vb, kv_stride, 0, nv[r], hd, acc + r * hd);
+}
+
 // kv: kF16 or kF32.
 const AttnKernels& attn_kernels_scalar(DType kv);
 // The scalar kernels with the F16 scores summed in the reference engine's
