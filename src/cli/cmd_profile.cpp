@@ -90,14 +90,19 @@ void print_reads(const DeviceProfile& p) {
     std::printf("  %-10s", size_label(s).c_str());
     for (int q : qds) {
       double g = NAN;
+      bool confirmed = false;
       for (const ReadPoint& r : p.reads) {
-        if (r.request_bytes == s && r.queue_depth == q) g = r.gbps;
+        if (r.request_bytes == s && r.queue_depth == q) {
+          g = r.gbps;
+          confirmed = r.confirmed;
+        }
       }
       const bool chosen = s == p.best_request_bytes && q == p.best_queue_depth;
-      std::printf(" %6.2f%s", g, chosen ? "*" : " ");
+      std::printf(" %6.2f%s", g, chosen ? "*" : confirmed ? "+" : " ");
     }
     std::printf("\n");
   }
+  std::printf("  (* chosen; * and + measured twice, the lower figure kept)\n");
 }
 
 void print_profile(const DeviceProfile& p, const ProfileArgs& a, const ModelTimes* m, const std::string& saved) {

@@ -28,6 +28,7 @@ struct ReadPoint {
   uint64_t request_bytes = 0;
   int queue_depth = 0;
   double gbps = 0;
+  bool confirmed = false;  // measured twice; gbps is the lower figure
 };
 
 struct CodecPoint {
@@ -91,6 +92,20 @@ struct ProfileOptions {
 // The directory the storage swap files go to by default, where the profile
 // measures: $XDG_CACHE_HOME/ebb/swap or ~/.cache/ebb/swap.
 std::string default_profile_dir();
+
+// The read point ebb uses: among the points within 5% of the fastest, the one
+// with the fewest bytes in flight (then the smaller request). Throws Error
+// when `reads` is empty.
+const ReadPoint& choose_read_point(const std::vector<ReadPoint>& reads);
+
+// A single timing of a shared disk can be lucky. Every point within `band`
+// of the fastest is measured again by `measure(request_bytes, queue_depth)`,
+// fastest first, and keeps the lower of its two figures, so the chosen point
+// is one that held its speed twice. Repeats until no point in the band is
+// left unconfirmed (a confirmed point's drop can bring others into it).
+// Returns how many points were measured again.
+int confirm_read_points(std::vector<ReadPoint>& reads, double band,
+                        const std::function<double(uint64_t request_bytes, int queue_depth)>& measure);
 
 // Measures a profile. Creates the directory if needed; the test file is
 // removed before returning (also on error). progress, when given, gets one
