@@ -67,6 +67,11 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
       EXPECT_EQ(r.overlap, "full");
       EXPECT_EQ(r.paths, "parallel");
     }
+    // x_po_max is partial offload's TTFT over this row's bound.
+    double partial = 0;
+    for (const BenchTtftRow& q : res.rows)
+      if (q.system == "partial_offload" && q.remaining_pct == r.remaining_pct) partial = q.ttft_s;
+    EXPECT_NEAR(r.max_ratio_vs_partial_offload, partial / r.bound_s, 1e-12) << r.system << " " << r.remaining_pct;
     if (r.system == "partial_offload") {
       EXPECT_NEAR(r.ratio_vs_partial_offload, 1.0, 1e-12);
       if (r.remaining_pct == 0) {
@@ -80,7 +85,7 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
   ASSERT_EQ(j.size(), res.rows.size());
   for (const auto& row : j) {
     for (const char* f : {"system", "context", "remaining_pct", "ttft_s", "bound_s", "ratio_vs_partial_offload",
-                          "alloc_s", "reload_s", "decompress_s", "prefill_s", "stall_s", "kernel_s", "bytes_read", "evict_s", "order",
+                          "max_ratio_vs_partial_offload", "alloc_s", "reload_s", "decompress_s", "prefill_s", "stall_s", "kernel_s", "bytes_read", "evict_s", "order",
                           "overlap", "paths"})
       EXPECT_TRUE(row.contains(f)) << f;
   }
@@ -108,6 +113,7 @@ TEST(BenchTtft, AblationsAreRowSets) {
     EXPECT_GT(r.bytes_read, 0u);
     EXPECT_GE(r.bound_s, r.decompress_s);
     EXPECT_EQ(r.ratio_vs_partial_offload, 0.0);  // no partial_offload rows
+    EXPECT_EQ(r.max_ratio_vs_partial_offload, 0.0);
     cfgs.insert(r.order + "/" + r.paths);
   }
   EXPECT_EQ(cfgs.size(), 4u);

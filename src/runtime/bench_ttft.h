@@ -58,6 +58,9 @@ struct BenchTtftRow {
   double ttft_s = 0;        // median over reps: feed(query) until its logits
   double bound_s = 0;       // max(bytes_read / storage GB/s, decompress_s, TTFT at 100%)
   double ratio_vs_partial_offload = 0;  // partial_offload ttft / this ttft (0: no partial_offload row)
+  // partial_offload ttft / this row's bound: the most x_po any restore
+  // reading these bytes could reach on this machine (0: no partial_offload row).
+  double max_ratio_vs_partial_offload = 0;
   double alloc_s = 0, reload_s = 0, decompress_s = 0;  // restore paths' busy time (medians)
   double prefill_s = 0;     // ttft_s - stall_s: time the forward pass computed
   double stall_s = 0;       // time the forward pass waited on restore latches
