@@ -85,8 +85,8 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
   ASSERT_EQ(j.size(), res.rows.size());
   for (const auto& row : j) {
     for (const char* f : {"system", "context", "remaining_pct", "ttft_s", "bound_s", "ratio_vs_partial_offload",
-                          "max_ratio_vs_partial_offload", "alloc_s", "reload_s", "decompress_s", "prefill_s", "stall_s", "kernel_s", "bytes_read", "evict_s", "order",
-                          "overlap", "paths"})
+                          "max_ratio_vs_partial_offload", "alloc_s", "reload_s", "decompress_s", "prefill_s",
+                          "stall_s", "kernel_s", "bytes_read", "evict_s", "order", "overlap", "paths"})
       EXPECT_TRUE(row.contains(f)) << f;
   }
 

@@ -102,14 +102,18 @@ void print_reads(const DeviceProfile& p) {
     }
     std::printf("\n");
   }
-  std::printf("  (* chosen; * and + measured twice, the lower figure kept)\n");
+  std::printf("  (* chosen; + measured twice, the lower figure kept)\n");
 }
 
 void print_profile(const DeviceProfile& p, const ProfileArgs& a, const ModelTimes* m, const std::string& saved) {
   std::printf("ebb profile: %s%s\n", p.device.c_str(), p.direct_io ? "" : "  [no O_DIRECT: reads may be cached]");
   print_reads(p);
-  std::printf("\n  %-28s %s x %d = %.2f GB/s (fewest bytes in flight within 5%% of the best)\n", "chosen read point",
-              size_label(p.best_request_bytes).c_str(), p.best_queue_depth, p.read_gbps);
+  bool confirmed = false;
+  for (const ReadPoint& r : p.reads)
+    if (r.request_bytes == p.best_request_bytes && r.queue_depth == p.best_queue_depth) confirmed = r.confirmed;
+  std::printf("\n  %-28s %s x %d = %.2f GB/s (fewest bytes in flight within 5%% of the best%s)\n",
+              "chosen read point", size_label(p.best_request_bytes).c_str(), p.best_queue_depth, p.read_gbps,
+              confirmed ? ", held on a second run" : "");
   std::printf("  %-28s %.2f GB/s\n", "direct writes at that point", p.write_gbps);
   std::printf("  %-28s %.2f GB/s (mmap, page faults and munmap through ebb::Allocator)\n", "allocate + first touch",
               p.alloc_gbps);

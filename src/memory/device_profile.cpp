@@ -69,7 +69,10 @@ nlohmann::json DeviceProfile::to_json() const {
   j["alloc_gbps"] = alloc_gbps;
   j["reads"] = nlohmann::json::array();
   for (const ReadPoint& r : reads) {
-    j["reads"].push_back({{"request_bytes", r.request_bytes}, {"queue_depth", r.queue_depth}, {"gbps", r.gbps}, {"confirmed", r.confirmed}});
+    j["reads"].push_back({{"request_bytes", r.request_bytes},
+                          {"queue_depth", r.queue_depth},
+                          {"gbps", r.gbps},
+                          {"confirmed", r.confirmed}});
   }
   j["codecs"] = nlohmann::json::array();
   for (const CodecPoint& c : codecs) {
