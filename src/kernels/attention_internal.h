@@ -49,10 +49,13 @@ struct AttnKernels {
                  int64_t kv_stride, int64_t head_dim, float* acc) = nullptr;
 };
 
-// The sequential halves of seq_weights, shared by the SIMD targets (each
-// compiles them with its own flags, as it did inline). ms[j] = the running
-// max before position j, from m, for j < n; returns the max over all n.
-inline float seq_prefix_max(const float* s, float* ms, int n, float m) {
+// The sequential halves of seq_weights, shared by the SIMD targets. They are
+// `static` so that each target's file gets its own copy, compiled with its own
+// flags: with plain `inline` the linker keeps one out-of-line copy (every
+// build that does not inline them, Debug for one), and the AVX2 kernels could
+// end up calling code compiled for AVX-512. ms[j] = the running max before
+// position j, from m, for j < n; returns the max over all n.
+static inline float seq_prefix_max(const float* s, float* ms, int n, float m) {
   for (int j = 0; j < n; ++j) {
     ms[j] = m;
     if (s[j] > m) m = s[j];
@@ -60,18 +63,18 @@ inline float seq_prefix_max(const float* s, float* ms, int n, float m) {
   return m;
 }
 // l = l * ms[j] + vs[j] for j < n, in position order.
-inline float seq_running_sum(const float* vs, const float* ms, int n, float l) {
+static inline float seq_running_sum(const float* vs, const float* ms, int n, float l) {
   for (int j = 0; j < n; ++j) l = l * ms[j] + vs[j];
   return l;
 }
 
-// pv_seq's row pairing, shared by the SIMD targets. rows2 / rows1 run two or
+// pv_seq's row pairing, shared by the SIMD targets (static, as above). rows2 / rows1 run two or
 // one rows (vs, ms `ps` floats apart; acc rows hd apart) over positions
 // [j0, j1). Two rows share each V load over the positions both see; the rest
 // of the row that sees more (a later query) goes alone.
 using PvSeqRows = void (*)(const float* vs, const float* ms, int64_t ps, const uint16_t* v, int64_t vstride, int j0,
                            int j1, int64_t hd, float* acc);
-inline void pv_seq_paired(PvSeqRows rows2, PvSeqRows rows1, const float* vs, const float* ms, int64_t stride,
+static inline void pv_seq_paired(PvSeqRows rows2, PvSeqRows rows1, const float* vs, const float* ms, int64_t stride,
                           const int* nv, int nr, const void* v, int64_t kv_stride, int64_t hd, float* acc) {
   const uint16_t* vb = static_cast<const uint16_t*>(v);
   int r = 0;
@@ -79,7 +82,8 @@ inline void pv_seq_paired(PvSeqRows rows2, PvSeqRows rows1, const float* vs, con
     const int both = nv[r] < nv[r + 1] ? nv[r] : nv[r + 1];
     rows2(vs + r * stride, ms + r * stride, stride, vb, kv_stride, 0, both, hd, acc + r * hd);
     const int rl = nv[r] > nv[r + 1] ? r : r + 1;
-    if (nv[rl] > both) rows1(vs + rl * stride, ms + rl * stride, stride, vb, kv_stride, both, nv[rl], hd, acc + rl * hd);
+    if (nv[rl] > both)
+      rows1(vs + rl * stride, ms + rl * stride, stride, vb, kv_stride, both, nv[rl], hd, acc + rl * hd);
   }
   if (r < nr) rows1(vs + r * stride, ms + r * stride, stride, vb, kv_stride, 0, nv[r], hd, acc + r * hd);
 }

@@ -18,7 +18,8 @@ const OpsKernels& ops_kernels_ref_engine();  // ops_ref_engine.cpp
 // 8-bit quantization steps downstream, so every target computes it this way.
 // Double sums in different orders agree far below float rounding, so the SIMD
 // targets may add the squares in any order and still give this factor.
-inline float rms_scale(double sum_sq, int64_t n, float eps) {
+// static: one copy per target file, built with that file's flags.
+static inline float rms_scale(double sum_sq, int64_t n, float eps) {
   const float mean = static_cast<float>(sum_sq / static_cast<double>(n));
   return 1.0f / sqrtf(mean + eps);
 }

@@ -1,5 +1,8 @@
 // AVX2 helpers shared by quant_avx2.cpp and quant_avx512.cpp. Include only
-// from files compiled with AVX2 + FMA + F16C (*_avx2.cpp, *_avx512.cpp).
+// from files compiled with AVX2 + FMA + F16C (*_avx2.cpp, *_avx512.cpp). The
+// helpers are `static` so each file keeps its own copy, built with its own
+// flags: with plain `inline` the linker keeps one out-of-line copy (in any
+// build that does not inline them), which could be the AVX-512 file's.
 #pragma once
 
 #include <immintrin.h>
@@ -11,14 +14,14 @@
 
 namespace ebb::avx2 {
 
-inline float hsum(__m256 v) {
+static inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
 
-inline float hmax(__m256 v) {
+static inline float hmax(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
   s = _mm_max_ss(s, _mm_movehdup_ps(s));
@@ -26,7 +29,7 @@ inline float hmax(__m256 v) {
 }
 
 // 8 bf16 -> 8 floats (a bf16 is the top half of a float).
-inline __m256 load_bf16x8(const uint16_t* p) {
+static inline __m256 load_bf16x8(const uint16_t* p) {
   const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
@@ -34,7 +37,7 @@ inline __m256 load_bf16x8(const uint16_t* p) {
 // 16 bf16 -> their float values as two vectors: the even elements (0, 2, ..,
 // 14) and the odd ones (1, 3, .., 15). One shift or one mask each, no lane
 // crossing; a dot product pairs evens with evens and odds with odds.
-inline void load_bf16x16_even_odd(const uint16_t* p, __m256* even, __m256* odd) {
+static inline void load_bf16x16_even_odd(const uint16_t* p, __m256* even, __m256* odd) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
@@ -42,13 +45,13 @@ inline void load_bf16x16_even_odd(const uint16_t* p, __m256* even, __m256* odd) 
 
 // 16 bytes of nibbles -> 32 bytes: low nibbles first (elements 0..15), then
 // the high nibbles (elements 16..31), as Q4_0 orders them.
-inline __m256i nibbles_32(const uint8_t* p) {
+static inline __m256i nibbles_32(const uint8_t* p) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
   return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
 }
 
-inline float abs_max_32(const float* x) {
+static inline float abs_max_32(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
   m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8)));
@@ -61,7 +64,7 @@ inline float abs_max_32(const float* x) {
 // the scalar reference does); returns the bytes in element order. The
 // multiplier is 127 / amax (not 1 / d), as the reference engine computes it,
 // so the same activations give the same bytes.
-inline __m256i quantize_32(const float* x, float amax, float* d_out) {
+static inline __m256i quantize_32(const float* x, float amax, float* d_out) {
   const float d = amax / 127.f;
   const float id = amax != 0.f ? 127.f / amax : 0.f;
   *d_out = d;
@@ -82,7 +85,7 @@ inline __m256i quantize_32(const float* x, float amax, float* d_out) {
 // The 12 packed scale bytes of a Q4_K / Q5_K block -> bytes 0..7: the eight
 // 6-bit scales, bytes 8..15: the eight mins (unpack_scale_min_k4, done on
 // 32-bit words: four sub-blocks per operation, no branches).
-inline __m128i unpack_scales_mins(const uint8_t* q) {
+static inline __m128i unpack_scales_mins(const uint8_t* q) {
   uint32_t a, b, c;
   std::memcpy(&a, q, 4);
   std::memcpy(&b, q + 4, 4);
@@ -95,11 +98,11 @@ inline __m128i unpack_scales_mins(const uint8_t* q) {
 
 // The 16-bit scale of sub-block j in every lane; sc16x2 holds the eight
 // 16-bit scales in both 128-bit halves.
-inline __m256i scale_of(__m256i sc16x2, int j) {
+static inline __m256i scale_of(__m256i sc16x2, int j) {
   return _mm256_shuffle_epi8(sc16x2, _mm256_set1_epi16(static_cast<short>(((2 * j + 1) << 8) | (2 * j))));
 }
 
-inline int32_t load_i32(const int8_t* p) {
+static inline int32_t load_i32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return v;
@@ -114,13 +117,13 @@ inline int32_t load_i32(const int8_t* p) {
 inline constexpr size_t kPrefetchAhead = 2048;
 
 template <class Block>
-inline void prefetch_ahead(const Block* b) {
+static inline void prefetch_ahead(const Block* b) {
   const char* p = reinterpret_cast<const char*>(b) + kPrefetchAhead;
   for (size_t l = 0; l < sizeof(Block); l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
 }
 
 // sum_j mn[j] * (bsums[2j] + bsums[2j + 1]); m16: the eight mins as int16.
-inline int mins_dot_bsums(__m128i m16, const int16_t* bsums) {
+static inline int mins_dot_bsums(__m128i m16, const int16_t* bsums) {
   const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums));
   const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
   __m128i p = _mm_madd_epi16(pairs, m16);
