@@ -2,6 +2,7 @@
 // storage when everything was evicted, the JSON fields, and the plot.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -86,7 +87,7 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
   for (const auto& row : j) {
     for (const char* f : {"system", "context", "remaining_pct", "ttft_s", "bound_s", "ratio_vs_partial_offload",
                           "max_ratio_vs_partial_offload", "alloc_s", "reload_s", "decompress_s", "prefill_s",
-                          "stall_s", "kernel_s", "bytes_read", "evict_s", "order", "overlap", "paths"})
+                          "stall_s", "kernel_s", "bytes_read", "evict_s", "order", "overlap", "paths", "storage_gbps"})
       EXPECT_TRUE(row.contains(f)) << f;
   }
 
@@ -95,6 +96,38 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
   EXPECT_NE(svg.find("remaining memory"), std::string::npos);
   EXPECT_NE(svg.find("TTFT (s)"), std::string::npos);
   for (const char* s : {"ebb", "partial_offload", "os_paging"}) EXPECT_NE(svg.find(s), std::string::npos) << s;
+}
+
+// The disk is measured before every round (a round visits every level once),
+// and each row's bound divides its bytes by the median of its rounds' figures.
+TEST(BenchTtft, StorageIsMeasuredBeforeEveryRound) {
+  const std::string dir = test::make_temp_dir("ebb-ttft");
+  BenchTtftOptions o = small_options(dir);
+  o.systems = {TtftSystem::kEbb, TtftSystem::kPartialOffload};
+  o.reps = 3;
+  o.storage_gbps = -1;
+  const std::vector<double> figures = {1e-3, 4e-3, 2e-3, 8e-3, 3e-3, 5e-3};  // GB/s, low enough to bind
+  size_t calls = 0;
+  o.storage_probe = [&] { return figures.at(calls++); };
+  const BenchTtftResult res = bench_ttft(o);
+  std::filesystem::remove_all(dir);
+
+  EXPECT_EQ(calls, figures.size());  // 3 rounds per system
+  EXPECT_DOUBLE_EQ(res.storage_gbps_min, 2e-3);
+  EXPECT_DOUBLE_EQ(res.storage_gbps_max, 5e-3);
+  ASSERT_EQ(res.rows.size(), 2u * 3u);
+  for (const BenchTtftRow& r : res.rows) {
+    const double gbps = r.system == "ebb" ? 2e-3 : 5e-3;  // the median of the system's three rounds
+    EXPECT_DOUBLE_EQ(r.storage_gbps, gbps) << r.system << " " << r.remaining_pct;
+    double prefill_ref = 0;
+    for (const BenchTtftRow& q : res.rows)
+      if (q.system == r.system && q.remaining_pct == 100) prefill_ref = q.ttft_s;
+    const double io = static_cast<double>(r.bytes_read) / (gbps * 1e9);
+    EXPECT_DOUBLE_EQ(r.bound_s, std::max({io, r.decompress_s, prefill_ref})) << r.system << " " << r.remaining_pct;
+    if (r.remaining_pct == 0) {
+      EXPECT_GT(io, prefill_ref) << r.system;  // the storage term is the one that binds here
+    }
+  }
 }
 
 TEST(BenchTtft, AblationsAreRowSets) {

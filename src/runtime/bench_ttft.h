@@ -1,8 +1,11 @@
 // `ebb bench ttft`: time to first token of a short query after part of the
 // LLM's memory was evicted (mzCache Figures 9, 11 and 12). For each system and
-// context the session is prefilled once; then, per remaining-memory level and
-// rep, (1 - r/100) of the evictable bytes (every layer weight unit + the
-// session's KV) is evicted and feed(query) is timed, restoration included.
+// context the session is prefilled once; then, in rounds, (1 - r/100) of the
+// evictable bytes (every layer weight unit + the session's KV) is evicted for
+// each remaining-memory level r in turn and feed(query) is timed, restoration
+// included. A round visits every level once, so the levels (100% among them,
+// the bound's prefill term) share whatever the machine's speed was then; the
+// storage bandwidth is measured before each round for the same reason.
 //
 // Systems:
 //   ebb              elastic memory, hybrid-swap policy, restore overlapped
@@ -46,7 +49,12 @@ struct BenchTtftOptions {
   std::vector<OverlapMode> overlaps = {OverlapMode::kFull};
   std::vector<bool> parallel_paths = {true};
   std::string swap_dir;      // "": the elastic default
-  double storage_gbps = -1;  // < 0: measure on the model file; 0: leave the storage term out of the bound
+  // The bound's storage bandwidth. < 0: measured before every round of reps
+  // (the disks of shared machines drift by a quarter from minute to minute),
+  // by storage_probe or else by direct reads of the model file; 0: the
+  // storage term is left out of the bound; > 0: this figure.
+  double storage_gbps = -1;
+  std::function<double()> storage_probe;
   uint64_t seed = 1;
   std::function<void(const std::string&)> log;  // progress lines (stderr in the CLI)
 };
@@ -56,7 +64,8 @@ struct BenchTtftRow {
   int64_t context = 0;
   int remaining_pct = 0;
   double ttft_s = 0;        // median over reps: feed(query) until its logits
-  double bound_s = 0;       // max(bytes_read / storage GB/s, decompress_s, TTFT at 100%)
+  double bound_s = 0;       // max(bytes_read / storage_gbps, decompress_s, TTFT at 100%)
+  double storage_gbps = 0;  // median of the figures measured before this row's rounds
   double ratio_vs_partial_offload = 0;  // partial_offload ttft / this ttft (0: no partial_offload row)
   // partial_offload ttft / this row's bound: the most x_po any restore
   // reading these bytes could reach on this machine (0: no partial_offload row).
@@ -76,7 +85,7 @@ struct BenchTtftRow {
 
 struct BenchTtftResult {
   std::vector<BenchTtftRow> rows;
-  double storage_gbps = 0;
+  double storage_gbps_min = 0, storage_gbps_max = 0;  // range of every round's figure
 };
 
 BenchTtftResult bench_ttft(const BenchTtftOptions& o);
