@@ -98,30 +98,46 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
   for (const char* s : {"ebb", "partial_offload", "os_paging"}) EXPECT_NE(svg.find(s), std::string::npos) << s;
 }
 
-// The disk is measured before every round (a round visits every level once),
-// and each row's bound divides its bytes by the median of its rounds' figures.
+// A context's systems are prefilled side by side and their rounds alternate;
+// the disk is measured before every round, and each row's bound divides its
+// bytes by the median of its context's round figures.
 TEST(BenchTtft, StorageIsMeasuredBeforeEveryRound) {
   const std::string dir = test::make_temp_dir("ebb-ttft");
   BenchTtftOptions o = small_options(dir);
   o.systems = {TtftSystem::kEbb, TtftSystem::kPartialOffload};
+  o.contexts = {64, 96};
   o.reps = 3;
   o.storage_gbps = -1;
   const std::vector<double> figures = {1e-3, 4e-3, 2e-3, 8e-3, 3e-3, 5e-3};  // GB/s, low enough to bind
   size_t calls = 0;
   o.storage_probe = [&] { return figures.at(calls++); };
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& l) { lines.push_back(l); };
   const BenchTtftResult res = bench_ttft(o);
   std::filesystem::remove_all(dir);
 
-  EXPECT_EQ(calls, figures.size());  // 3 rounds per system
-  EXPECT_DOUBLE_EQ(res.storage_gbps_min, 2e-3);
-  EXPECT_DOUBLE_EQ(res.storage_gbps_max, 5e-3);
-  ASSERT_EQ(res.rows.size(), 2u * 3u);
+  EXPECT_EQ(calls, figures.size());  // 3 rounds per context
+  EXPECT_DOUBLE_EQ(res.storage_gbps_min, 1e-3);
+  EXPECT_DOUBLE_EQ(res.storage_gbps_max, 8e-3);
+  // Both systems are prefilled before the first round at each context.
+  auto first = [&](const std::string& needle) {
+    for (size_t i = 0; i < lines.size(); ++i)
+      if (lines[i].find(needle) != std::string::npos) return i;
+    return lines.size();
+  };
+  EXPECT_LT(first("partial_offload: prefilling 64"), first("ctx 64: round 1/3"));
+  EXPECT_LT(first("ctx 64: round 3/3"), first("prefilling 96"));
+  ASSERT_EQ(res.rows.size(), 2u * 2u * 3u);
+  for (size_t i = 0; i < res.rows.size(); ++i) {
+    EXPECT_EQ(res.rows[i].system, i < 6 ? "ebb" : "partial_offload");  // by system, then context
+    EXPECT_EQ(res.rows[i].context, i % 6 < 3 ? 64 : 96);
+  }
   for (const BenchTtftRow& r : res.rows) {
-    const double gbps = r.system == "ebb" ? 2e-3 : 5e-3;  // the median of the system's three rounds
+    const double gbps = r.context == 64 ? 2e-3 : 5e-3;  // the median of the context's three rounds
     EXPECT_DOUBLE_EQ(r.storage_gbps, gbps) << r.system << " " << r.remaining_pct;
     double prefill_ref = 0;
     for (const BenchTtftRow& q : res.rows)
-      if (q.system == r.system && q.remaining_pct == 100) prefill_ref = q.ttft_s;
+      if (q.system == r.system && q.context == r.context && q.remaining_pct == 100) prefill_ref = q.ttft_s;
     const double io = static_cast<double>(r.bytes_read) / (gbps * 1e9);
     EXPECT_DOUBLE_EQ(r.bound_s, std::max({io, r.decompress_s, prefill_ref})) << r.system << " " << r.remaining_pct;
     if (r.remaining_pct == 0) {

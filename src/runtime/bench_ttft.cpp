@@ -96,152 +96,198 @@ void log(const BenchTtftOptions& o, const std::string& line) {
   if (o.log) o.log(line);
 }
 
-// All levels and reps of one system at one context, for every configuration.
-void run_system(const BenchTtftOptions& o, TtftSystem sys, int64_t n_ctx, const std::vector<int>& levels,
-                const std::function<double()>& probe, std::vector<BenchTtftRow>& rows) {
-  EngineOptions eo;
-  eo.model_path = o.model;
-  eo.n_threads = o.n_threads;
-  eo.prefill_batch = o.prefill_batch;
-  eo.kv_chunk_size = o.kv_chunk_size;
-  eo.elastic = sys != TtftSystem::kOsPaging;
-  eo.elastic_opts.swap_dir = o.swap_dir;
-  eo.elastic_opts.policy = sys == TtftSystem::kPartialOffload ? EvictPolicyKind::kPartialOffload : EvictPolicyKind::kHybrid;
-  Engine e(eo);
-  std::unique_ptr<MmapWeights> mm;
-  int fd = -1;
-  if (sys == TtftSystem::kOsPaging) {
-    mm = std::make_unique<MmapWeights>(e.model(), e.allocator());
-    e.set_weight_source(mm.get());
-    fd = ::open(o.model.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error("bench ttft: cannot open " + o.model + " for the os_paging baseline");
-    ::fdatasync(fd);  // a freshly written file's dirty pages cannot be dropped
+// One system at one context: its engine and session, prefilled once; then
+// round() samples every configuration and level once, and rows() reports the
+// medians. The systems of a context are kept side by side so that their rounds
+// can alternate.
+class SystemRun {
+ public:
+  SystemRun(const BenchTtftOptions& o, TtftSystem sys, int64_t n_ctx, const std::vector<int>& levels)
+      : o_(o), sys_(sys), n_ctx_(n_ctx), levels_(levels), name_(ttft_system_name(sys)) {
+    EngineOptions eo;
+    eo.model_path = o.model;
+    eo.n_threads = o.n_threads;
+    eo.prefill_batch = o.prefill_batch;
+    eo.kv_chunk_size = o.kv_chunk_size;
+    eo.elastic = sys != TtftSystem::kOsPaging;
+    eo.elastic_opts.swap_dir = o.swap_dir;
+    eo.elastic_opts.policy =
+        sys == TtftSystem::kPartialOffload ? EvictPolicyKind::kPartialOffload : EvictPolicyKind::kHybrid;
+    e_ = std::make_unique<Engine>(eo);
+    if (sys == TtftSystem::kOsPaging) {
+      mm_ = std::make_unique<MmapWeights>(e_->model(), e_->allocator());
+      e_->set_weight_source(mm_.get());
+      fd_ = ::open(o.model.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0) throw Error("bench ttft: cannot open " + o.model + " for the os_paging baseline");
+      ::fdatasync(fd_);  // a freshly written file's dirty pages cannot be dropped
+    }
+    SessionOptions so;
+    so.n_ctx = n_ctx + o.query_tokens;
+    so.kv_chunk_size = o.kv_chunk_size;
+    s_ = std::make_unique<Session>(*e_, so);
+    // The same context and query for every system.
+    std::mt19937_64 rng(o.seed + static_cast<uint64_t>(n_ctx));
+    const int32_t n_vocab = e_->config().n_vocab;
+    auto random_tokens = [&](int64_t n) {
+      std::vector<TokenId> t(static_cast<size_t>(n));
+      for (TokenId& x : t) x = static_cast<TokenId>(1 + rng() % static_cast<uint64_t>(n_vocab - 1));
+      return t;
+    };
+    const std::vector<TokenId> context = random_tokens(n_ctx);
+    query_ = random_tokens(o.query_tokens);
+    log(o, "bench ttft: " + name_ + ": prefilling " + std::to_string(n_ctx) + " tokens");
+    int64_t last_pct = -1;
+    const double t_pre = now_seconds();
+    s_->feed(context, nullptr, [&](int64_t done, int64_t total) {
+      const int64_t pct = done * 10 / std::max<int64_t>(total, 1);
+      if (pct != last_pct) {
+        last_pct = pct;
+        char buf[128];
+        std::snprintf(buf, sizeof buf, "bench ttft: %s: prefill %lld/%lld tokens (%.0f s)", name_.c_str(),
+                      static_cast<long long>(done), static_cast<long long>(total), now_seconds() - t_pre);
+        log(o, buf);
+      }
+    });
+    if (sys == TtftSystem::kEbb) {
+      for (EvictOrder ord : o.orders)
+        for (OverlapMode ov : o.overlaps)
+          for (bool par : o.parallel_paths) configs_.push_back({ord, ov, par});
+    } else {
+      configs_.push_back({});
+    }
+    samples_.assign(configs_.size(), std::vector<std::vector<Sample>>(levels.size()));
+    evicted_.assign(configs_.size(), std::vector<uint64_t>(levels.size(), 0));
   }
-  struct FdGuard {
-    int fd;
-    ~FdGuard() {
-      if (fd >= 0) ::close(fd);
-    }
-  } guard{fd};
-
-  SessionOptions so;
-  so.n_ctx = n_ctx + o.query_tokens;
-  so.kv_chunk_size = o.kv_chunk_size;
-  Session s(e, so);
-  std::mt19937_64 rng(o.seed + static_cast<uint64_t>(n_ctx));
-  const int32_t n_vocab = e.config().n_vocab;
-  auto random_tokens = [&](int64_t n) {
-    std::vector<TokenId> t(static_cast<size_t>(n));
-    for (TokenId& x : t) x = static_cast<TokenId>(1 + rng() % static_cast<uint64_t>(n_vocab - 1));
-    return t;
-  };
-  const std::vector<TokenId> context = random_tokens(n_ctx);
-  const std::vector<TokenId> query = random_tokens(o.query_tokens);
-  const std::string name(ttft_system_name(sys));
-  log(o, "bench ttft: " + name + ": prefilling " + std::to_string(n_ctx) + " tokens");
-  int64_t last_pct = -1;
-  const double t_pre = now_seconds();
-  s.feed(context, nullptr, [&](int64_t done, int64_t total) {
-    const int64_t pct = done * 10 / std::max<int64_t>(total, 1);
-    if (pct != last_pct) {
-      last_pct = pct;
-      char buf[128];
-      std::snprintf(buf, sizeof buf, "bench ttft: %s: prefill %lld/%lld tokens (%.0f s)", name.c_str(),
-                    static_cast<long long>(done), static_cast<long long>(total), now_seconds() - t_pre);
-      log(o, buf);
-    }
-  });
-
-  std::vector<Config> configs;
-  if (sys == TtftSystem::kEbb) {
-    for (EvictOrder ord : o.orders)
-      for (OverlapMode ov : o.overlaps)
-        for (bool par : o.parallel_paths) configs.push_back({ord, ov, par});
-  } else {
-    configs.push_back({});
+  ~SystemRun() {
+    s_.reset();
+    if (fd_ >= 0) ::close(fd_);
   }
-  ElasticMemory* em = e.elastic();
-  for (const Config& c : configs) {
-    if (em && sys == TtftSystem::kEbb) {
-      em->set_order(c.order);
-      em->set_overlap(c.overlap);
-      em->set_parallel_paths(c.parallel);
+  SystemRun(const SystemRun&) = delete;
+  SystemRun& operator=(const SystemRun&) = delete;
+
+  // Every configuration and level once.
+  void round() {
+    ElasticMemory* em = e_->elastic();
+    for (size_t ci = 0; ci < configs_.size(); ++ci) {
+      const Config& c = configs_[ci];
+      if (em && sys_ == TtftSystem::kEbb) {
+        em->set_order(c.order);
+        em->set_overlap(c.overlap);
+        em->set_parallel_paths(c.parallel);
+      }
+      for (size_t li = 0; li < levels_.size(); ++li) samples_[ci][li].push_back(sample(ci, li));
     }
-    std::vector<std::vector<Sample>> samples(levels.size());
-    std::vector<uint64_t> evicted(levels.size(), 0);
-    std::vector<double> gbps;  // [round]
-    for (int rep = 0; rep < o.reps; ++rep) {
-      gbps.push_back(o.storage_gbps >= 0 ? o.storage_gbps : probe());
-      char line[160];
-      std::snprintf(line, sizeof line, "bench ttft: %s ctx %lld: round %d/%d, storage %.2f GB/s", name.c_str(),
-                    static_cast<long long>(n_ctx), rep + 1, o.reps, gbps.back());
-      log(o, line);
-      for (size_t li = 0; li < levels.size(); ++li) {
-        const double fraction = 1.0 - levels[li] / 100.0;
-        evicted[li] = static_cast<uint64_t>(fraction * static_cast<double>(evictable_bytes(e)));
-        double evict_s = 0;
-        if (evicted[li] > 0) {
-          if (em) {
-            evict_s = e.evict(evicted[li]).seconds;
-          } else {
-            os_page_out(e, *mm, s, fd, fraction);
-          }
-        }
-        const bool restoring = em && !em->fully_resident();
-        const uint64_t io0 = proc_read_bytes();
-        const double k0 = kernel_seconds();
-        const double t0 = now_seconds();
-        s.feed(query);
-        Sample smp;
-        smp.ttft = now_seconds() - t0;
-        smp.kernel = kernel_seconds() - k0;
-        smp.evict = evict_s;
-        if (restoring) {
-          const RestoreReport& r = s.last_restore();
-          smp.alloc = r.alloc_s;
-          smp.read = r.read_s;
-          smp.decompress = r.decompress_s;
-          smp.stall = r.stall_s;
-          smp.bytes_read = r.bytes_read;
-        } else if (!em) {
-          smp.bytes_read = proc_read_bytes() - io0;
-        }
-        samples[li].push_back(smp);
-        s.truncate(n_ctx);  // back to the prefilled context (restores anything left evicted)
+  }
+
+  // One row per configuration and level; storage_gbps: the median of the
+  // figures measured before the rounds.
+  void rows(double storage_gbps, std::vector<BenchTtftRow>& out) const {
+    for (size_t ci = 0; ci < configs_.size(); ++ci) {
+      const Config& c = configs_[ci];
+      for (size_t li = 0; li < levels_.size(); ++li) {
+        const std::vector<Sample>& samples = samples_[ci][li];
+        auto med = [&](auto field) {
+          std::vector<double> v;
+          for (const Sample& x : samples) v.push_back(static_cast<double>(x.*field));
+          return median(v);
+        };
+        BenchTtftRow row;
+        row.system = name_;
+        row.context = n_ctx_;
+        row.remaining_pct = levels_[li];
+        row.ttft_s = med(&Sample::ttft);
+        row.alloc_s = med(&Sample::alloc);
+        row.reload_s = med(&Sample::read);
+        row.decompress_s = med(&Sample::decompress);
+        row.stall_s = med(&Sample::stall);
+        row.kernel_s = med(&Sample::kernel);
+        row.evict_s = med(&Sample::evict);
+        row.prefill_s = std::max(0.0, row.ttft_s - row.stall_s);
+        row.bytes_read = static_cast<uint64_t>(med(&Sample::bytes_read));
+        row.evicted_bytes = evicted_[ci][li];
+        row.storage_gbps = storage_gbps;
+        const bool ebb = sys_ == TtftSystem::kEbb;
+        row.order = ebb ? std::string(evict_order_name(c.order)) : "-";
+        row.overlap = ebb ? std::string(overlap_mode_name(c.overlap)) : "-";
+        row.paths = ebb ? (c.parallel ? "parallel" : "sequential") : "-";
+        out.push_back(row);
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "bench ttft: %s ctx %lld remaining %d%%: TTFT %.3f s", name_.c_str(),
+                      static_cast<long long>(n_ctx_), row.remaining_pct, row.ttft_s);
+        log(o_, buf);
       }
     }
-    for (size_t li = 0; li < levels.size(); ++li) {
-      const int level = levels[li];
-      auto med = [&](auto field) {
-        std::vector<double> v;
-        for (const Sample& x : samples[li]) v.push_back(static_cast<double>(x.*field));
-        return median(v);
-      };
-      BenchTtftRow row;
-      row.system = name;
-      row.context = n_ctx;
-      row.remaining_pct = level;
-      row.ttft_s = med(&Sample::ttft);
-      row.alloc_s = med(&Sample::alloc);
-      row.reload_s = med(&Sample::read);
-      row.decompress_s = med(&Sample::decompress);
-      row.stall_s = med(&Sample::stall);
-      row.kernel_s = med(&Sample::kernel);
-      row.evict_s = med(&Sample::evict);
-      row.prefill_s = std::max(0.0, row.ttft_s - row.stall_s);
-      row.bytes_read = static_cast<uint64_t>(med(&Sample::bytes_read));
-      row.evicted_bytes = evicted[li];
-      row.storage_gbps = median(gbps);
-      row.order = sys == TtftSystem::kEbb ? std::string(evict_order_name(c.order)) : "-";
-      row.overlap = sys == TtftSystem::kEbb ? std::string(overlap_mode_name(c.overlap)) : "-";
-      row.paths = sys == TtftSystem::kEbb ? (c.parallel ? "parallel" : "sequential") : "-";
-      rows.push_back(row);
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "bench ttft: %s ctx %lld remaining %d%%: TTFT %.3f s", name.c_str(),
-                    static_cast<long long>(n_ctx), level, row.ttft_s);
-      log(o, buf);
-    }
   }
+
+ private:
+  // Evicts for level li, times feed(query), and truncates back to the context
+  // (which restores anything still evicted).
+  Sample sample(size_t ci, size_t li) {
+    ElasticMemory* em = e_->elastic();
+    const double fraction = 1.0 - levels_[li] / 100.0;
+    evicted_[ci][li] = static_cast<uint64_t>(fraction * static_cast<double>(evictable_bytes(*e_)));
+    Sample smp;
+    if (evicted_[ci][li] > 0) {
+      if (em) {
+        smp.evict = e_->evict(evicted_[ci][li]).seconds;
+      } else {
+        os_page_out(*e_, *mm_, *s_, fd_, fraction);
+      }
+    }
+    const bool restoring = em && !em->fully_resident();
+    const uint64_t io0 = proc_read_bytes();
+    const double k0 = kernel_seconds();
+    const double t0 = now_seconds();
+    s_->feed(query_);
+    smp.ttft = now_seconds() - t0;
+    smp.kernel = kernel_seconds() - k0;
+    if (restoring) {
+      const RestoreReport& r = s_->last_restore();
+      smp.alloc = r.alloc_s;
+      smp.read = r.read_s;
+      smp.decompress = r.decompress_s;
+      smp.stall = r.stall_s;
+      smp.bytes_read = r.bytes_read;
+    } else if (!em) {
+      smp.bytes_read = proc_read_bytes() - io0;
+    }
+    s_->truncate(n_ctx_);
+    return smp;
+  }
+
+  const BenchTtftOptions& o_;
+  TtftSystem sys_;
+  int64_t n_ctx_;
+  std::vector<int> levels_;
+  std::string name_;
+  std::unique_ptr<Engine> e_;
+  std::unique_ptr<MmapWeights> mm_;
+  int fd_ = -1;
+  std::unique_ptr<Session> s_;
+  std::vector<TokenId> query_;
+  std::vector<Config> configs_;
+  std::vector<std::vector<std::vector<Sample>>> samples_;  // [config][level][round]
+  std::vector<std::vector<uint64_t>> evicted_;             // [config][level]
+};
+
+// Every system at one context, their rounds alternating: round r measures the
+// disk, then runs round r of each system in turn.
+// Returns the disk figures of the rounds.
+std::vector<double> run_context(const BenchTtftOptions& o, int64_t n_ctx, const std::vector<int>& levels,
+                                const std::function<double()>& probe, std::vector<BenchTtftRow>& rows) {
+  std::vector<std::unique_ptr<SystemRun>> runs;
+  for (TtftSystem sys : o.systems) runs.push_back(std::make_unique<SystemRun>(o, sys, n_ctx, levels));
+  std::vector<double> gbps;  // [round]
+  for (int rep = 0; rep < o.reps; ++rep) {
+    gbps.push_back(o.storage_gbps >= 0 ? o.storage_gbps : probe());
+    char line[128];
+    std::snprintf(line, sizeof line, "bench ttft: ctx %lld: round %d/%d, storage %.2f GB/s",
+                  static_cast<long long>(n_ctx), rep + 1, o.reps, gbps.back());
+    log(o, line);
+    for (auto& r : runs) r->round();
+  }
+  for (const auto& r : runs) r->rows(median(gbps), rows);
+  return gbps;
 }
 
 bool same_series(const BenchTtftRow& a, const BenchTtftRow& b) {
@@ -282,8 +328,21 @@ BenchTtftResult bench_ttft(const BenchTtftOptions& o) {
   std::vector<int> levels = o.remaining_pct;
   if (std::find(levels.begin(), levels.end(), 100) == levels.end()) levels.push_back(100);
   std::vector<BenchTtftRow> all;
-  for (TtftSystem sys : o.systems)
-    for (int64_t n : o.contexts) run_system(o, sys, n, levels, probe, all);
+  for (int64_t n : o.contexts) {
+    for (double g : run_context(o, n, levels, probe, all)) {
+      res.storage_gbps_min = res.storage_gbps_min > 0 ? std::min(res.storage_gbps_min, g) : g;
+      res.storage_gbps_max = std::max(res.storage_gbps_max, g);
+    }
+  }
+  // Rows by system (in the order asked), then context.
+  std::stable_sort(all.begin(), all.end(), [&](const BenchTtftRow& a, const BenchTtftRow& b) {
+    auto rank = [&](const std::string& name) {
+      for (size_t i = 0; i < o.systems.size(); ++i)
+        if (ttft_system_name(o.systems[i]) == name) return i;
+      return o.systems.size();
+    };
+    return rank(a.system) < rank(b.system);
+  });
   for (BenchTtftRow& r : all) {
     double prefill_ref = 0, partial = 0;
     for (const BenchTtftRow& q : all) {
@@ -294,10 +353,6 @@ BenchTtftResult bench_ttft(const BenchTtftOptions& o) {
     r.bound_s = std::max({io, r.decompress_s, prefill_ref});
     r.ratio_vs_partial_offload = partial > 0 && r.ttft_s > 0 ? partial / r.ttft_s : 0.0;
     r.max_ratio_vs_partial_offload = partial > 0 && r.bound_s > 0 ? partial / r.bound_s : 0.0;
-  }
-  for (size_t i = 0; i < all.size(); ++i) {
-    res.storage_gbps_min = i == 0 ? all[i].storage_gbps : std::min(res.storage_gbps_min, all[i].storage_gbps);
-    res.storage_gbps_max = std::max(res.storage_gbps_max, all[i].storage_gbps);
   }
   const std::set<int> wanted(o.remaining_pct.begin(), o.remaining_pct.end());
   for (const BenchTtftRow& r : all)

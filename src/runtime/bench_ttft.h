@@ -1,11 +1,13 @@
 // `ebb bench ttft`: time to first token of a short query after part of the
 // LLM's memory was evicted (mzCache Figures 9, 11 and 12). For each system and
-// context the session is prefilled once; then, in rounds, (1 - r/100) of the
-// evictable bytes (every layer weight unit + the session's KV) is evicted for
-// each remaining-memory level r in turn and feed(query) is timed, restoration
-// included. A round visits every level once, so the levels (100% among them,
-// the bound's prefill term) share whatever the machine's speed was then; the
-// storage bandwidth is measured before each round for the same reason.
+// context the session is prefilled once (every system's engine is kept side by
+// side); then, in rounds, (1 - r/100) of the evictable bytes (every layer
+// weight unit + the session's KV) is evicted for each system and
+// remaining-memory level r in turn and feed(query) is timed, restoration
+// included. A round visits every system and level once, so they all (100%
+// among them, the bound's prefill term) share whatever the machine's speed
+// was then; the storage bandwidth is measured before each round for the same
+// reason.
 //
 // Systems:
 //   ebb              elastic memory, hybrid-swap policy, restore overlapped
@@ -65,7 +67,7 @@ struct BenchTtftRow {
   int remaining_pct = 0;
   double ttft_s = 0;        // median over reps: feed(query) until its logits
   double bound_s = 0;       // max(bytes_read / storage_gbps, decompress_s, TTFT at 100%)
-  double storage_gbps = 0;  // median of the figures measured before this row's rounds
+  double storage_gbps = 0;  // median of the figures measured before the rounds of this row's context
   double ratio_vs_partial_offload = 0;  // partial_offload ttft / this ttft (0: no partial_offload row)
   // partial_offload ttft / this row's bound: the most x_po any restore
   // reading these bytes could reach on this machine (0: no partial_offload row).
