@@ -73,6 +73,7 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
     for (const BenchTtftRow& q : res.rows)
       if (q.system == "partial_offload" && q.remaining_pct == r.remaining_pct) partial = q.ttft_s;
     EXPECT_NEAR(r.max_ratio_vs_partial_offload, partial / r.bound_s, 1e-12) << r.system << " " << r.remaining_pct;
+    EXPECT_NEAR(r.ratio_to_bound, r.ttft_s / r.bound_s, 1e-12) << r.system << " " << r.remaining_pct;
     if (r.system == "partial_offload") {
       EXPECT_NEAR(r.ratio_vs_partial_offload, 1.0, 1e-12);
       if (r.remaining_pct == 0) {
@@ -86,8 +87,9 @@ TEST(BenchTtft, RowsForEverySystemAndLevel) {
   ASSERT_EQ(j.size(), res.rows.size());
   for (const auto& row : j) {
     for (const char* f : {"system", "context", "remaining_pct", "ttft_s", "bound_s", "ratio_vs_partial_offload",
-                          "max_ratio_vs_partial_offload", "alloc_s", "reload_s", "decompress_s", "prefill_s",
-                          "stall_s", "kernel_s", "bytes_read", "evict_s", "order", "overlap", "paths", "storage_gbps"})
+                          "max_ratio_vs_partial_offload", "ratio_to_bound", "alloc_s", "reload_s", "decompress_s",
+                          "prefill_s", "stall_s", "kernel_s", "bytes_read", "evict_s", "order", "overlap", "paths",
+                          "storage_gbps"})
       EXPECT_TRUE(row.contains(f)) << f;
   }
 

@@ -73,19 +73,21 @@ int run_ttft(TtftArgs& a) {
                 static_cast<long long>(o.kv_chunk_size), res.storage_gbps_min, res.storage_gbps_max);
     std::printf("os_paging: weights paged out of an mmap and faulted back in; no swap device here, so its KV share\n"
                 "           is lost and recomputed (truncated and re-fed), as a mobile OS does under pressure.\n");
-    std::printf("%-15s %6s %4s %8s %8s %6s %8s %7s %7s %7s %7s %7s %7s %10s %5s %7s %-9s %-14s %s\n", "system",
-                "ctx", "rem", "ttft_s", "bound_s", "x_po", "x_po_max", "alloc", "reload", "decomp", "prefill", "stall",
-                "kernel", "read", "disk", "evict", "order", "overlap", "paths");
+    std::printf("%-15s %6s %4s %8s %8s %7s %6s %8s %7s %7s %7s %7s %7s %7s %10s %5s %7s %-9s %-14s %s\n", "system",
+                "ctx", "rem", "ttft_s", "bound_s", "x_bound", "x_po", "x_po_max", "alloc", "reload", "decomp",
+                "prefill", "stall", "kernel", "read", "disk", "evict", "order", "overlap", "paths");
     for (const BenchTtftRow& r : res.rows) {
       std::printf(
-          "%-15s %6lld %3d%% %8.3f %8.3f %6.2f %8.2f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %10s %5.2f %7.3f %-9s %-14s %s\n",
-          r.system.c_str(), static_cast<long long>(r.context), r.remaining_pct, r.ttft_s, r.bound_s,
+          "%-15s %6lld %3d%% %8.3f %8.3f %7.2f %6.2f %8.2f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %10s %5.2f %7.3f %-9s "
+          "%-14s %s\n",
+          r.system.c_str(), static_cast<long long>(r.context), r.remaining_pct, r.ttft_s, r.bound_s, r.ratio_to_bound,
           r.ratio_vs_partial_offload, r.max_ratio_vs_partial_offload, r.alloc_s, r.reload_s, r.decompress_s,
           r.prefill_s, r.stall_s, r.kernel_s, format_bytes(r.bytes_read).c_str(), r.storage_gbps, r.evict_s,
           r.order.c_str(), r.overlap.c_str(), r.paths.c_str());
     }
-    std::printf("x_po: partial_offload TTFT / this TTFT. bound: max(read bytes / disk, decompression, TTFT at 100%%).\n"
+    std::printf("bound: max(read bytes / disk, decompression, TTFT at 100%%). x_bound: TTFT / bound.\n"
                 "disk: GB/s of direct reads of the model file, measured before each round; the rows' median.\n"
+                "x_po: partial_offload TTFT / this TTFT.\n"
                 "x_po_max: partial_offload TTFT / this row's bound, the most x_po a restore of these bytes can\n"
                 "          reach here.\n"
                 "kernel: CPU seconds in the kernel during the query, mostly zeroing fresh pages.\n"
@@ -109,7 +111,8 @@ void add_ttft_command(CLI::App* bench, int* rc) {
   sub->add_option("--context", a->contexts, "Context lengths in tokens, comma-separated")->capture_default_str();
   sub->add_option("--remaining", a->remaining, "Remaining memory levels in % of weights + KV")->capture_default_str();
   sub->add_option("--query", a->o.query_tokens, "Query tokens fed after the context")->capture_default_str();
-  sub->add_option("-r,--reps", a->o.reps, "Rounds (every level once per round); medians are reported")->capture_default_str();
+  sub->add_option("-r,--reps", a->o.reps, "Rounds (every level once per round); medians are reported")
+      ->capture_default_str();
   sub->add_option("-t,--threads", a->o.n_threads, "Compute threads")->capture_default_str();
   sub->add_option("--kv-chunk", a->o.kv_chunk_size, "KV chunk size in tokens")->capture_default_str();
   sub->add_option("--systems", a->systems, "ebb, partial_offload, os_paging")->capture_default_str();

@@ -353,6 +353,7 @@ BenchTtftResult bench_ttft(const BenchTtftOptions& o) {
     r.bound_s = std::max({io, r.decompress_s, prefill_ref});
     r.ratio_vs_partial_offload = partial > 0 && r.ttft_s > 0 ? partial / r.ttft_s : 0.0;
     r.max_ratio_vs_partial_offload = partial > 0 && r.bound_s > 0 ? partial / r.bound_s : 0.0;
+    r.ratio_to_bound = r.bound_s > 0 ? r.ttft_s / r.bound_s : 0.0;
   }
   const std::set<int> wanted(o.remaining_pct.begin(), o.remaining_pct.end());
   for (const BenchTtftRow& r : all)
@@ -370,6 +371,7 @@ nlohmann::json ttft_rows_json(const std::vector<BenchTtftRow>& rows) {
                  {"bound_s", r.bound_s},
                  {"ratio_vs_partial_offload", r.ratio_vs_partial_offload},
                  {"max_ratio_vs_partial_offload", r.max_ratio_vs_partial_offload},
+                 {"ratio_to_bound", r.ratio_to_bound},
                  {"alloc_s", r.alloc_s},
                  {"reload_s", r.reload_s},
                  {"decompress_s", r.decompress_s},

@@ -72,6 +72,7 @@ struct BenchTtftRow {
   // partial_offload ttft / this row's bound: the most x_po any restore
   // reading these bytes could reach on this machine (0: no partial_offload row).
   double max_ratio_vs_partial_offload = 0;
+  double ratio_to_bound = 0;  // ttft_s / bound_s: 1 is as fast as the machine allows
   double alloc_s = 0, reload_s = 0, decompress_s = 0;  // restore paths' busy time (medians)
   double prefill_s = 0;     // ttft_s - stall_s: time the forward pass computed
   double stall_s = 0;       // time the forward pass waited on restore latches
