@@ -86,7 +86,8 @@ int run_ttft(TtftArgs& a) {
           r.order.c_str(), r.overlap.c_str(), r.paths.c_str());
     }
     std::printf("bound: max(read bytes / disk, decompression, TTFT at 100%%). x_bound: TTFT / bound.\n"
-                "disk: GB/s of direct reads of the model file, measured before each round; the rows' median.\n"
+                "disk: GB/s of direct reads of the model file, measured before each round; a row shows the median of\n"
+                "      its context's rounds.\n"
                 "x_po: partial_offload TTFT / this TTFT.\n"
                 "x_po_max: partial_offload TTFT / this row's bound, the most x_po a restore of these bytes can\n"
                 "          reach here.\n"

@@ -65,7 +65,7 @@ struct BenchTtftRow {
   std::string system;
   int64_t context = 0;
   int remaining_pct = 0;
-  double ttft_s = 0;        // median over reps: feed(query) until its logits
+  double ttft_s = 0;        // median over rounds: feed(query) until its logits
   double bound_s = 0;       // max(bytes_read / storage_gbps, decompress_s, TTFT at 100%)
   double storage_gbps = 0;  // median of the figures measured before the rounds of this row's context
   double ratio_vs_partial_offload = 0;  // partial_offload ttft / this ttft (0: no partial_offload row)
