@@ -68,14 +68,14 @@ static inline float seq_running_sum(const float* vs, const float* ms, int n, flo
   return l;
 }
 
-// pv_seq's row pairing, shared by the SIMD targets (static, as above). rows2 / rows1 run two or
-// one rows (vs, ms `ps` floats apart; acc rows hd apart) over positions
-// [j0, j1). Two rows share each V load over the positions both see; the rest
+// pv_seq's row pairing, shared by the SIMD targets (static, as above).
+// rows2 / rows1 run two or one rows (vs, ms `ps` floats apart; acc rows hd
+// apart) over positions [j0, j1). Two rows share each V load over the positions both see; the rest
 // of the row that sees more (a later query) goes alone.
 using PvSeqRows = void (*)(const float* vs, const float* ms, int64_t ps, const uint16_t* v, int64_t vstride, int j0,
                            int j1, int64_t hd, float* acc);
 static inline void pv_seq_paired(PvSeqRows rows2, PvSeqRows rows1, const float* vs, const float* ms, int64_t stride,
-                          const int* nv, int nr, const void* v, int64_t kv_stride, int64_t hd, float* acc) {
+                                 const int* nv, int nr, const void* v, int64_t kv_stride, int64_t hd, float* acc) {
   const uint16_t* vb = static_cast<const uint16_t*>(v);
   int r = 0;
   for (; r + 2 <= nr; r += 2) {
