@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "platform/thread_name.h"
 #include "platform/thread_pool.h"
 
 namespace ebb {
@@ -21,6 +23,25 @@ TEST(ThreadPool, JobPostedImmediatelyAfterConstructionRuns) {
     pool.run([&](int, int) { ran.fetch_add(1); });
     ASSERT_EQ(ran.load(), 3) << "round " << round;
   }
+}
+
+TEST(ThreadPool, WorkersCarryThePoolsNameAndTheCallerKeepsItsOwn) {
+  set_current_thread_name("pool-test-main");
+  ThreadPool pool(ThreadPoolOptions{.n_threads = 3, .name = "ebb-compute"});
+  std::vector<std::string> names(3);
+  pool.run([&](int t, int) { names[static_cast<size_t>(t)] = current_thread_name(); });
+  EXPECT_EQ(names[0], "pool-test-main");
+  EXPECT_EQ(names[1], "ebb-compute-1");
+  EXPECT_EQ(names[2], "ebb-compute-2");
+}
+
+TEST(ThreadName, LongNamesAreCutToFifteenBytes) {
+  std::string got;
+  std::thread([&] {
+    set_current_thread_name("ebb-a-name-longer-than-fifteen");
+    got = current_thread_name();
+  }).join();
+  EXPECT_EQ(got, "ebb-a-name-long");
 }
 
 TEST(ThreadPool, EveryThreadRunsEachJobOnce) {

@@ -9,6 +9,7 @@
 
 #include "memory/elastic.h"
 #include "platform/error.h"
+#include "platform/thread_name.h"
 #include "platform/timer.h"
 
 namespace ebb {
@@ -143,7 +144,10 @@ void ElasticMemory::begin_restore() {
   // cores; wait_restored() gives decode its long spins back).
   if (pool_) pool_->set_spin_iterations(kRestoreSpin);
   restoring_.store(true);
-  restore_thread_ = std::thread([this, p = std::move(plan)]() mutable { run_restore(std::move(p)); });
+  restore_thread_ = std::thread([this, p = std::move(plan)]() mutable {
+    set_current_thread_name("ebb-restore");
+    run_restore(std::move(p));
+  });
 }
 
 void ElasticMemory::run_restore(std::vector<LayerPlan> plan) {
@@ -159,7 +163,10 @@ void ElasticMemory::run_restore(std::vector<LayerPlan> plan) {
     io_path(plan, per_layer);
     decompress_path(plan, per_layer);
   } else {
-    std::thread decomp([&] { decompress_path(plan, per_layer); });
+    std::thread decomp([&] {
+      set_current_thread_name("ebb-decompress");
+      decompress_path(plan, per_layer);
+    });
     io_path(plan, per_layer);
     decomp.join();
   }

@@ -19,6 +19,7 @@
 
 #include "platform/direct_io.h"
 #include "platform/error.h"
+#include "platform/thread_name.h"
 
 namespace ebb {
 
@@ -199,10 +200,18 @@ IoEngine::IoEngine(IoOptions opts) : impl_(std::make_unique<Impl>()) {
   impl_->opts = opts;
   if (opts.use_uring && io_uring_queue_init(static_cast<unsigned>(opts.queue_depth), &impl_->ring, 0) == 0) {
     impl_->uring = true;
-    impl_->reaper = std::thread([this] { impl_->reap_loop(); });
+    impl_->reaper = std::thread([this] {
+      set_current_thread_name("ebb-io-reap");
+      impl_->reap_loop();
+    });
   } else {
     impl_->opts.use_uring = false;
-    for (int i = 0; i < opts.queue_depth; ++i) impl_->workers.emplace_back([this] { impl_->work_loop(); });
+    for (int i = 0; i < opts.queue_depth; ++i) {
+      impl_->workers.emplace_back([this] {
+        set_current_thread_name("ebb-io");
+        impl_->work_loop();
+      });
+    }
   }
 }
 

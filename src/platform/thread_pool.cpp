@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "platform/thread_name.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define EBB_CPU_RELAX() _mm_pause()
@@ -23,7 +25,12 @@ ThreadPool::ThreadPool(ThreadPoolOptions opts)
   // when their thread first runs: a job posted before a worker starts must
   // still be picked up by it.
   const uint32_t start = generation_.load(std::memory_order_relaxed);
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i, start] { worker_loop(i, start); });
+  for (int i = 1; i < n_threads_; ++i) {
+    workers_.emplace_back([this, i, start, name = opts.name + "-" + std::to_string(i)] {
+      set_current_thread_name(name);
+      worker_loop(i, start);
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

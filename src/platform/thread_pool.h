@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -37,6 +38,7 @@ class FunctionRef<R(Args...)> {
 struct ThreadPoolOptions {
   int n_threads = 0;           // 0: hardware concurrency
   int spin_iterations = 20000;  // busy-wait polls before sleeping
+  std::string name = "ebb-pool";  // worker i (from 1) is named "<name>-<i>"
 };
 
 class ThreadPool {
