@@ -6,6 +6,7 @@
 
 #include "cli/options.h"
 #include "platform/error.h"
+#include "platform/page_reporting.h"
 #include "runtime/bench_ttft.h"
 
 namespace ebb::cli {
@@ -64,13 +65,16 @@ int run_ttft(TtftArgs& a) {
   }
   o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   const BenchTtftResult res = bench_ttft(o);
+  const std::string reporting = describe_page_reporting(read_page_reporting());
   if (a.json) {
     std::printf("%s\n", ttft_rows_json(res.rows).dump(2).c_str());
+    if (!reporting.empty()) std::fprintf(stderr, "%s\n", reporting.c_str());
   } else {
     std::printf("model %s, %lld-token query, %d rounds (median), %d threads, KV chunk %lld, storage %.2f-%.2f GB/s"
                 " (direct I/O)\n",
                 o.model.c_str(), static_cast<long long>(o.query_tokens), o.reps, o.n_threads,
                 static_cast<long long>(o.kv_chunk_size), res.storage_gbps_min, res.storage_gbps_max);
+    if (!reporting.empty()) std::printf("%s\n", reporting.c_str());
     std::printf("os_paging: weights paged out of an mmap and faulted back in; no swap device here, so its KV share\n"
                 "           is lost and recomputed (truncated and re-fed), as a mobile OS does under pressure.\n");
     std::printf("%-15s %6s %4s %8s %8s %7s %6s %8s %7s %7s %7s %7s %7s %7s %10s %5s %7s %-9s %-14s %s\n", "system",
