@@ -36,8 +36,8 @@ class FunctionRef<R(Args...)> {
 };
 
 struct ThreadPoolOptions {
-  int n_threads = 0;           // 0: hardware concurrency
-  int spin_iterations = 20000;  // busy-wait polls before sleeping
+  int n_threads = 0;              // 0: hardware concurrency
+  int spin_iterations = 20000;    // busy-wait polls before sleeping
   std::string name = "ebb-pool";  // worker i (from 1) is named "<name>-<i>"
 };
 
