@@ -68,6 +68,11 @@ std::string make_temp_dir(const std::string& prefix) {
   return tmpl;
 }
 
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
 CliResult run_cli(const std::string& args, const std::string& stdin_text) {
   const std::string dir = make_temp_dir("ebb-cli");
   const std::string err_path = dir + "/err", in_path = dir + "/in";

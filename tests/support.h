@@ -24,6 +24,20 @@ std::vector<GoldenCase> load_golden(const std::string& model_name);
 // A fresh empty directory under the system temp dir, removed by the caller.
 std::string make_temp_dir(const std::string& prefix);
 
+// A fresh temporary directory, removed with everything in it at scope exit.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "ebb-test") : path_(make_temp_dir(prefix)) {}
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
 // Runs the ebb binary with `args` (shell words) and `stdin_text` on its
 // standard input; returns its exit status and what it wrote to each stream.
 struct CliResult {

@@ -88,14 +88,8 @@ TEST(DirectIo, AlignHelpers) {
 }
 
 // A temporary directory removed at the end of each test.
-class TempDir {
- public:
-  TempDir() : path_(test::make_temp_dir("ebb-dio")) {}
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("ebb-dio") {}
 };
 
 void write_plain(const std::string& path, const std::vector<uint8_t>& data) {

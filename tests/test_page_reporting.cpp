@@ -12,14 +12,8 @@ namespace ebb {
 namespace {
 
 // A directory standing in for /sys/module/page_reporting/parameters.
-class Dir {
- public:
-  Dir() : path_(test::make_temp_dir("ebb-page-reporting")) {}
-  ~Dir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+struct Dir : test::TempDir {
+  Dir() : test::TempDir("ebb-page-reporting") {}
 };
 
 void write(const std::filesystem::path& p, const std::string& text) {

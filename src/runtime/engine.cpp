@@ -59,7 +59,9 @@ uint64_t Footprint::kv() const {
 }
 
 Engine::Engine(const EngineOptions& opts)
-    : opts_(opts), pool_(ThreadPoolOptions{.n_threads = opts.n_threads, .name = "ebb-compute"}), isa_(choose_isa(opts.isa)) {
+    : opts_(opts),
+      pool_(ThreadPoolOptions{.n_threads = opts.n_threads, .name = "ebb-compute"}),
+      isa_(choose_isa(opts.isa)) {
   const bool budget_mode = opts_.budget.budget > 0;  // budget mode reads only what its plan keeps
   const KernelSet& ks = kernel_set(isa_);
   // Packed units when the target has packed kernels for every format that packs.
