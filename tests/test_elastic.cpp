@@ -245,6 +245,40 @@ TEST_F(ElasticTest, UnwritableSwapDirFallsBackToCompressedOnly) {
   EXPECT_EQ(argmax(ref_logits), argmax(logits));
 }
 
+TEST_F(ElasticTest, CompressedStackHoldsItsBlobsWithoutGaps) {
+  // All KV into the stack (no usable swap directory), 10 full chunks per
+  // layer. Each segment must hold whole blobs with their alignment: this
+  // model's int8 blob of a 64-token chunk is 16912 bytes, so segments of
+  // 4 x 16912 held only 3 padded ones and the stack took a third more memory
+  // than its blobs.
+  const std::string file = dir + "/not-a-dir";
+  std::ofstream(file) << "x";
+  auto eng = make_engine(model, file + "/swap");
+  const std::vector<TokenId> full = tokens(10 * kChunk, n_vocab, 3);
+  std::vector<float> want;
+  {
+    Session ref(*ref_engine);
+    ref.feed(full);
+    const auto l = ref.feed(query);
+    want.assign(l.begin(), l.end());
+  }
+  Session s(*eng);
+  s.feed(full);
+  const auto r = eng->evict(2 * evictable(*eng, s));
+  ASSERT_EQ(r.kv_to_compressed, 4 * 10);
+  const ModelConfig& c = eng->config();
+  const KvChunkShape shape{kChunk, kChunk, c.n_head_kv * c.head_dim, DType::kF16};
+  const uint64_t blob = kv_codec(KvCodecId::kInt8, Isa::kScalar).max_compressed_bytes(shape);
+  ASSERT_EQ(blob, 16912u);
+  const uint64_t slot = (blob + CompressedStack::kAlign - 1) / CompressedStack::kAlign * CompressedStack::kAlign;
+  const uint64_t segment = CompressedStack::segment_bytes_for(blob);
+  ASSERT_EQ(segment, 4 * slot);
+  EXPECT_EQ(eng->footprint().compressed, 10 * segment);
+  const auto logits = s.feed(query);
+  EXPECT_EQ(argmax(want), argmax(logits));
+  EXPECT_LT(kl(want, logits), 1e-3);
+}
+
 TEST_F(ElasticTest, FullSwapFileStopsWithAMessageAndLosesNothing) {
   // 1 MiB of swap holds 32 of the 40 KV chunks of 32 KiB.
   auto eng = make_engine(model, dir, EvictPolicyKind::kPartialOffload, 1 << 20);

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -269,6 +270,31 @@ TEST_F(CompressedStackTest, LifoRandomSizesKeepsDataAndFreesSegments) {
   EXPECT_EQ(s.bytes_reserved(), 0u);
   EXPECT_EQ(s.segments(), 0u);
   EXPECT_EQ(ledger_bytes(), 0);
+}
+
+TEST_F(CompressedStackTest, SegmentsForABlobSizeHoldWholeBlobs) {
+  // 540688 bytes: the int8 blob of a 256-token chunk of 8 KV heads of 128
+  // (Qwen3-0.6B), 16 bytes past a multiple of 64. Four of them padded need
+  // more than 4 x 540688, so such segments held three.
+  for (uint64_t n : {uint64_t{1}, uint64_t{100}, uint64_t{16912}, uint64_t{540688}, uint64_t{1} << 20,
+                     (uint64_t{1} << 20) + 1, uint64_t{5} << 20}) {
+    const uint64_t slot = (n + 63) / 64 * 64;
+    const uint64_t seg = CompressedStack::segment_bytes_for(n);
+    ASSERT_EQ(seg % slot, 0u) << n;
+    const uint64_t per = seg / slot;
+    EXPECT_GE(per, 1u) << n;
+    if (slot >= (16 << 10) && slot <= (1 << 20)) {
+      EXPECT_EQ(per, 4u) << n;
+    }
+    EXPECT_LE(seg, std::max<uint64_t>(slot, 4 << 20)) << n;
+    EXPECT_GE(seg, std::min<uint64_t>(slot * per, 64 << 10)) << n;
+    CompressedStack s(alloc_, {.segment_bytes = seg});
+    for (uint64_t i = 0; i < per; ++i) s.push(n);
+    EXPECT_EQ(s.segments(), 1u) << n;
+    s.push(n);
+    EXPECT_EQ(s.segments(), 2u) << n;
+    EXPECT_EQ(s.bytes_reserved(), 2 * seg) << n;
+  }
 }
 
 TEST_F(CompressedStackTest, ShrinkTopReturnsSpaceToTheSegment) {

@@ -12,6 +12,15 @@ CompressedStack::CompressedStack(Allocator& alloc, CompressedStackOptions opts) 
   opts_.segment_bytes = align_up(opts_.segment_bytes, kAlign);
 }
 
+uint64_t CompressedStack::segment_bytes_for(uint64_t blob_bytes) {
+  constexpr uint64_t kMin = 64 << 10, kMax = 4 << 20;
+  const uint64_t slot = align_up(std::max<uint64_t>(blob_bytes, 1), kAlign);
+  uint64_t n = 4;
+  if (n * slot > kMax) n = std::max<uint64_t>(1, kMax / slot);
+  if (n * slot < kMin) n = kMin / slot;
+  return n * slot;
+}
+
 std::pair<CompressedStack::Handle, void*> CompressedStack::push(uint64_t n) {
   EBB_CHECK(n > 0);
   const uint64_t need = align_up(n, kAlign);

@@ -60,6 +60,11 @@ class CompressedStack {
 
   // Segment size of segments allocated from now on (>= kAlign).
   void set_segment_bytes(uint64_t n);
+  // A segment size for blobs of blob_bytes: a whole number of them with their
+  // alignment padding (4 when that is within [64 KiB, 4 MiB]; fewer, at least
+  // one, when they are larger; more when they are smaller), so that no
+  // segment ends in a gap one blob short.
+  static uint64_t segment_bytes_for(uint64_t blob_bytes);
   uint64_t segment_bytes() const;
 
   uint64_t bytes_used() const;      // payload bytes of live blobs

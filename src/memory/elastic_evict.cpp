@@ -98,9 +98,9 @@ void ElasticMemory::kv_to_compressed(const ChunkId& id) {
   const KvCodec& codec = kv_codec(opts_.codec, opts_.isa);
   const uint64_t max_bytes = codec.max_compressed_bytes(shape);
   if (stack_.empty()) {
-    // Segments of a few chunks: big enough to amortise allocation, small
+    // Segments of a few whole blobs: big enough to amortise allocation, small
     // enough that a fresh segment does not swallow what eviction frees.
-    stack_.set_segment_bytes(std::clamp<uint64_t>(4 * max_bytes, 64 << 10, 4 << 20));
+    stack_.set_segment_bytes(CompressedStack::segment_bytes_for(max_bytes));
   }
   auto [handle, dst] = stack_.push(max_bytes);
   const size_t n = codec.compress(shape, kv.chunks(id.layer)[id.chunk].k, dst, nullptr, pool_);
