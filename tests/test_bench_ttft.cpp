@@ -170,6 +170,32 @@ TEST(BenchTtft, AblationsAreRowSets) {
   EXPECT_EQ(cfgs.size(), 4u);
 }
 
+TEST(BenchTtft, TheProfileGivesTheEbbEnginesUnitTimes) {
+  // The bench's engines take the profile they are given (the CLI's: the one
+  // `ebb profile` saved, or --profile): its reads and decompression set the
+  // hybrid-swap policy's unit times, not the built-in defaults.
+  const std::string dir = test::make_temp_dir("ebb-ttft");
+  BenchTtftOptions o = small_options(dir);
+  o.systems = {TtftSystem::kEbb};
+  o.remaining_pct = {100};  // nothing to evict: the unit times are known once the context is in
+  const UnitTimes defaults = bench_ttft(o).ebb_unit_times;
+  DeviceProfile slow = DeviceProfile::defaults(), fast = DeviceProfile::defaults();
+  slow.read_gbps = 1.0;   // the defaults read at 2 GB/s
+  fast.read_gbps = 8.0;
+  fast.codecs[0].decompress_gbps = 30.0;  // int8; the defaults decompress at 3 GB/s
+  o.profile = slow;
+  const UnitTimes a = bench_ttft(o).ebb_unit_times;
+  o.profile = fast;
+  const UnitTimes b = bench_ttft(o).ebb_unit_times;
+  std::filesystem::remove_all(dir);
+  ASSERT_GT(defaults.t_rw, 0);
+  EXPECT_NEAR(a.t_rw / defaults.t_rw, 2.0, 1e-9);
+  EXPECT_NEAR(a.t_rkv / defaults.t_rkv, 2.0, 1e-9);
+  EXPECT_NEAR(defaults.t_rw / b.t_rw, 4.0, 1e-9);
+  EXPECT_EQ(a.t_d, defaults.t_d);  // the same decompression and allocation
+  EXPECT_LT(b.t_d, defaults.t_d);
+}
+
 TEST(BenchTtft, RejectsBadLevels) {
   BenchTtftOptions o;
   o.model = test::model_path("stories260K.gguf");

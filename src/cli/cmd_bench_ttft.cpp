@@ -1,5 +1,6 @@
 // ebb bench ttft: time to first token after eviction (mzCache Figures 9, 11, 12).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -22,6 +23,7 @@ struct TtftArgs {
   std::string paths = "parallel";
   bool json = false;
   std::string plot;
+  std::string profile;  // "": the saved one, or the defaults
 };
 
 std::vector<std::string> split(const std::string& s, const char* what) {
@@ -63,7 +65,18 @@ int run_ttft(TtftArgs& a) {
     if (s != "parallel" && s != "sequential") throw Error("--paths: '" + s + "' is not parallel or sequential");
     o.parallel_paths.push_back(s == "parallel");
   }
+  const std::string profile_path = a.profile.empty() ? default_profile_path() : a.profile;
+  o.profile = a.profile.empty() ? load_profile_or_defaults(profile_path) : DeviceProfile::load(profile_path);
+  const IoOptions io = elastic_io_options(o.profile);
+  char profile_line[512];
+  std::error_code ec;
+  const std::string source = a.profile.empty() && !std::filesystem::exists(profile_path, ec)
+                                 ? "built-in defaults (no " + profile_path + "; run `ebb profile`)"
+                                 : profile_path + " (" + o.profile.device + ")";
+  std::snprintf(profile_line, sizeof profile_line, "device profile: %s: restores read %s requests, %d in flight",
+                source.c_str(), format_bytes(io.max_request).c_str(), io.queue_depth);
   o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  o.log(profile_line);
   const BenchTtftResult res = bench_ttft(o);
   const std::string reporting = describe_page_reporting(read_page_reporting());
   if (a.json) {
@@ -75,6 +88,7 @@ int run_ttft(TtftArgs& a) {
                 o.model.c_str(), static_cast<long long>(o.query_tokens), o.reps, o.n_threads,
                 static_cast<long long>(o.kv_chunk_size), res.storage_gbps_min, res.storage_gbps_max);
     if (!reporting.empty()) std::printf("%s\n", reporting.c_str());
+    std::printf("%s\n", profile_line);
     std::printf("os_paging: weights paged out of an mmap and faulted back in; no swap device here, so its KV share\n"
                 "           is lost and recomputed (truncated and re-fed), as a mobile OS does under pressure.\n");
     std::printf("%-15s %6s %4s %8s %8s %7s %6s %8s %7s %7s %7s %7s %7s %7s %10s %5s %7s %-9s %-14s %s\n", "system",
@@ -128,6 +142,9 @@ void add_ttft_command(CLI::App* bench, int* rc) {
   sub->add_option("--seed", a->o.seed, "Seed of the random context and query tokens")->capture_default_str();
   sub->add_flag("--json", a->json, "Print JSON rows");
   sub->add_option("--plot", a->plot, "Write TTFT against remaining memory as an SVG");
+  sub->add_option("--profile", a->profile,
+                  "Device profile of the ebb and partial_offload engines (default: the one `ebb profile` saved, "
+                  "else built-in defaults)");
   sub->callback([a, rc] { *rc = run_ttft(*a); });
 }
 

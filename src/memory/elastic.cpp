@@ -26,16 +26,12 @@ std::string_view overlap_mode_name(OverlapMode m) {
   return "?";
 }
 
-namespace {
-
-IoOptions io_options(const DeviceProfile& p) {
+IoOptions elastic_io_options(const DeviceProfile& p) {
   IoOptions o;
   o.queue_depth = std::max(4, p.best_queue_depth);
   o.max_request = std::max<uint64_t>(1ull << 20, p.best_request_bytes);
   return o;
 }
-
-}  // namespace
 
 ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts, ThreadPool* pool)
     : model_(model),
@@ -43,7 +39,7 @@ ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts
       alloc_(alloc),
       opts_(std::move(opts)),
       pool_(pool),
-      io_(std::make_unique<IoEngine>(io_options(opts_.profile))),
+      io_(std::make_unique<IoEngine>(elastic_io_options(opts_.profile))),
       gguf_(DirectFile::open_read(model.file().path())),
       stack_(alloc) {}
 // The destructor is in elastic_restore.cpp, where Latches is complete.

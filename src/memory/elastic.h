@@ -71,6 +71,10 @@ struct ElasticOptions {
   uint64_t memory_limit = 0;
 };
 
+// The I/O engine of eviction and restoration for a profile: its chosen
+// request size and queue depth, at least 1 MiB and 4.
+IoOptions elastic_io_options(const DeviceProfile& p);
+
 // Bytes by state.
 struct ElasticFootprint {
   uint64_t weights_resident = 0;   // layer units in RAM

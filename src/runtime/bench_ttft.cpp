@@ -111,6 +111,7 @@ class SystemRun {
     eo.kv_chunk_size = o.kv_chunk_size;
     eo.elastic = sys != TtftSystem::kOsPaging;
     eo.elastic_opts.swap_dir = o.swap_dir;
+    eo.elastic_opts.profile = o.profile;
     eo.elastic_opts.policy =
         sys == TtftSystem::kPartialOffload ? EvictPolicyKind::kPartialOffload : EvictPolicyKind::kHybrid;
     e_ = std::make_unique<Engine>(eo);
@@ -149,6 +150,16 @@ class SystemRun {
       }
     });
     if (sys == TtftSystem::kEbb) {
+      // What the profile makes of this model: the policy's unit times.
+      const UnitTimes t = unit_times_ = e_->elastic()->unit_times();
+      const HybridSwapPolicy policy(t, 0, 0);
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "bench ttft: ebb: t_d %.3f ms, t_rKV %.3f ms, t_rW %.2f ms: %lld chunks per dropped layer, "
+                    "%.1f%% of KVonly chunks compressed",
+                    t.t_d * 1e3, t.t_rkv * 1e3, t.t_rw * 1e3, static_cast<long long>(policy.chunks_per_layer()),
+                    100 * policy.compressed_share());
+      log(o, buf);
       for (EvictOrder ord : o.orders)
         for (OverlapMode ov : o.overlaps)
           for (bool par : o.parallel_paths) configs_.push_back({ord, ov, par});
@@ -178,6 +189,8 @@ class SystemRun {
       for (size_t li = 0; li < levels_.size(); ++li) samples_[ci][li].push_back(sample(ci, li));
     }
   }
+
+  const UnitTimes& unit_times() const { return unit_times_; }
 
   // One row per configuration and level; storage_gbps: the median of the
   // figures measured before the rounds.
@@ -268,15 +281,20 @@ class SystemRun {
   std::vector<Config> configs_;
   std::vector<std::vector<std::vector<Sample>>> samples_;  // [config][level][round]
   std::vector<std::vector<uint64_t>> evicted_;             // [config][level]
+  UnitTimes unit_times_;                                   // ebb's, from the profile
 };
 
 // Every system at one context, their rounds alternating: round r measures the
 // disk, then runs round r of each system in turn.
 // Returns the disk figures of the rounds.
 std::vector<double> run_context(const BenchTtftOptions& o, int64_t n_ctx, const std::vector<int>& levels,
-                                const std::function<double()>& probe, std::vector<BenchTtftRow>& rows) {
+                                const std::function<double()>& probe, std::vector<BenchTtftRow>& rows,
+                                UnitTimes& ebb_times) {
   std::vector<std::unique_ptr<SystemRun>> runs;
-  for (TtftSystem sys : o.systems) runs.push_back(std::make_unique<SystemRun>(o, sys, n_ctx, levels));
+  for (TtftSystem sys : o.systems) {
+    runs.push_back(std::make_unique<SystemRun>(o, sys, n_ctx, levels));
+    if (sys == TtftSystem::kEbb) ebb_times = runs.back()->unit_times();
+  }
   std::vector<double> gbps;  // [round]
   for (int rep = 0; rep < o.reps; ++rep) {
     gbps.push_back(o.storage_gbps >= 0 ? o.storage_gbps : probe());
@@ -329,7 +347,7 @@ BenchTtftResult bench_ttft(const BenchTtftOptions& o) {
   if (std::find(levels.begin(), levels.end(), 100) == levels.end()) levels.push_back(100);
   std::vector<BenchTtftRow> all;
   for (int64_t n : o.contexts) {
-    for (double g : run_context(o, n, levels, probe, all)) {
+    for (double g : run_context(o, n, levels, probe, all, res.ebb_unit_times)) {
       res.storage_gbps_min = res.storage_gbps_min > 0 ? std::min(res.storage_gbps_min, g) : g;
       res.storage_gbps_max = std::max(res.storage_gbps_max, g);
     }

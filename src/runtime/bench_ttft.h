@@ -51,6 +51,11 @@ struct BenchTtftOptions {
   std::vector<OverlapMode> overlaps = {OverlapMode::kFull};
   std::vector<bool> parallel_paths = {true};
   std::string swap_dir;      // "": the elastic default
+  // The device profile of the ebb and partial_offload engines: their read
+  // request size and queue depth, and ebb's hybrid-swap unit times (chunks
+  // per dropped layer, the KVonly split). The CLI passes the one `ebb
+  // profile` saved, or --profile FILE.
+  DeviceProfile profile = DeviceProfile::defaults();
   // The bound's storage bandwidth. < 0: measured before every round of reps
   // (the disks of shared machines drift by a quarter from minute to minute),
   // by storage_probe or else by direct reads of the model file; 0: the
@@ -89,6 +94,9 @@ struct BenchTtftRow {
 struct BenchTtftResult {
   std::vector<BenchTtftRow> rows;
   double storage_gbps_min = 0, storage_gbps_max = 0;  // range of every round's figure
+  // The ebb engine's hybrid-swap unit times, which the profile gives for
+  // this model (zero without an ebb system).
+  UnitTimes ebb_unit_times;
 };
 
 BenchTtftResult bench_ttft(const BenchTtftOptions& o);
