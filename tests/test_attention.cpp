@@ -180,7 +180,9 @@ HalfDiff half_diff(const std::vector<float>& got, const std::vector<float>& want
 }
 constexpr double kHalfMaxRel = 2e-3, kHalfMeanRel = 1e-4;
 
-std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, float scale, bool in_place = false) {
+// kk: run these kernels instead of the ones attention() picks for isa.
+std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, float scale, bool in_place = false,
+                       const detail::AttnKernels* kk = nullptr) {
   const ChunkedKv kv = make_chunks(x.k, x.v, c.pos0 + c.n_q, c.cs, c.n_kv, c.hd, c.type);
   std::vector<float> scratch(attention_scratch_floats(pool.size(), c.hd, c.cs), NAN);
   std::vector<float> q = x.q, out(q.size(), NAN);
@@ -198,7 +200,10 @@ std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, 
   a.f16_accumulator = c.type == DType::kF16 && c.f16_acc;
   a.scale = scale;
   a.scratch = scratch.data();
-  attention(isa, a, pool);
+  if (kk)
+    detail::attention_with(*kk, a, pool);
+  else
+    attention(isa, a, pool);
   return in_place ? q : out;
 }
 
@@ -252,6 +257,17 @@ class AttentionTest : public ::testing::Test {
           worst_ = std::max(worst_, e);
           ASSERT_LE(e, tol) << c.name() << " " << isa_name(isa) << " threads=" << pool->size();
         }
+#if defined(EBB_ARCH_X86)
+      // The AVX-512 target's F32 arithmetic on CPUs that run AVX-512 in halves,
+      // whichever CPU this is.
+      if (isa_supported(Isa::kAvx512))
+        if (const detail::AttnKernels* kk = detail::attn_kernels_avx512_avx2_scores(c.type, c.hd))
+          for (ThreadPool* pool : {&pool1, &pool2}) {
+            const double e = max_err(run(Isa::kAvx512, *pool, c, x, scale, in_place, kk), want);
+            worst_ = std::max(worst_, e);
+            ASSERT_LE(e, tol) << c.name() << " avx512 with avx2 scores threads=" << pool->size();
+          }
+#endif
       return;
     }
     const auto want16 = reference_f16(c, x, scale);
@@ -441,6 +457,41 @@ TEST(AttentionKernels, Avx512ScoresSumInTheReferenceEnginesOrder) {
                 << "hd=" << hd << " nr=" << nr << " np=" << np << " row " << r << " position " << j;
       }
   }
+}
+#endif
+
+TEST(AttentionKernels, Avx512InHalvesOnlyOnAmdFamily19hWithAvx512) {
+  EXPECT_TRUE(detail::avx512_in_halves_for(true, 0x19, true));    // Zen 4
+  EXPECT_FALSE(detail::avx512_in_halves_for(true, 0x19, false));  // Zen 3: no AVX-512 at all
+  EXPECT_FALSE(detail::avx512_in_halves_for(true, 0x1A, true));   // Zen 5: full-width units
+  EXPECT_FALSE(detail::avx512_in_halves_for(false, 0x19, true));
+  EXPECT_FALSE(detail::avx512_in_halves_for(false, 6, true));
+}
+
+#if defined(EBB_ARCH_X86)
+TEST_F(AttentionTest, Avx512TargetTakesAvx2ScoresWhereAvx512RunsInHalves) {
+  if (!isa_supported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  // A prefill and a decode, F16 KV in both arithmetics and F32 KV: the
+  // AVX-512 target gives exactly what its table for this CPU gives: AVX2's
+  // scores in the F32 arithmetic where AVX-512 runs in halves, its own
+  // otherwise and always in the half-precision arithmetic (whose scores are
+  // the reference engine's).
+  for (int64_t n_q : {8, 1})
+    for (DType t : {DType::kF16, DType::kF32})
+      for (bool f16_acc : {true, false}) {
+        if (t == DType::kF32 && f16_acc) continue;
+        const Case c{.n_heads = 16, .n_kv = 8, .hd = 128, .pos0 = 700, .n_q = n_q, .type = t, .f16_acc = f16_acc};
+        const Data x = make_data(c, 23);
+        const float scale = 1.0f / std::sqrt(128.0f);
+        const bool half = t == DType::kF16 && f16_acc;
+        const detail::AttnKernels* want = !half && avx512_in_halves()
+                                              ? detail::attn_kernels_avx512_avx2_scores(t, c.hd)
+                                              : detail::attn_kernels_avx512(t, c.hd);
+        ASSERT_NE(want, nullptr);
+        for (ThreadPool* pool : {&pool1, &pool2})
+          EXPECT_TRUE(same_bits(run(Isa::kAvx512, *pool, c, x, scale), run(Isa::kAvx512, *pool, c, x, scale, false, want)))
+              << c.name() << " threads=" << pool->size();
+      }
 }
 #endif
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "kernels/attention.h"
 #include "kernels/tensor.h"
 
 namespace ebb::detail {
@@ -99,6 +100,12 @@ const AttnKernels* attn_kernels_avx2(DType kv, int64_t head_dim);  // attention_
 // nullptr when head_dim is not a multiple of 16 (the AVX2 kernels serve then,
 // or the scalar ones).
 const AttnKernels* attn_kernels_avx512(DType kv, int64_t head_dim);  // attention_avx512.cpp
+// The AVX-512 kernels with AVX2's score kernel (qk): the AVX-512 target's F32
+// arithmetic where avx512_in_halves(). nullptr where attn_kernels_avx512 is.
+const AttnKernels* attn_kernels_avx512_avx2_scores(DType kv, int64_t head_dim);
 #endif
+
+// attention() with these kernels (for tests of a table the CPU would not pick).
+void attention_with(const AttnKernels& kk, const AttentionArgs& a, ThreadPool& pool);
 
 }  // namespace ebb::detail

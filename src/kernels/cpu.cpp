@@ -4,6 +4,11 @@
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
 #endif
+#if defined(EBB_ARCH_X86)
+#include <cpuid.h>
+
+#include <cstring>
+#endif
 
 namespace ebb {
 
@@ -78,6 +83,34 @@ std::vector<Isa> supported_isas() {
   for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kNeon, Isa::kRefEngine})
     if (isa_supported(i)) out.push_back(i);
   return out;
+}
+
+namespace detail {
+
+bool avx512_in_halves_for(bool amd, unsigned family, bool avx512f) { return amd && family == 0x19 && avx512f; }
+
+}  // namespace detail
+
+bool avx512_in_halves() {
+#if defined(EBB_ARCH_X86)
+  static const bool halves = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    char vendor[13] = {};
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    // Family: the base field, plus the extended one when the base is 0xF.
+    unsigned family = (a >> 8) & 0xF;
+    if (family == 0xF) family += (a >> 20) & 0xFF;
+    return detail::avx512_in_halves_for(std::strcmp(vendor, "AuthenticAMD") == 0, family,
+                                        __builtin_cpu_supports("avx512f"));
+  }();
+  return halves;
+#else
+  return false;
+#endif
 }
 
 }  // namespace ebb
