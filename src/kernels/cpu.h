@@ -29,10 +29,10 @@ Isa best_isa();               // the fastest supported target
 std::vector<Isa> supported_isas();  // every supported target, scalar first, ref-engine last
 
 // True when the running CPU executes 512-bit vector instructions as two
-// 256-bit halves, so AVX-512 gains no arithmetic width over AVX2 and its
-// 512-bit shuffles cost more (AMD Zen 4: family 0x19 with AVX-512). Kernels
-// that lean on cross-lane reductions then pick their AVX2 variant inside the
-// AVX-512 target. Read from CPUID once.
+// 256-bit halves (AMD Zen 4: family 0x19 with AVX-512), so AVX-512 gains no
+// arithmetic width over AVX2 and a kernel whose AVX-512 form spends more on
+// cross-lane reductions is slower in it (attention's scores); such kernels
+// pick their AVX2 variant inside the AVX-512 target. Read from CPUID once.
 bool avx512_in_halves();
 namespace detail {
 // avx512_in_halves() for a given CPU: AMD family 0x19 (Zen 3 and Zen 4; only
