@@ -66,7 +66,7 @@ int run_ttft(TtftArgs& a) {
     o.parallel_paths.push_back(s == "parallel");
   }
   const std::string profile_path = a.profile.empty() ? default_profile_path() : a.profile;
-  o.profile = a.profile.empty() ? load_profile_or_defaults(profile_path) : DeviceProfile::load(profile_path);
+  o.profile = load_profile_option(a.profile);
   const IoOptions io = elastic_io_options(o.profile);
   char profile_line[512];
   std::error_code ec;

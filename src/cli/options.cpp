@@ -73,9 +73,12 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a) {
   o.elastic_opts.codec = parse_kv_codec(a.kv_codec);
   o.elastic_opts.order = parse_evict_order(a.evict_order);
   o.elastic_opts.overlap = parse_overlap_mode(a.overlap);
-  o.elastic_opts.profile = a.profile.empty() ? load_profile_or_defaults(default_profile_path())
-                                             : DeviceProfile::load(a.profile);
+  o.elastic_opts.profile = load_profile_option(a.profile);
   return std::make_unique<Engine>(o);
+}
+
+DeviceProfile load_profile_option(const std::string& path) {
+  return path.empty() ? load_profile_or_defaults(default_profile_path()) : DeviceProfile::load(path);
 }
 
 SessionOptions session_options(const ModelArgs& a) {

@@ -53,5 +53,8 @@ void add_inspect_command(CLI::App& app, int* rc);
 void add_synth_command(CLI::App& app, int* rc);
 void add_bench_command(CLI::App& app, int* rc);
 void add_profile_command(CLI::App& app, int* rc);
+// The device profile of a --profile option: that file ("": the saved one, or
+// the built-in defaults when none was saved).
+DeviceProfile load_profile_option(const std::string& path);
 
 }  // namespace ebb::cli

@@ -151,7 +151,8 @@ class SystemRun {
     });
     if (sys == TtftSystem::kEbb) {
       // What the profile makes of this model: the policy's unit times.
-      const UnitTimes t = unit_times_ = e_->elastic()->unit_times();
+      unit_times_ = e_->elastic()->unit_times();
+      const UnitTimes& t = unit_times_;
       const HybridSwapPolicy policy(t, 0, 0);
       char buf[256];
       std::snprintf(buf, sizeof buf,
