@@ -169,6 +169,8 @@ void add_speed_command(CLI::App* bench, int* rc) {
 void add_kvcodec_command(CLI::App* bench, int* rc);  // cmd_bench_kvcodec.cpp
 void add_budget_command(CLI::App* bench, int* rc);   // cmd_bench_budget.cpp
 void add_ttft_command(CLI::App* bench, int* rc);     // cmd_bench_ttft.cpp
+void add_bench_batch_command(CLI::App* bench, int* rc);   // bench/bench_batch.cpp
+void add_bench_prefix_command(CLI::App* bench, int* rc);  // bench/bench_prefix.cpp
 
 void add_bench_command(CLI::App& app, int* rc) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks (speed)");
@@ -177,6 +179,8 @@ void add_bench_command(CLI::App& app, int* rc) {
   add_kvcodec_command(bench, rc);
   add_budget_command(bench, rc);
   add_ttft_command(bench, rc);
+  add_bench_batch_command(bench, rc);
+  add_bench_prefix_command(bench, rc);
 }
 
 }  // namespace ebb::cli

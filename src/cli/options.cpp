@@ -47,7 +47,9 @@ void add_sampling_options(CLI::App* app, SamplerOptions& s) {
   app->add_option("--seed", s.seed, "Random seed (0: random)")->capture_default_str();
 }
 
-std::unique_ptr<Engine> make_engine(const ModelArgs& a) {
+std::unique_ptr<Engine> make_engine(const ModelArgs& a) { return std::make_unique<Engine>(engine_options(a)); }
+
+EngineOptions engine_options(const ModelArgs& a) {
   EngineOptions o;
   o.model_path = a.model;
   o.n_threads = a.threads;
@@ -74,7 +76,7 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a) {
   o.elastic_opts.order = parse_evict_order(a.evict_order);
   o.elastic_opts.overlap = parse_overlap_mode(a.overlap);
   o.elastic_opts.profile = load_profile_option(a.profile);
-  return std::make_unique<Engine>(o);
+  return o;
 }
 
 DeviceProfile load_profile_option(const std::string& path) {

@@ -39,6 +39,7 @@ void add_sampling_options(CLI::App* app, SamplerOptions& s);
 
 // Builds the engine and a session from the options; errors are ebb::Error.
 std::unique_ptr<Engine> make_engine(const ModelArgs& a);
+EngineOptions engine_options(const ModelArgs& a);
 SessionOptions session_options(const ModelArgs& a);
 
 // "1.5 MiB"
