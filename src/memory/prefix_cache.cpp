@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
+#include "memory/cache_store.h"
 #include "memory/kv_cache.h"
 #include "platform/error.h"
 #include "platform/hash.h"
@@ -18,6 +20,7 @@ struct PrefixCache::Node {
   std::vector<KvChunkHandle> kv;   // [n_layer]; empty for a root's sentinel
   std::vector<std::unique_ptr<Node>> children;
   int64_t depth_tokens = 0;        // prefix length at this node's end
+  uint64_t id = 0;                 // key hash chained over every token to the end (CacheStore)
   double heat = 0;                 // H_P as of access `last`
   uint64_t last = 0;
 };
@@ -48,7 +51,9 @@ std::string CacheKey::adapter_state() const {
   return s;
 }
 
-PrefixCache::PrefixCache(int64_t n_layer, PrefixCacheOptions opts) : n_layer_(n_layer), opts_(opts) {
+PrefixCache::PrefixCache(int64_t n_layer, PrefixCacheOptions opts, CacheStore* store, KvPool* pool)
+    : n_layer_(n_layer), opts_(opts), store_(store), pool_(pool) {
+  EBB_CHECK(!store_ || pool_);
   if (!(opts_.lambda > 0 && opts_.lambda < 1)) throw Error("prefix cache heat decay must lie in (0, 1)");
   if (opts_.l_max < 1) throw Error("prefix cache length cap must be at least 1 token");
 }
@@ -74,6 +79,7 @@ PrefixCache::Root& PrefixCache::root_for(const CacheKey& key) {
   auto r = std::make_unique<Root>();
   r->key = key;
   r->node.root = r.get();
+  r->node.id = key.hash();
   roots_.push_back(std::move(r));
   return *roots_.back();
 }
@@ -99,6 +105,7 @@ PrefixHit PrefixCache::lookup(const CacheKey& key, std::span<const int32_t> toke
     if (r->key == key) root = r.get();
   const std::string state = key.adapter_state();
   adapter_heat(state, true);
+  if (!root && store_) root = &root_for(key);
   if (!root) return hit;
   const int64_t cs = key.chunk_size;
   const int64_t limit = std::min<int64_t>(static_cast<int64_t>(tokens.size()), max_tokens);
@@ -110,6 +117,26 @@ PrefixHit PrefixCache::lookup(const CacheKey& key, std::span<const int32_t> toke
     Node* next = nullptr;
     for (auto& ch : at->children)
       if (ch->token_hash == h && std::equal(chunk.begin(), chunk.end(), ch->tokens.begin())) next = ch.get();
+    if (!next && store_) {
+      // RAM ends here; the persistent tier may hold the next chunk.
+      const uint64_t id = CacheStore::chain(at->id, chunk);
+      std::optional<std::vector<KvChunkHandle>> kv =
+          store_->read(id, key.hash(), chunk, cs, key.kv_type, key.f16_accumulator, *pool_);
+      if (kv) {
+        auto node = std::make_unique<Node>();
+        node->root = root;
+        node->parent = at;
+        node->tokens.assign(chunk.begin(), chunk.end());
+        node->token_hash = h;
+        node->depth_tokens = (c + 1) * cs;
+        node->id = id;
+        node->last = clock_;
+        node->kv = std::move(*kv);
+        next = node.get();
+        at->children.push_back(std::move(node));
+        ++stats_.read_from_store;
+      }
+    }
     if (!next) break;
     if (any_lost(next->kv)) {
       // A restore could not bring this KV back: it and everything after it
@@ -164,15 +191,23 @@ void PrefixCache::insert(const CacheKey& key, std::span<const int32_t> tokens, c
       node->tokens.assign(chunk.begin(), chunk.end());
       node->token_hash = h;
       node->depth_tokens = (c + 1) * cs;
+      node->id = CacheStore::chain(at->id, chunk);
       node->last = clock_;
       node->kv.reserve(static_cast<size_t>(n_layer_));
+      bool resident = true;
       for (int64_t l = 0; l < n_layer_; ++l) {
         EBB_CHECK(kv.chunk(l, c).rows >= cs);
         node->kv.push_back(kv.handle(l, c));
+        resident = resident && kv.chunk(l, c).resident();
       }
       next = node.get();
       at->children.push_back(std::move(node));
       ++stats_.inserted_chunks;
+      if (store_ && resident) {
+        std::vector<uint64_t> digests;
+        for (const AdapterKey& a : key.adapters) digests.push_back(a.digest);
+        store_->write(next->id, key.hash(), digests, chunk, next->kv);
+      }
     }
     at = next;
   }

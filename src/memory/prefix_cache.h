@@ -34,6 +34,7 @@
 
 namespace ebb {
 
+class CacheStore;
 class KvCache;
 
 // One adapter of a key: name, version, and the digest of that version's
@@ -83,11 +84,15 @@ struct PrefixCacheStats {
   int64_t inserted_chunks = 0;
   int64_t dropped_chunks = 0;  // nodes dropped over the limit
   int64_t rejected_lost = 0;   // nodes dropped because a restore lost their KV
+  int64_t read_from_store = 0; // nodes brought back from the persistent tier
 };
 
 class PrefixCache {
  public:
-  PrefixCache(int64_t n_layer, PrefixCacheOptions opts = {});
+  // store (optional): the persistent tier. New full chunks are written to
+  // it, and a lookup continues there where RAM ends; chunks read back are
+  // taken from `pool`.
+  PrefixCache(int64_t n_layer, PrefixCacheOptions opts = {}, CacheStore* store = nullptr, KvPool* pool = nullptr);
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
@@ -139,6 +144,8 @@ class PrefixCache {
 
   int64_t n_layer_;
   PrefixCacheOptions opts_;
+  CacheStore* store_ = nullptr;
+  KvPool* pool_ = nullptr;
   std::vector<std::unique_ptr<Root>> roots_;
   struct AdapterHeat {
     double heat = 0;

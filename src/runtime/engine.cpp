@@ -90,7 +90,18 @@ Engine::Engine(const EngineOptions& opts)
     kv_pool_->set_listener(elastic_.get());
     weight_source_ = elastic_.get();
   }
-  if (opts_.prefix_cache) prefix_cache_ = std::make_unique<PrefixCache>(c.n_layer, opts_.prefix_cache_opts);
+  if (!opts_.cache_dir.empty() && !opts_.prefix_cache) {
+    throw Error("a KV cache directory needs the prefix cache (it is the cache's persistent tier)");
+  }
+  if (!opts_.cache_dir.empty()) {
+    cache_store_ = std::make_unique<CacheStore>(
+        CacheStoreOptions{opts_.cache_dir, opts_.cache_dir_bytes, fingerprint_},
+        KvShape{c.n_layer, c.n_head_kv, c.head_dim});
+  }
+  if (opts_.prefix_cache) {
+    prefix_cache_ = std::make_unique<PrefixCache>(c.n_layer, opts_.prefix_cache_opts, cache_store_.get(),
+                                                  kv_pool_.get());
+  }
 }
 
 EvictReport Engine::evict(uint64_t bytes) {

@@ -13,6 +13,7 @@
 #include "memory/budget_plan.h"
 #include "memory/elastic.h"
 #include "memory/kv_pool.h"
+#include "memory/cache_store.h"
 #include "memory/prefix_cache.h"
 #include "model/model.h"
 #include "platform/allocator.h"
@@ -36,6 +37,10 @@ struct EngineOptions {
   // namespace, adapters and tokens) instead of recomputing it.
   bool prefix_cache = false;
   PrefixCacheOptions prefix_cache_opts;
+  // The prefix cache's persistent tier ("": none): full chunks are written
+  // there and read back by a later process (needs prefix_cache).
+  std::string cache_dir;
+  uint64_t cache_dir_bytes = 0;  // 0: no limit
 };
 
 // Bytes by category, equal to what went through the engine's allocator.
@@ -73,6 +78,7 @@ class Engine {
   KvPool& kv_pool() { return *kv_pool_; }
   // nullptr when off.
   PrefixCache* prefix_cache() { return prefix_cache_.get(); }
+  CacheStore* cache_store() { return cache_store_.get(); }
   Isa isa() const { return isa_; }
 
   // Where forward passes take their weights: nullptr while every unit is
@@ -115,6 +121,7 @@ class Engine {
   std::unique_ptr<WeightSource> budget_source_;  // budget mode
   std::unique_ptr<KvPool> kv_pool_;               // outlives every holder of its chunks
   std::unique_ptr<ElasticMemory> elastic_;        // declared after model_ and kv_pool_: destroyed first
+  std::unique_ptr<CacheStore> cache_store_;       // the prefix cache's persistent tier
   std::unique_ptr<PrefixCache> prefix_cache_;     // holds pool chunks: destroyed before the pool and elastic
   mutable std::mutex sessions_mu_;
   std::vector<Session*> sessions_;
