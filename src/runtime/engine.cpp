@@ -110,7 +110,7 @@ EvictReport Engine::evict(uint64_t bytes) {
 }
 
 EvictReport Engine::set_memory_limit(uint64_t bytes) {
-  if (!elastic_) throw Error("elastic memory is off (budget mode); use --memory-budget instead");
+  if (!elastic_) throw Error("elastic memory is off (budget mode): the memory budget already bounds the weights");
   return elastic_->set_memory_limit(bytes);
 }
 
