@@ -2,6 +2,8 @@
 // are bit-identical to the fully resident run under every budget and system.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -288,6 +290,187 @@ TEST(BudgetCgroup, RunStaysWithinBudgetUnderMemoryCgroup) {
     EXPECT_EQ(got.out, want.out) << budget;
     EXPECT_NE(all.find("oom_kill 0"), std::string::npos) << all;
   }
+}
+
+}  // namespace
+}  // namespace ebb
+
+// Issue 21 item 7: a failed streamed read must not leave a slot whose unread
+// buffer is used (here: acquiring the layer again after the failure).
+namespace ebb {
+namespace {
+
+TEST(BudgetStreaming, FailedReadIsReadAgainNotUsedUnread) {
+  const std::string name = "tiny-qwen3-f16.gguf";
+  auto ref = make(name);
+  BudgetOptions b;
+  b.budget = bounds(*ref).min;
+  b.system = BudgetSystem::kPrefetch;  // every 2-D tensor streamed
+  auto e = make(name, b);
+  auto* st = dynamic_cast<WeightStreamer*>(e->budget_source());
+  ASSERT_NE(st, nullptr);
+  const int q = e->model().layout().layer_slots[0].attn_q;
+  ASSERT_FALSE(st->plan().layers[0].preserved[q]);
+  const WeightUnit& ru = ref->model().layer_unit(0);
+  const uint64_t q_bytes = ru.slots()[q].unit_bytes;
+
+  const std::vector<int32_t> toks = {1, 2, 3};
+  fail_reads_for_test(e->model().file().path(), 1);  // the pass's first read: layer 0
+  st->begin_pass(toks);
+  try {
+    st->acquire_layer(0);
+    FAIL() << "the injected fault was not reported";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("injected read fault"), std::string::npos) << err.what();
+  }
+  const LayerWeights w = st->acquire_layer(0);
+  EXPECT_EQ(std::memcmp(w.q.data, ru.data(q), q_bytes), 0) << "layer 0 served from a buffer its failed read left";
+  st->release_layer(0);
+  st->end_pass();
+  fail_reads_for_test("", 0);
+  // Whole passes afterwards are exact.
+  const std::vector<float> want = run_logits(*ref), got = run_logits(*e);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+}
+
+// A model file rewritten in place with its size, inode and mtime kept
+// (`rsync --inplace -t`): budget mode's streamed reads are checked against
+// the first read of each step, so the next pass fails instead of computing
+// with other weights.
+TEST(BudgetStreaming, FileRewrittenInPlaceWithIdentityKeptFailsThePass) {
+  test::TempDir dir("ebb-budget-rewrite");
+  const std::string copy = dir.file("model.gguf");
+  std::filesystem::copy_file(test::model_path("tiny-qwen3-f16.gguf"), copy);
+  EngineOptions o;
+  o.model_path = copy;
+  o.n_threads = 1;
+  o.prefill_batch = 4;
+  o.budget.system = BudgetSystem::kPrefetch;
+  o.budget.budget = std::numeric_limits<uint64_t>::max() / 4;  // kPrefetch streams every 2-D tensor anyway
+  o.budget.window = 1;  // only the next pass's layer 0 is read ahead, before the file changes
+  auto e = std::make_unique<Engine>(o);
+  Session s(*e);
+  const std::vector<TokenId> prompt = e->tokenizer().encode("Once upon a time");
+  s.feed(prompt);
+  // Flip bytes in the middle of layer 1's FFN down matrix, keep the mtime.
+  const TensorSlot& t = e->model().layer_unit(1).slots()[e->model().layout().layer_slots[1].ffn_down];
+  struct stat before {};
+  ASSERT_EQ(::stat(copy.c_str(), &before), 0);
+  {
+    std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(t.file_offset + t.file_bytes / 2));
+    const char junk[4] = {0x11, 0x22, 0x33, 0x44};
+    f.write(junk, 4);
+  }
+  const struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, copy.c_str(), times, 0), 0);
+  struct stat after {};
+  ASSERT_EQ(::stat(copy.c_str(), &after), 0);
+  ASSERT_EQ(after.st_ino, before.st_ino);
+  ASSERT_EQ(after.st_size, before.st_size);
+  ASSERT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+  // Each pass checks one step in rotation: the change is found within one rotation.
+  auto* st = dynamic_cast<WeightStreamer*>(e->budget_source());
+  ASSERT_NE(st, nullptr);
+  const int rotation = st->plan().steps_per_pass();
+  std::string m;
+  for (int pass = 0; pass <= rotation && m.empty(); ++pass) {
+    const TokenId next = 42;
+    try {
+      s.feed(std::span<const TokenId>(&next, 1));
+    } catch (const Error& err) {
+      m = err.what();
+    }
+  }
+  ASSERT_FALSE(m.empty()) << "weights changed under the engine were used for a whole rotation";
+  EXPECT_NE(m.find("differs from the weights loaded"), std::string::npos) << m;
+  EXPECT_NE(m.find("layer 1"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace ebb
+
+// Issue 21 item 7: budget mode's KV takes what it uses. The plan starts with
+// the KV of one batch and a chunk (more weights resident than a plan that
+// reserves the whole context), follows the KV as it grows, chunk by chunk,
+// and comes back down when a session ends; the logits stay bit-identical and
+// the ledger within the budget throughout.
+namespace ebb {
+namespace {
+
+std::unique_ptr<Engine> make_kv(const std::string& model, const BudgetOptions& b) {
+  EngineOptions o;
+  o.model_path = test::model_path(model);
+  o.n_threads = 1;
+  o.prefill_batch = 8;
+  o.kv_chunk_size = 16;
+  o.budget = b;
+  return std::make_unique<Engine>(o);
+}
+
+TEST(BudgetKv, PlanHoldsTheKvInUseAndFollowsItAsItGrows) {
+  const std::string name = "tiny-qwen3-f16.gguf";
+  BudgetOptions b;
+  b.n_ctx = 512;
+  auto ref = make_kv(name, {});
+  // A budget half way between the up-front plans' minimum and everything.
+  BudgetOptions probe = b;
+  probe.kv_on_demand = false;
+  probe.budget = std::numeric_limits<uint64_t>::max() / 4;
+  probe.system = BudgetSystem::kPrefetch;
+  const uint64_t lo = plan_for(ref->model(), ref->forward(), probe, 16).total();
+  probe.system = BudgetSystem::kEbb;
+  const uint64_t hi = plan_for(ref->model(), ref->forward(), probe, 16).total();
+  b.budget = lo + (hi - lo) / 2;
+
+  BudgetOptions upfront = b;
+  upfront.kv_on_demand = false;
+  auto e_up = make_kv(name, upfront);
+  auto e = make_kv(name, b);
+  auto* st_up = dynamic_cast<WeightStreamer*>(e_up->budget_source());
+  auto* st = dynamic_cast<WeightStreamer*>(e->budget_source());
+  ASSERT_TRUE(st && st_up);
+  const uint64_t kv_512 = st_up->plan().kv;
+  EXPECT_LT(st->plan().kv, kv_512 / 4) << "the plan reserves KV nobody uses yet";
+  EXPECT_GT(st->plan().resident_weight_bytes(), st_up->plan().resident_weight_bytes());
+
+  const std::vector<TokenId> toks = [] {
+    std::vector<TokenId> t(400);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<TokenId>(1 + (i * 37) % 250);
+    return t;
+  }();
+  SessionOptions so;
+  so.n_ctx = 512;
+  Session want(*ref, so);
+  const uint64_t first_resident = st->plan().resident_weight_bytes();
+  uint64_t grown_resident = 0;
+  {
+    Session s(*e, so);
+    for (size_t at = 0; at < toks.size(); at += 25) {
+      const std::span<const TokenId> part(toks.data() + at, std::min<size_t>(25, toks.size() - at));
+      const auto w = want.feed(part);
+      const std::vector<float> w_copy(w.begin(), w.end());
+      const auto g = s.feed(part);
+      ASSERT_EQ(std::memcmp(g.data(), w_copy.data(), w_copy.size() * sizeof(float)), 0) << "after " << at;
+      const uint64_t kv_in_use = static_cast<uint64_t>(e->ledger().bytes(MemCategory::kKvCache));
+      EXPECT_GE(st->plan().kv, kv_in_use) << "after " << at;
+      EXPECT_LE(static_cast<uint64_t>(e->ledger().total()), b.budget) << "after " << at;
+    }
+    EXPECT_GE(st->replans(), 3) << "the plan did not follow the KV";
+    grown_resident = st->plan().resident_weight_bytes();
+    EXPECT_LT(grown_resident, first_resident) << "weights did not make room for the KV";
+  }
+  // The session's KV is gone: the next pass plans for little KV again.
+  Session s2(*e, so);
+  const std::vector<TokenId> few(toks.begin(), toks.begin() + 5);
+  Session want2(*ref, so);
+  const auto w = want2.feed(few);
+  const std::vector<float> w_copy(w.begin(), w.end());
+  const auto g = s2.feed(few);
+  EXPECT_EQ(std::memcmp(g.data(), w_copy.data(), w_copy.size() * sizeof(float)), 0);
+  EXPECT_LT(st->plan().kv, kv_512 / 4);
+  EXPECT_GT(st->plan().resident_weight_bytes(), grown_resident) << "weights did not come back";
 }
 
 }  // namespace

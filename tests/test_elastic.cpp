@@ -8,9 +8,12 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/matmul.h"
+#include "platform/direct_io.h"
 #include "platform/error.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -452,6 +455,155 @@ TEST(ElasticPacked, RestoredAndStreamedPackedWeightsAreExact) {
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ebb
+
+// Issue 21 item 7: restored and streamed weights are checked against the
+// layer checksums taken at load; the descriptor held since load serves a file
+// replaced or deleted under it; a failed streamed read never leaves a slot
+// whose unread buffer is used.
+namespace ebb {
+namespace {
+
+// Writes 4 bytes into the middle of a tensor of `file` in place and puts
+// its mtime back, as `rsync --inplace -t` leaves a changed file: same size,
+// inode and mtime.
+void rewrite_in_place_keeping_identity(const std::string& file, const TensorSlot& t) {
+  struct stat before {};
+  ASSERT_EQ(::stat(file.c_str(), &before), 0);
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(t.file_offset + t.file_bytes / 2));
+    const char junk[4] = {0x11, 0x22, 0x33, 0x44};
+    f.write(junk, 4);
+  }
+  const struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, file.c_str(), times, 0), 0);
+  struct stat after {};
+  ASSERT_EQ(::stat(file.c_str(), &after), 0);
+  ASSERT_EQ(after.st_ino, before.st_ino);
+  ASSERT_EQ(after.st_size, before.st_size);
+  ASSERT_EQ(after.st_mtim.tv_sec, before.st_mtim.tv_sec);
+  ASSERT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+}
+
+int first_dropped_layer(Engine& e) {
+  for (int l = 0; l < e.model().n_layers(); ++l)
+    if (!e.model().layer_unit(l).resident()) return l;
+  return -1;
+}
+
+void expect_changed_error(Session& s, std::span<const TokenId> toks, int layer) {
+  try {
+    s.feed(toks);
+    FAIL() << "weights changed on disk were used";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("differs from the weights loaded"), std::string::npos) << m;
+    EXPECT_NE(m.find("layer " + std::to_string(layer)), std::string::npos) << m;
+  }
+}
+
+TEST_F(ElasticTest, RestoredLayerRewrittenInPlaceWithIdentityKeptIsRefused) {
+  const std::string copy = dir + "/model.gguf";
+  std::filesystem::copy_file(model, copy);
+  auto eng = make_engine(copy, dir);
+  Session s(*eng);
+  s.feed(context);
+  eng->evict(evictable(*eng, s));
+  const int l = first_dropped_layer(*eng);
+  ASSERT_GE(l, 0);
+  const LayerLayout& ls = eng->model().layout().layer_slots[l];
+  rewrite_in_place_keeping_identity(copy, eng->model().layer_unit(l).slots()[ls.ffn_up]);
+  ASSERT_TRUE(eng->model().file().unchanged_on_disk());  // the identity check cannot see it
+  expect_changed_error(s, query, l);
+}
+
+TEST_F(ElasticTest, StreamedLayerRewrittenInPlaceWithIdentityKeptIsRefused) {
+  const std::string copy = dir + "/model.gguf";
+  std::filesystem::copy_file(model, copy);
+  auto eng = make_engine(copy, dir, EvictPolicyKind::kPartialOffload);
+  Session s(*eng);
+  s.feed(context);
+  eng->set_memory_limit(evictable(*eng, s) * 3 / 5);
+  const auto first = s.feed(query);
+  ASSERT_TRUE(eng->elastic()->streaming());
+  for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(first[i], ref_logits[i]) << i;
+  const int l = first_dropped_layer(*eng);
+  ASSERT_GE(l, 0);
+  const LayerLayout& ls = eng->model().layout().layer_slots[l];
+  rewrite_in_place_keeping_identity(copy, eng->model().layer_unit(l).slots()[ls.attn_q]);
+  // The slots may still hold layer l from the last pass: make the next pass read it.
+  const auto more = tokens(70, n_vocab, 4);
+  expect_changed_error(s, more, l);
+}
+
+TEST_F(ElasticTest, FileReplacedOrDeletedIsRestoredFromTheHeldDescriptor) {
+  const std::string copy = dir + "/model.gguf";
+  std::filesystem::copy_file(model, copy);
+  auto eng = make_engine(copy, dir, EvictPolicyKind::kPartialOffload);  // lossless: logits compare exactly
+  Session s(*eng);
+  s.feed(context);
+  eng->evict(evictable(*eng, s));
+  ASSERT_GE(first_dropped_layer(*eng), 0);
+  // Another file renamed over the path (a new inode whose bytes differ).
+  const std::string other = dir + "/other.gguf";
+  std::filesystem::copy_file(model, other);
+  {
+    const int l = first_dropped_layer(*eng);
+    const TensorSlot& t = eng->model().layer_unit(l).slots()[eng->model().layout().layer_slots[l].ffn_up];
+    std::fstream f(other, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(t.file_offset + 64));
+    f.write("\x7f\x7f\x7f\x7f", 4);
+  }
+  std::filesystem::rename(other, copy);
+  ASSERT_FALSE(eng->model().file().unchanged_on_disk());
+  auto logits = s.feed(query);
+  for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], ref_logits[i]) << "replaced, token " << i;
+  // Deleted: the descriptor still holds the original inode.
+  s.truncate(static_cast<int64_t>(context.size()));
+  eng->evict(evictable(*eng, s));
+  ASSERT_GE(first_dropped_layer(*eng), 0);
+  std::filesystem::remove(copy);
+  logits = s.feed(query);
+  for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], ref_logits[i]) << "deleted, token " << i;
+}
+
+TEST_F(ElasticTest, FailedStreamedReadIsReadAgainNotUsedUnread) {
+  auto eng = make_engine(model, dir, EvictPolicyKind::kPartialOffload);
+  Session s(*eng);
+  s.feed(context);
+  eng->set_memory_limit(evictable(*eng, s) * 3 / 5);
+  ElasticMemory& em = *eng->elastic();
+  em.restore();  // what fits comes back; the rest streams, no slot holds a layer yet
+  ASSERT_TRUE(em.streaming());
+  const int l = first_dropped_layer(*eng);
+  ASSERT_GE(l, 0);
+  const std::vector<int32_t> toks = {1, 2};
+  fail_reads_for_test(model, 1);  // the pass's first streamed read: layer l
+  em.begin_pass(toks);
+  for (int i = 0; i < l; ++i) {
+    em.acquire_layer(i);
+    em.release_layer(i);
+  }
+  try {
+    em.acquire_layer(l);
+    FAIL() << "the injected fault was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("injected read fault"), std::string::npos) << e.what();
+  }
+  fail_reads_for_test("", 0);
+  const LayerWeights w = em.acquire_layer(l);
+  const WeightUnit& ru = ref_engine->model().layer_unit(l);
+  const int q = ref_engine->model().layout().layer_slots[l].attn_q;
+  EXPECT_EQ(std::memcmp(w.q.data, ru.data(q), ru.slots()[q].unit_bytes), 0)
+      << "layer " << l << " served from a buffer its failed read left";
+  em.release_layer(l);
+  // A whole turn afterwards is exact.
+  const auto logits = s.feed(query);
+  for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], ref_logits[i]) << i;
 }
 
 }  // namespace

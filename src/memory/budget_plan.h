@@ -43,6 +43,10 @@ struct BudgetOptions {
   BudgetSystem system = BudgetSystem::kEbb;
   int window = 3;       // prefetch window k, in steps (layers or head parts)
   int64_t n_ctx = 0;    // context the KV reserve covers; 0: min(training context, 4096)
+  // true: a plan holds the KV in use plus a margin and follows it between
+  // passes (KvReplan), so a short chat keeps more weights resident; false:
+  // KV for n_ctx tokens is reserved up front.
+  bool kv_on_demand = true;
   int kv_elem_bytes = 2;  // 2: F16 KV, 4: F32 KV
 };
 

@@ -42,6 +42,7 @@ ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts
       kv_(kv),
       io_(std::make_unique<IoEngine>(elastic_io_options(opts_.profile))),
       gguf_(DirectFile::open_read(model.file().path())),
+      weight_crc_(model),
       stack_(alloc) {}
 // The destructor is in elastic_restore.cpp, where Latches is complete.
 

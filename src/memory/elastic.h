@@ -31,6 +31,7 @@
 #include "memory/kv_pool.h"
 #include "memory/residency.h"
 #include "memory/swap_file.h"
+#include "memory/weight_verify.h"
 #include "model/model.h"
 #include "model/weight_source.h"
 #include "platform/direct_io.h"
@@ -216,6 +217,10 @@ class ElasticMemory final : public WeightSource, public KvPoolListener {
   uint64_t max_unit_bytes() const;
   int next_streamed_after(int layer) const;
   void stream_submit(StreamSlot& s, int layer);
+  // Waits for a slot's read, converts and verifies it; a failed read or
+  // check leaves the slot empty (never holding an unread buffer) and throws.
+  void stream_wait(StreamSlot& s);
+  void stream_forget(StreamSlot& s);  // waits (ignoring errors) and empties the slot
   void stream_prefetch();
   void stop_streaming();
 
@@ -237,6 +242,7 @@ class ElasticMemory final : public WeightSource, public KvPoolListener {
   ThreadPool* pool_;                 // may be null
   std::unique_ptr<IoEngine> io_;
   DirectFile gguf_;                  // the model file, for direct reads of weights
+  WeightChecksums weight_crc_;       // of each layer as loaded: restored and streamed layers are checked
   std::unique_ptr<SwapFile> swap_;
   bool swap_failed_ = false;
   std::string swap_error_;

@@ -177,7 +177,10 @@ void ElasticMemory::run_restore(std::vector<LayerPlan> plan) {
 }
 
 void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
-  const bool file_ok = model_.file().unchanged_on_disk();
+  // Weights are read through the descriptor opened at load: a file renamed
+  // over or deleted since is still the original there. Each layer read is
+  // then checked against its checksum at load (weight_crc_).
+  const bool file_ok = descriptor_unchanged(gguf_.fd(), model_.file());
   const std::string file_error = model_.file().path() +
                                  ": the model file changed on disk since it was loaded; its weights cannot be "
                                  "restored (reload the model; the session's tokens are kept)";
@@ -240,6 +243,7 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
         try {
           io_->wait(p.weights_ticket);
           u.finish_load();
+          weight_crc_.verify(p.layer, u, u.base(), model_.file().path());
           ++last_restore_.weights_loaded;
         } catch (const Error& e) {
           u.release();
@@ -390,7 +394,7 @@ LayerWeights ElasticMemory::acquire_layer(int l) {
   if (!slot) {
     for (StreamSlot& s : stream_)
       if (!s.in_use) {
-        if (s.pending) io_->wait(s.ticket), s.pending = false;
+        stream_forget(s);
         stream_submit(s, l);
         slot = &s;
         break;
@@ -399,9 +403,7 @@ LayerWeights ElasticMemory::acquire_layer(int l) {
   EBB_CHECK_MSG(slot, "both streaming slots are in use");
   if (slot->pending) {
     Stopwatch sw;
-    slot->pending = false;
-    io_->wait(slot->ticket);
-    model_.layer_unit(l).convert_slots(slot->buf.as<uint8_t>());
+    stream_wait(*slot);  // throws with the slot emptied when the read or its check failed
     last_restore_.stall_s += sw.seconds();
   }
   slot->in_use = true;

@@ -33,6 +33,36 @@ void ElasticMemory::stream_submit(StreamSlot& s, int layer) {
   s.pending = true;
 }
 
+void ElasticMemory::stream_wait(StreamSlot& s) {
+  // The slot counts as pending until its read is waited for and checked: a
+  // failed read empties it, so no later pass takes its unread buffer.
+  try {
+    io_->wait(s.ticket);
+    WeightUnit& u = model_.layer_unit(s.layer);
+    u.convert_slots(s.buf.as<uint8_t>());
+    weight_crc_.verify(s.layer, u, s.buf.as<uint8_t>(), model_.file().path());
+  } catch (...) {
+    s.pending = false;
+    s.in_use = false;
+    s.layer = -1;
+    throw;
+  }
+  s.pending = false;
+}
+
+void ElasticMemory::stream_forget(StreamSlot& s) {
+  if (s.pending) {
+    try {
+      io_->wait(s.ticket);
+    } catch (const Error&) {
+      // Its layer is not used: the error no longer matters.
+    }
+  }
+  s.pending = false;
+  s.in_use = false;
+  s.layer = -1;
+}
+
 // Keeps the free slot busy with the next layer the pass will need.
 void ElasticMemory::stream_prefetch() {
   int after = -1;
@@ -51,12 +81,7 @@ void ElasticMemory::stream_prefetch() {
 
 void ElasticMemory::stop_streaming() {
   for (StreamSlot& s : stream_) {
-    if (s.pending) {
-      try {
-        io_->wait(s.ticket);
-      } catch (const Error&) {
-      }
-    }
+    stream_forget(s);
     s = StreamSlot{};
   }
   streaming_ = false;
@@ -64,7 +89,10 @@ void ElasticMemory::stop_streaming() {
 
 void ElasticMemory::begin_pass(std::span<const int32_t>) {
   if (!streaming_) return;
-  if (!model_.file().unchanged_on_disk()) {
+  // The descriptor held since load is read, so a file replaced or deleted
+  // under it is still fine; a file rewritten in place is not (and one
+  // rewritten with its mtime kept fails the layer checksums).
+  if (!descriptor_unchanged(gguf_.fd(), model_.file())) {
     throw Error(model_.file().path() +
                 ": the model file changed on disk since it was loaded; its weights cannot be streamed "
                 "(reload the model; the session's tokens are kept)");
@@ -74,12 +102,8 @@ void ElasticMemory::begin_pass(std::span<const int32_t>) {
   const int first = next_streamed_after(-1);
   bool have_first = false;
   for (const StreamSlot& s : stream_) have_first = have_first || s.layer == first;
-  if (!have_first) {
-    for (StreamSlot& s : stream_) {
-      if (s.pending) io_->wait(s.ticket), s.pending = false;
-      s.layer = -1;
-    }
-  }
+  if (!have_first)
+    for (StreamSlot& s : stream_) stream_forget(s);
   stream_prefetch();
   stream_prefetch();
 }

@@ -106,6 +106,13 @@ class IoEngine {
   std::unique_ptr<Impl> impl_;
 };
 
+// Fault injection for tests: the next `n` batches submitted for reading with
+// this `path` (IoEngine::submit's error-message name) fail without reading
+// anything, their buffers left as they were, as a failed device read leaves
+// them; wait() throws "... injected read fault". n = 0 clears it. Any
+// IoEngine in the process; thread-safe.
+void fail_reads_for_test(const std::string& path, int n);
+
 // Sorts requests by (fd, offset) and merges each one into the one before when
 // both the file ranges and the buffers follow on without a gap, so reads of
 // neighbouring slots into neighbouring buffers become one large request (the

@@ -41,6 +41,28 @@ struct TicketState {
   std::string error;       // first failure
 };
 
+// fail_reads_for_test(): the path whose next `left` read batches fail.
+struct InjectedFaults {
+  std::mutex mu;
+  std::string path;
+  int left = 0;
+};
+InjectedFaults& injected() {
+  static InjectedFaults f;
+  return f;
+}
+
+// True (and one fault used) when a read batch for `path` is to fail.
+bool take_injected_fault(std::span<const IoRequest> reqs, const std::string& path) {
+  InjectedFaults& f = injected();
+  std::lock_guard lock(f.mu);
+  if (f.left <= 0 || path.empty() || path != f.path) return false;
+  for (const IoRequest& r : reqs)
+    if (r.write) return false;
+  --f.left;
+  return true;
+}
+
 // A read that stopped at an unaligned position hit end-of-file: with O_DIRECT
 // only the last, partial block of a file can end a read off the alignment.
 bool at_eof(const Piece& p) { return !p.write && (p.offset + p.done) % kDirectAlign != 0; }
@@ -249,9 +271,14 @@ IoEngine::Ticket IoEngine::submit(std::span<const IoRequest> reqs, std::string p
                   "direct I/O offsets, lengths and buffers must be multiples of kDirectAlign");
     n_pieces += (r.len + piece - 1) / piece;
   }
+  const bool fail = n_pieces > 0 && take_injected_fault(reqs, path);
   std::lock_guard lock(impl_->mu);
   EBB_CHECK(!impl_->stopping);
   const Ticket t = impl_->next_ticket++;
+  if (fail) {  // done at once, nothing read, the error kept for wait()
+    impl_->tickets.emplace(t, TicketState{0, path, path + ": read failed: injected read fault"});
+    return t;
+  }
   if (n_pieces == 0) return t;  // nothing to do: unknown tickets read as done
   impl_->tickets.emplace(t, TicketState{n_pieces, std::move(path), {}});
   for (const IoRequest& r : reqs) {
@@ -292,5 +319,12 @@ void IoEngine::run(std::span<const IoRequest> reqs, std::string path) { wait(sub
 
 const IoOptions& IoEngine::options() const { return impl_->opts; }
 bool IoEngine::uses_uring() const { return impl_->uring; }
+
+void fail_reads_for_test(const std::string& path, int n) {
+  InjectedFaults& f = injected();
+  std::lock_guard lock(f.mu);
+  f.path = path;
+  f.left = n;
+}
 
 }  // namespace ebb

@@ -18,8 +18,18 @@ namespace ebb {
 BudgetOverheads budget_overheads(const Model& model, const Forward& forward, const BudgetOptions& opts,
                                  int64_t kv_chunk_size);
 
-// The plan for an engine's model under opts (throws Error when impossible).
+// Bytes of one KV chunk in every layer (whole pages, as KvCache allocates).
+uint64_t kv_chunk_all_layers(const Model& model, const BudgetOptions& opts, int64_t kv_chunk_size);
+// The KV a plan holds beyond what is in use with opts.kv_on_demand: one
+// forward batch of tokens in whole chunks, plus one chunk, in every layer.
+uint64_t kv_margin(const Model& model, const Forward& forward, const BudgetOptions& opts, int64_t kv_chunk_size);
+
+// The plan for an engine's model under opts (throws Error when impossible):
+// with opts.kv_on_demand the KV of the margin (none in use yet), else KV for
+// opts.n_ctx tokens.
 BudgetPlan plan_for(const Model& model, const Forward& forward, const BudgetOptions& opts, int64_t kv_chunk_size);
+// The plan for `kv_bytes` of KV (what a KvReplan asks for).
+BudgetPlan plan_for_kv(const Model& model, const Forward& forward, const BudgetOptions& opts, uint64_t kv_bytes);
 
 // The source for opts.system: an MmapWeights for kMmap, else a WeightStreamer
 // over plan_for(...).

@@ -6,12 +6,24 @@
 //   u64 n_processed, i32 tokens[n_tokens],
 //   per layer: K rows [n_processed, kv_dim], V rows [n_processed, kv_dim],
 //   u64 FNV-1a checksum of everything before it.
+//
+// Saving writes NAME.tmp and renames it into place; every failure removes
+// NAME.tmp (a full disk stays as full as it was). Loading opens without
+// blocking and refuses anything but a regular file (a FIFO would block the
+// chat forever), and refuses KV that holds NaN or Inf under a valid checksum
+// (the next turn's attention would abort on it).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "platform/error.h"
+#include "platform/fp16.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
 
@@ -58,6 +70,44 @@ class HashedWriter {
   uint64_t h_ = 0xcbf29ce484222325ull;
 };
 
+// Opens `path` for reading without blocking (a FIFO or a device is refused,
+// not waited on) and checks that it is a regular file.
+File open_regular(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(path + ": cannot open session file: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw Error(path + ": cannot stat session file: " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path + ": not a regular file; a session file must be one");
+  }
+  FILE* f = ::fdopen(fd, "rb");
+  if (!f) {
+    const int e = errno;
+    ::close(fd);
+    throw Error(path + ": cannot open session file: " + std::strerror(e));
+  }
+  return File(f);
+}
+
+// Index of the first value of a row that is NaN or infinite, or -1.
+int64_t first_non_finite(const void* row, int64_t n, DType type) {
+  if (type == DType::kF16) {
+    const auto* h = static_cast<const uint16_t*>(row);
+    for (int64_t i = 0; i < n; ++i)
+      if ((h[i] & 0x7c00) == 0x7c00) return i;  // exponent all ones: Inf or NaN
+  } else {
+    const auto* f = static_cast<const float*>(row);
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(f[i])) return i;
+  }
+  return -1;
+}
+
 }  // namespace
 
 void Session::save(const std::string& path) const {
@@ -65,9 +115,9 @@ void Session::save(const std::string& path) const {
   const_cast<Session*>(this)->make_resident();
   const ModelConfig& c = engine_.config();
   const std::string tmp = path + ".tmp";
-  {
-    File f(std::fopen(tmp.c_str(), "wb"));
-    if (!f) throw Error(path + ": cannot create session file: " + std::strerror(errno));
+  File f(std::fopen(tmp.c_str(), "wb"));
+  if (!f) throw Error(path + ": cannot create session file: " + std::strerror(errno));
+  try {
     HashedWriter w(f.get(), path);
     Header h{};
     std::memcpy(h.magic, kMagic, 8);
@@ -91,18 +141,21 @@ void Session::save(const std::string& path) const {
     if (std::fwrite(&d, 1, sizeof(d), f.get()) != sizeof(d) || std::fflush(f.get()) != 0) {
       throw Error(path + ": write failed (disk full?)");
     }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    // fclose can still fail (delayed allocation, NFS); its result counts.
+    if (std::fclose(f.release()) != 0) throw Error(path + ": write failed on close (disk full?)");
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error(path + ": cannot rename session file into place: " + std::strerror(errno));
+  } catch (...) {
+    f.reset();
     std::remove(tmp.c_str());
-    throw Error(path + ": cannot rename session file into place: " + std::strerror(errno));
+    throw;
   }
 }
 
 void Session::load(const std::string& path) {
   make_resident();
   const ModelConfig& c = engine_.config();
-  File f(std::fopen(path.c_str(), "rb"));
-  if (!f) throw Error(path + ": cannot open session file: " + std::strerror(errno));
+  File f = open_regular(path);
   HashedWriter hasher(nullptr, path);
   auto read = [&](void* p, size_t n, const char* what) {
     if (std::fread(p, 1, n, f.get()) != n) throw Error(path + ": session file truncated in " + std::string(what));
@@ -149,6 +202,22 @@ void Session::load(const std::string& path) {
     throw Error(path + ": session file truncated in checksum");
   }
   if (stored != expect) throw Error(path + ": session file checksum mismatch (file is corrupt)");
+  // A valid checksum only says the file is what was written: KV with NaN or
+  // Inf (written by a bad turn, or crafted) is refused before any turn uses it.
+  const int64_t row_values = static_cast<int64_t>(kv->row_bytes() / (ko.type == DType::kF16 ? 2 : 4));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    for (uint64_t p = 0; p < h.n_processed; ++p) {
+      for (const bool is_k : {true, false}) {
+        const void* row = is_k ? kv->k_row(l, static_cast<int64_t>(p)) : kv->v_row(l, static_cast<int64_t>(p));
+        const int64_t i = first_non_finite(row, row_values, ko.type);
+        if (i >= 0) {
+          throw Error(path + ": session file holds a non-finite " + (is_k ? "K" : "V") + " value at layer " +
+                      std::to_string(l) + ", position " + std::to_string(p) + " (element " + std::to_string(i) +
+                      "); refusing to load it");
+        }
+      }
+    }
+  }
   kv_ = std::move(kv);
   opts_.kv_type = ko.type;
   tokens_ = std::move(toks);
