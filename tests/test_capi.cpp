@@ -406,6 +406,37 @@ TEST_F(CApiTest, CallbackMayReadButNotChangeTheEngine) {
   EXPECT_EQ(r.free_session, EBB_ERR_BUSY);
 }
 
+// Two threads generating on two sessions of one engine take turns on its
+// lock, so each gets what it would get alone.
+TEST_F(CApiTest, SessionsOfOneEngineOnTwoThreadsMatchTheirRunsAlone) {
+  ebb_generate_options go = ebb_generate_options_default();
+  go.max_tokens = 12;
+  go.sampling.temperature = 0;
+  go.stop_at_eog = 0;
+  const std::vector<TokenId> other = ref->tokenizer().encode("The little cat");
+  auto run = [&](const std::vector<TokenId>& p, std::string* text, ebb_status* st) {
+    ebb_session* s = new_session();
+    Collected c;
+    *st = ebb_generate(s, p.data(), p.size(), &go, collect, &c, nullptr);
+    *text = c.text;
+    ebb_session_free(s);
+  };
+  std::string alone_a, alone_b, a, b;
+  ebb_status sa = EBB_ERR_INTERNAL, sb = EBB_ERR_INTERNAL;
+  run(prompt, &alone_a, &sa);
+  run(other, &alone_b, &sb);
+  ASSERT_EQ(sa, EBB_OK);
+  ASSERT_EQ(sb, EBB_OK);
+  std::thread ta(run, std::cref(prompt), &a, &sa), tb(run, std::cref(other), &b, &sb);
+  ta.join();
+  tb.join();
+  EXPECT_EQ(sa, EBB_OK);
+  EXPECT_EQ(sb, EBB_OK);
+  EXPECT_EQ(a, alone_a);
+  EXPECT_EQ(b, alone_b);
+  EXPECT_NE(alone_a, alone_b);
+}
+
 TEST_F(CApiTest, FeedAndLogitsEqualTheCppSession) {
   session = new_session();
   ASSERT_EQ(ebb_session_feed(session, prompt.data(), prompt.size()), EBB_OK) << last_error();
