@@ -38,7 +38,8 @@
  *     from several threads wait for one another. Different engines run
  *     independently and in parallel.
  *   - A text callback runs on the thread that called ebb_generate, with the
- *     engine's lock held. It may call the functions that only read
+ *     engine's lock held (other threads' calls on the engine wait until the
+ *     generation ends). It may call the functions that only read
  *     (tokenize, detokenize, model info, footprint, residency, session
  *     tokens); a call that would change the engine or a session (feed,
  *     generate, truncate, evict, restore, set a memory limit, create or free
@@ -119,8 +120,8 @@ typedef struct ebb_engine_options {
 
 EBB_API ebb_engine_options ebb_engine_options_default(void);
 
-/* Loads a model. On EBB_OK *out is a new engine, freed with ebb_engine_free.
- * EBB_ERR_IO: the file cannot be opened; EBB_ERR_MODEL: it is not a model
+/* Loads a model. On EBB_OK *out is a new engine, freed with ebb_engine_free;
+ * on failure *out is set to NULL. EBB_ERR_IO: the file cannot be opened; EBB_ERR_MODEL: it is not a model
  * ebb can run; EBB_ERR_INVALID_ARGUMENT: an option is out of range. */
 EBB_API ebb_status ebb_engine_load(const ebb_engine_options* options, ebb_engine** out);
 
@@ -173,13 +174,15 @@ typedef struct ebb_session_options {
 EBB_API ebb_session_options ebb_session_options_default(void);
 
 /* A new empty conversation on the engine; freed with ebb_session_free
- * (before the engine). */
+ * (before the engine). On failure *out is set to NULL. */
 EBB_API ebb_status ebb_session_create(ebb_engine* engine, const ebb_session_options* options, ebb_session** out);
 EBB_API ebb_status ebb_session_free(ebb_session* session);
 
 /* Appends tokens to the conversation and runs them (and a token left
- * pending by the last ebb_generate) through the model. n_tokens may be 0.
- * EBB_ERR_CONTEXT_FULL leaves the session unchanged. */
+ * pending by the last ebb_generate) through the model. n_tokens may be 0
+ * (on an empty session that does nothing). EBB_ERR_CONTEXT_FULL and
+ * EBB_ERR_INVALID_ARGUMENT (a token outside the vocabulary) leave the
+ * session unchanged. */
 EBB_API ebb_status ebb_session_feed(ebb_session* session, const ebb_token* tokens, size_t n_tokens);
 
 /* The logits after the last token run: *logits points to n_vocab floats
@@ -255,10 +258,13 @@ typedef struct ebb_generate_result {
   uint64_t seed;            /* the seed used (drawn when options gave 0) */
 } ebb_generate_result;
 
-/* Feeds prompt (n_prompt may be 0), then samples up to max_tokens tokens,
- * calling on_text (may be NULL) with their text. The generated tokens join
- * the conversation (ebb_session_tokens); the last one is left pending and
- * runs first on the next feed or generate. result may be NULL. */
+/* Feeds prompt (n_prompt may be 0 when the session has tokens), then
+ * samples up to max_tokens tokens, calling on_text (may be NULL) with their
+ * text. The generated tokens join the conversation (ebb_session_tokens);
+ * the last one is left pending and runs first on the next feed or generate.
+ * result may be NULL. A prompt that does not fit is EBB_ERR_CONTEXT_FULL
+ * (session unchanged); a generation that fills the context is EBB_OK with
+ * EBB_STOP_CONTEXT_FULL. */
 EBB_API ebb_status ebb_generate(ebb_session* session, const ebb_token* prompt, size_t n_prompt,
                                 const ebb_generate_options* options, ebb_text_callback on_text, void* user_data,
                                 ebb_generate_result* result);
@@ -328,7 +334,8 @@ typedef struct ebb_residency {
 } ebb_residency;
 
 /* On EBB_OK *out is a snapshot owned by the caller, freed with
- * ebb_residency_free; it does not change when the engine does. */
+ * ebb_residency_free (NULL on failure); it does not change when the engine
+ * does. */
 EBB_API ebb_status ebb_engine_residency(ebb_engine* engine, ebb_residency** out);
 EBB_API void ebb_residency_free(ebb_residency* residency);
 
