@@ -3,6 +3,10 @@
 // callback, and evict / restore / footprint / residency through C.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -202,6 +206,30 @@ TEST(CApi, LastErrorIsPerThreadAndKeptBySuccessfulCalls) {
   EXPECT_EQ(other, "");
   EXPECT_STRNE(ebb_version(), "");  // a successful call
   EXPECT_EQ(last_error(), mine);
+}
+
+// A failed allocation is a status, not an exception or a crash: a child
+// process whose address space is capped at 2 GiB asks for a context whose
+// token list alone needs 8 GiB.
+TEST(CApiDeathTest, FailedAllocationIsOutOfMemory) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string model = test::model_path("stories260K.gguf");
+  auto child = [&] {
+    const rlimit cap{uint64_t{2} << 30, uint64_t{2} << 30};
+    if (setrlimit(RLIMIT_AS, &cap) != 0) std::_Exit(3);
+    ebb_engine_options o = ebb_engine_options_default();
+    o.model_path = model.c_str();
+    o.n_threads = 1;
+    ebb_engine* e = nullptr;
+    if (ebb_engine_load(&o, &e) != EBB_OK) std::_Exit(4);
+    ebb_session_options so = ebb_session_options_default();
+    so.n_ctx = int64_t{1} << 31;
+    ebb_session* s = nullptr;
+    const ebb_status st = ebb_session_create(e, &so, &s);
+    std::fprintf(stderr, "status %s: %s\n", ebb_status_name(st), ebb_last_error());
+    std::_Exit(st == EBB_ERR_OUT_OF_MEMORY && s == nullptr && ebb_engine_free(e) == EBB_OK ? 0 : 1);
+  };
+  EXPECT_EXIT(child(), testing::ExitedWithCode(0), "status out_of_memory: ebb_session_create: ");
 }
 
 TEST_F(CApiTest, RequestErrorsHaveTheirOwnStatus) {
