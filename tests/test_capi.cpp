@@ -354,6 +354,40 @@ TEST_F(CApiTest, GenerateEqualsTheCppApiForTheSameSeed) {
   }
 }
 
+TEST_F(CApiTest, StopStringsEndGenerationAsInTheCppApi) {
+  session = new_session();
+  ebb_generate_options go = ebb_generate_options_default();
+  go.max_tokens = 40;
+  go.sampling.temperature = 0;
+  Collected full;
+  ASSERT_EQ(ebb_generate(session, prompt.data(), prompt.size(), &go, collect, &full, nullptr), EBB_OK);
+  // A stop string from the middle of the greedy text.
+  ASSERT_GT(full.text.size(), 30u);
+  const std::string stop = full.text.substr(full.text.size() / 2, 4);
+  const char* stops[2] = {"no such text anywhere", stop.c_str()};
+  go.stop_strings = stops;
+  go.n_stop_strings = 2;
+  ASSERT_EQ(ebb_session_truncate(session, 0), EBB_OK);
+  Collected cut;
+  ebb_generate_result r;
+  ASSERT_EQ(ebb_generate(session, prompt.data(), prompt.size(), &go, collect, &cut, &r), EBB_OK);
+  EXPECT_EQ(r.stop, EBB_STOP_STOP_STRING);
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+
+  Session cs(*ref);
+  GenerateOptions cgo;
+  cgo.max_tokens = 40;
+  cgo.sampling.temperature = 0;
+  cgo.stop_strings = {"no such text anywhere", stop};
+  const GenerateStats want = generate(cs, prompt, cgo, nullptr);
+  EXPECT_EQ(cut.text, want.text);
+  EXPECT_EQ(r.generated_tokens, want.generated_tokens);
+  // A NULL entry is refused.
+  stops[1] = nullptr;
+  EXPECT_EQ(ebb_generate(session, nullptr, 0, &go, nullptr, nullptr, nullptr), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "stop_strings[1] is NULL")) << last_error();
+}
+
 TEST_F(CApiTest, SeedZeroIsDrawnAndReportedSoTheRunRepeats) {
   session = new_session();
   ebb_generate_options go = ebb_generate_options_default();
