@@ -42,8 +42,8 @@
  *     generation ends). It may call the functions that only read
  *     (tokenize, detokenize, model info, footprint, residency, session
  *     tokens); a call that would change the engine or a session (feed,
- *     generate, truncate, evict, restore, set a memory limit, create or free
- *     a session) returns EBB_ERR_BUSY there.
+ *     generate, truncate, save, load, evict, restore, set a memory limit,
+ *     create or free a session, free the engine) returns EBB_ERR_BUSY there.
  *   - ebb_last_error and ebb_version may be called from any thread at any
  *     time.
  *
