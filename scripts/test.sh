@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds ebb and runs every test: the release suite through CTest, the kernel
+# Builds ebb and runs every test: the release suite through CTest, the C API
+# installed into a temporary prefix and used from C (scripts/test_install.sh), the kernel
 # tests cross-built for aarch64 under qemu-user (EBB_SKIP_ARM=1 skips them),
 # then the GGUF mutation test again under AddressSanitizer + UBSan, then the
 # elastic and streaming fault tests under ThreadSanitizer (EBB_SKIP_TSAN=1 skips).
@@ -11,6 +12,9 @@ jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== install job: the C example built against an installed copy (pkg-config, find_package) =="
+bash scripts/test_install.sh build
 
 if [ "${EBB_SKIP_ARM:-0}" != 1 ]; then
   echo "== Arm job: kernels cross-built for aarch64, tests under qemu-user (neon and scalar) =="
