@@ -1,5 +1,5 @@
 // ebb bench: benchmarks. `bench` is a group; each benchmark is a
-// sub-subcommand (bench speed; more join it later).
+// sub-subcommand (speed, kvcodec, budget, ttft).
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -171,8 +171,10 @@ void add_budget_command(CLI::App* bench, int* rc);   // cmd_bench_budget.cpp
 void add_ttft_command(CLI::App* bench, int* rc);     // cmd_bench_ttft.cpp
 
 void add_bench_command(CLI::App& app, int* rc) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (speed)");
-  bench->require_subcommand(1);
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Benchmarks: speed (tok/s against memory bandwidth), kvcodec (KV compression), budget (tok/s "
+               "against a memory budget), ttft (time to first token after eviction)");
+  // Without a subcommand main names them (CLI11 would only say one is required).
   add_speed_command(bench, rc);
   add_kvcodec_command(bench, rc);
   add_budget_command(bench, rc);
