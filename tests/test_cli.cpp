@@ -265,6 +265,34 @@ TEST(CliRun, BudgetModeCountsItsResidentWeights) {
   EXPECT_LE(std::stod(m[1]), 5.0) << r.err;
 }
 
+TEST(CliRun, TheCgroupLimitIsTheDefaultMemoryLimit) {
+  // A fake cgroup v2 tree with a 68 MiB limit: 64 MiB go to the process
+  // beside the LLM, so elastic memory keeps weights and KV within about 3 MiB
+  // (tiny-qwen3 F16 has 6.3 MiB of weights) and streams the rest. The text is
+  // the same as without a limit.
+  test::TempDir d("ebb-cli");
+  std::filesystem::create_directories(d.file("proc/self"));
+  std::filesystem::create_directories(d.file("sys/fs/cgroup/chat"));
+  std::ofstream(d.file("proc/self/cgroup")) << "0::/chat\n";
+  std::ofstream(d.file("proc/self/mountinfo")) << "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+  std::ofstream(d.file("sys/fs/cgroup/chat/memory.max")) << (68u << 20) << "\n";
+  const std::string run = "run -m " + test::model_path("tiny-qwen3-f16.gguf") + " -p Lily -n 8 --temp 0 --threads 1";
+  const Result free = run_cli(run + " --cgroup-root /nonexistent");
+  const Result limited = run_cli(run + " --cgroup-root " + d.path());
+  ASSERT_EQ(free.status, 0) << free.err;
+  ASSERT_EQ(limited.status, 0) << limited.err;
+  EXPECT_NE(limited.err.find("note: cgroup v2 memory limit 68.00 MiB"), std::string::npos) << limited.err;
+  EXPECT_EQ(free.err.find("cgroup"), std::string::npos) << free.err;
+  EXPECT_EQ(limited.out, free.out);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(limited.err, m, std::regex(R"(weights ([0-9.]+) (KiB|MiB))"))) << limited.err;
+  const double mib = std::stod(m[1]) / (m[2] == "KiB" ? 1024.0 : 1.0);
+  EXPECT_LT(mib, 3.0) << limited.err;
+  // --memory-limit off ignores the cgroup.
+  const Result off = run_cli(run + " --cgroup-root " + d.path() + " --memory-limit off");
+  EXPECT_EQ(off.err.find("cgroup"), std::string::npos) << off.err;
+}
+
 TEST(CliBench, HelpShowsNoArtefactsOrInternalOptions) {
   const Result r = run_cli("--help-all");
   EXPECT_EQ(r.status, 0);
