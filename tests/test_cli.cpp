@@ -266,7 +266,7 @@ TEST(CliRun, BudgetModeCountsItsResidentWeights) {
 }
 
 TEST(CliRun, TheCgroupLimitIsTheDefaultMemoryLimit) {
-  // A fake cgroup v2 tree with a 68 MiB limit: 64 MiB go to the process
+  // A fake cgroup v2 tree with a 12 MiB limit: 8 MiB go to the process
   // beside the LLM, so elastic memory keeps weights and KV within about 3 MiB
   // (tiny-qwen3 F16 has 6.3 MiB of weights) and streams the rest. The text is
   // the same as without a limit.
@@ -275,13 +275,13 @@ TEST(CliRun, TheCgroupLimitIsTheDefaultMemoryLimit) {
   std::filesystem::create_directories(d.file("sys/fs/cgroup/chat"));
   std::ofstream(d.file("proc/self/cgroup")) << "0::/chat\n";
   std::ofstream(d.file("proc/self/mountinfo")) << "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-  std::ofstream(d.file("sys/fs/cgroup/chat/memory.max")) << (68u << 20) << "\n";
+  std::ofstream(d.file("sys/fs/cgroup/chat/memory.max")) << (12u << 20) << "\n";
   const std::string run = "run -m " + test::model_path("tiny-qwen3-f16.gguf") + " -p Lily -n 8 --temp 0 --threads 1";
   const Result free = run_cli(run + " --cgroup-root /nonexistent");
   const Result limited = run_cli(run + " --cgroup-root " + d.path());
   ASSERT_EQ(free.status, 0) << free.err;
   ASSERT_EQ(limited.status, 0) << limited.err;
-  EXPECT_NE(limited.err.find("note: cgroup v2 memory limit 68.00 MiB"), std::string::npos) << limited.err;
+  EXPECT_NE(limited.err.find("note: cgroup v2 memory limit 12.00 MiB"), std::string::npos) << limited.err;
   EXPECT_EQ(free.err.find("cgroup"), std::string::npos) << free.err;
   EXPECT_EQ(limited.out, free.out);
   std::smatch m;

@@ -166,7 +166,7 @@ class LoadProgress {
 
 // Memory the process needs beside what the engine's limit caps (the binary,
 // libraries, tokenizer, thread stacks, allocator slack).
-constexpr uint64_t kProcessAllowance = 64ull << 20;
+constexpr uint64_t kProcessAllowance = 8ull << 20;
 
 // --memory-limit, or by default the cgroup's limit less what the process
 // needs beside weights and KV, so a chat in a small cgroup evicts and streams
