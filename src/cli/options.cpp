@@ -182,7 +182,7 @@ void apply_memory_limit(Engine& e, const ModelArgs& a, uint64_t weights) {
   const std::optional<CgroupMemoryLimit> cg = cgroup_memory_limit(a.cgroup_root);
   if (!cg) return;
   if (!e.elastic()) {
-    if (e.options().budget.budget + kProcessAllowance > cg->bytes) {
+    if (e.options().budget.budget > cg->bytes) {
       std::fprintf(stderr, "ebb: warning: --memory-budget %s is over this process's cgroup limit %s (%s)\n",
                    format_bytes(e.options().budget.budget).c_str(), format_bytes(cg->bytes).c_str(), cg->file.c_str());
     }
