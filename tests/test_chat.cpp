@@ -97,6 +97,18 @@ TEST(ChatReuse, TinyLlamaTemplate) {
   expect_turns_run_only_new_tokens("tiny-llama-f16.gguf", {"Hello there", "How are you?", "Tell me a story", "Bye"});
 }
 
+// The other two formats, forced on tiny-llama (whose file has no template),
+// with a system message (Llama 2 folds it into the first turn).
+TEST(ChatReuse, Llama2Format) {
+  expect_turns_run_only_new_tokens("tiny-llama-f16.gguf", {"Hello there", "How are you?", "Bye"},
+                                   "--format llama2 --system Brief");
+}
+
+TEST(ChatReuse, Llama3Format) {
+  expect_turns_run_only_new_tokens("tiny-llama-f16.gguf", {"Hello there", "How are you?", "Bye"},
+                                   "--format llama3 --system Brief");
+}
+
 TEST(ChatCli, SaysWhichTemplateWasChosen) {
   const test::CliResult r = run_cli("chat -m " + test::model_path("tiny-qwen3-f16.gguf") + " --threads 1", "/quit\n");
   ASSERT_EQ(r.status, 0) << r.err;
