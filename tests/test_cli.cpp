@@ -187,6 +187,18 @@ TEST(CliRun, NPredictMinusOneRunsToTheContextEnd) {
   EXPECT_GT(std::stoi(m[2]), 0) << r.err;
 }
 
+#if !defined(__SANITIZE_ADDRESS__)  // ASan reserves terabytes of address space: no ulimit -v there
+TEST(CliRun, OutOfMemoryIsAMessageNotACrash) {
+  // A billion-token context under a 1 GB address-space limit: the
+  // allocation fails and the run ends with a message, exit status 1.
+  const Result r = run_cli("--help >/dev/null; ulimit -v 1000000; exec " + std::string(EBB_CLI_PATH) + " run -m " +
+                           test::model_path("stories260K.gguf") + " -p Lily -n 4 --temp 0 --threads 1 --ctx 1000000000");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("ebb: error: out of memory"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("unexpected error"), std::string::npos) << r.err;
+}
+#endif
+
 TEST(CliRun, RandomSeedIsPrintedAndRepeats) {
   const std::string m = "run -m " + test::model_path("stories260K.gguf") + " -p Lily -n 16 --temp 1 --threads 1";
   const Result r = run_cli(m + " --seed -1");
