@@ -205,9 +205,17 @@ void apply_memory_limit(Engine& e, const ModelArgs& a, uint64_t weights) {
                cg->version, format_bytes(cg->bytes).c_str(), cg->file.c_str(), format_bytes(limit).c_str());
 }
 
+uint64_t weight_bytes(const std::string& path) {
+  uint64_t weights = 0;
+  // The file stays open through the loop (a temporary's tensors() would dangle).
+  const std::unique_ptr<GgufFile> gguf = GgufFile::open(path);
+  for (const GgufTensorInfo& t : gguf->tensors()) weights += t.n_bytes;
+  return weights;
+}
+
 }  // namespace
 
-std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
+EngineOptions engine_options(const ModelArgs& a) {
   validate(a);
   EngineOptions o;
   o.model_path = a.model;
@@ -219,11 +227,8 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
   }
   o.prefill_batch = a.batch;
   o.kv_chunk_size = a.kv_chunk;
-  uint64_t weights = 0;
-  // The file stays open through the loop (a temporary's tensors() would dangle).
-  const std::unique_ptr<GgufFile> gguf = GgufFile::open(a.model);
-  for (const GgufTensorInfo& t : gguf->tensors()) weights += t.n_bytes;
   if (!a.memory_budget.empty()) {
+    const uint64_t weights = weight_bytes(a.model);
     o.budget.budget = parse_size(a.memory_budget, weights);
     const std::string system = a.budget_system.empty() ? "ebb" : a.budget_system;
     auto sys = parse_budget_system(system);
@@ -238,6 +243,12 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
   o.elastic_opts.order = parse_evict_order(a.evict_order);
   o.elastic_opts.overlap = parse_overlap_mode(a.overlap);
   o.elastic_opts.profile = load_profile_option(a.profile);
+  return o;
+}
+
+std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
+  const EngineOptions o = engine_options(a);
+  const uint64_t weights = weight_bytes(a.model);
   const Stopwatch clock;
   std::unique_ptr<Engine> e;
   try {

@@ -53,6 +53,9 @@ void add_sampling_options(CLI::App* app, SamplerOptions& s);
 // included. On a terminal the load shows its progress; *load_seconds gets
 // the time it took.
 std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds = nullptr);
+// The engine's options from the command line (validated; UsageError for
+// values that cannot work), for callers that build engines themselves.
+EngineOptions engine_options(const ModelArgs& a);
 SessionOptions session_options(const ModelArgs& a);
 
 // Compute threads of a --threads value: 0 gives all hardware threads; a

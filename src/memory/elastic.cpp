@@ -33,53 +33,56 @@ IoOptions elastic_io_options(const DeviceProfile& p) {
   return o;
 }
 
-ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts, ThreadPool* pool)
+ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts, KvPool* kv, ThreadPool* pool)
     : model_(model),
       globals_(model),
       alloc_(alloc),
       opts_(std::move(opts)),
       pool_(pool),
+      kv_(kv),
       io_(std::make_unique<IoEngine>(elastic_io_options(opts_.profile))),
       gguf_(DirectFile::open_read(model.file().path())),
       stack_(alloc) {}
 // The destructor is in elastic_restore.cpp, where Latches is complete.
 
-void ElasticMemory::attach(KvCache* kv) { caches_.push_back(kv); }
-
-void ElasticMemory::detach(KvCache* kv) {
+void ElasticMemory::on_release(KvChunk& c) {
   if (restoring_.load()) {
     try {
       wait_restored();
     } catch (const Error&) {
-      // The weights' error is reported to whoever asks next; the cache goes.
+      // The weights' error is reported to whoever asks next; the chunk goes.
     }
   }
-  flush_writes();
-  const int64_t nl = kv->shape().n_layer;
-  for (int64_t l = 0; l < nl; ++l) {
-    for (int64_t c = 0; c < kv->n_chunks(l); ++c) {
-      KvChunkMeta& m = kv->meta(l, c);
-      if (m.state == UnitState::kCompressed && stack_.contains(m.handle)) stack_.erase(m.handle);
-      if ((m.state == UnitState::kStored || m.state == UnitState::kStoredCompressed) && m.slot.valid() && swap_)
-        swap_->free(m.slot);
-      m = {};
+  if (c.resident()) return;
+  // A write still in flight for this chunk finishes first.
+  for (const PendingWrite& w : pending_)
+    if (w.id == &c) {
+      flush_writes();
+      break;
     }
+  KvChunkMeta& m = c.meta;
+  if (m.state == UnitState::kCompressed && stack_.contains(m.handle)) {
+    stack_.erase(m.handle);
+    std::lock_guard lock(owner_mu_);
+    blob_owner_.erase(m.handle);
   }
-  caches_.erase(std::remove(caches_.begin(), caches_.end(), kv), caches_.end());
+  if ((m.state == UnitState::kStored || m.state == UnitState::kStoredCompressed) && m.slot.valid() && swap_)
+    swap_->free(m.slot);
+  m = {};
 }
 
 bool ElasticMemory::fully_resident() const {
   if (restoring_.load() || streaming_) return false;
   for (int l = 0; l < model_.n_layers(); ++l)
     if (!model_.layer_unit(l).resident()) return false;
-  for (const KvCache* kv : caches_)
-    if (!kv->all_resident()) return false;
+  for (const KvChunk* c : kv_->all_chunks())
+    if (!c->resident()) return false;
   return true;
 }
 
 UnitTimes ElasticMemory::unit_times() const {
   uint64_t chunk = 0;
-  for (const KvCache* kv : caches_) chunk = std::max(chunk, kv->chunk_bytes());
+  for (const KvChunk* c : kv_->all_chunks()) chunk = std::max(chunk, c->chunk_bytes());
   if (chunk == 0) chunk = 1;
   const uint64_t layer = model_.n_layers() > 0 ? model_.layer_unit(0).bytes() : 1;
   try {
@@ -95,13 +98,10 @@ ElasticFootprint ElasticMemory::footprint() const {
     const WeightUnit& u = model_.layer_unit(l);
     (u.resident() ? f.weights_resident : f.weights_stored) += u.bytes();
   }
-  for (const KvCache* kv : caches_) {
-    f.kv_resident += kv->total_bytes();
-    for (int64_t l = 0; l < kv->shape().n_layer; ++l)
-      for (int64_t c = 0; c < kv->n_chunks(l); ++c) {
-        const KvChunkMeta& m = kv->meta(l, c);
-        if (m.state == UnitState::kStored || m.state == UnitState::kStoredCompressed) f.kv_stored += m.slot.stored;
-      }
+  f.kv_resident = kv_->total_bytes();
+  for (const KvChunk* c : kv_->all_chunks()) {
+    const KvChunkMeta& m = c->meta;
+    if (m.state == UnitState::kStored || m.state == UnitState::kStoredCompressed) f.kv_stored += m.slot.stored;
   }
   f.compressed = stack_.bytes_reserved();
   for (const StreamSlot& s : stream_) f.stream_window += s.buf.size();
@@ -115,8 +115,7 @@ ResidencyMap ElasticMemory::residency() const {
   r.kv.resize(nl);
   for (int l = 0; l < nl; ++l) {
     r.weights[l] = model_.layer_unit(l).resident() ? UnitState::kResident : UnitState::kStored;
-    for (const KvCache* kv : caches_)
-      for (int64_t c = 0; c < kv->n_chunks(l); ++c) r.kv[l].push_back(kv->meta(l, c).state);
+    for (const KvChunk* c : kv_->layer_chunks(l)) r.kv[l].push_back(c->meta.state);
   }
   return r;
 }

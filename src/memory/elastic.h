@@ -28,7 +28,7 @@
 #include "memory/compressed_stack.h"
 #include "memory/device_profile.h"
 #include "memory/hybrid_policy.h"
-#include "memory/kv_cache.h"
+#include "memory/kv_pool.h"
 #include "memory/residency.h"
 #include "memory/swap_file.h"
 #include "model/model.h"
@@ -104,21 +104,21 @@ struct RestoreReport {
   int64_t weights_loaded = 0, chunks_read = 0, chunks_decompressed = 0, chunks_lost = 0;
 };
 
-class ElasticMemory final : public WeightSource {
+class ElasticMemory final : public WeightSource, public KvPoolListener {
  public:
   // Thread-pool polls before a compute thread sleeps while a restore runs.
   static constexpr int kRestoreSpin = 1000;
+  // kv: the engine's KV chunk pool, whose chunks take part in eviction.
   // pool (optional): the engine's compute threads, idle while evict() runs
   // between requests; eviction compresses each KV chunk on all of them.
-  ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts, ThreadPool* pool = nullptr);
+  ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts, KvPool* kv, ThreadPool* pool = nullptr);
   ~ElasticMemory() override;
   ElasticMemory(const ElasticMemory&) = delete;
   ElasticMemory& operator=(const ElasticMemory&) = delete;
 
-  // Sessions' caches take part in eviction while attached. detach() drops
-  // what the cache has in swap spaces.
-  void attach(KvCache* kv);
-  void detach(KvCache* kv);
+  // KvPoolListener: a chunk leaves the pool; what it has in swap spaces is
+  // dropped (after a restore in flight is done with it).
+  void on_release(KvChunk& c) override;
 
   EvictReport evict(uint64_t bytes);
   // Starts restoring everything evicted (no-op when nothing is); returns at
@@ -164,10 +164,7 @@ class ElasticMemory final : public WeightSource {
   GlobalWeights acquire_head() override { return globals_.acquire_head(); }
 
  private:
-  struct ChunkId {
-    KvCache* kv;
-    int64_t layer, chunk;
-  };
+  using ChunkId = KvChunk*;
   struct LayerPlan;  // elastic_restore.cpp
   // One latch per layer: open when both restore paths are done with it.
   struct Latches {
@@ -199,8 +196,8 @@ class ElasticMemory final : public WeightSource {
   bool compressed_to_storage(std::string* why);
   std::vector<ChunkId> kv_order(bool resident) const;
   int next_weight_layer() const;
-  KvChunkShape chunk_shape(const KvCache& kv, int64_t chunk) const;
-  KvChunkShape chunk_shape_n(const KvCache& kv, int64_t n_tokens) const;
+  static KvChunkShape chunk_shape(const KvChunk& c);  // its written rows
+  static KvChunkShape chunk_shape_n(const KvChunk& c, int64_t n_tokens);
   int swap_fd() const;
   void flush_writes();
   void evict_partial_offload(uint64_t bytes, EvictReport& r, const std::function<int64_t()>& freed);
@@ -244,7 +241,7 @@ class ElasticMemory final : public WeightSource {
   bool swap_failed_ = false;
   std::string swap_error_;
   CompressedStack stack_;
-  std::vector<KvCache*> caches_;
+  KvPool* kv_;
   // Pending swap writes of this eviction: tickets and the chunks they read from.
   struct PendingWrite {
     IoEngine::Ticket ticket;

@@ -4,6 +4,7 @@
 // weight layer -> dropped (the GGUF backs it), compressed chunk -> swap slot.
 #include <algorithm>
 #include <cstring>
+#include <unistd.h>
 
 #include "memory/elastic.h"
 #include "platform/error.h"
@@ -20,17 +21,17 @@ uint64_t held_bytes(const Ledger& l) {
 
 }  // namespace
 
-KvChunkShape ElasticMemory::chunk_shape(const KvCache& kv, int64_t chunk) const {
+KvChunkShape ElasticMemory::chunk_shape(const KvChunk& c) {
   KvChunkShape s;
-  s.chunk_tokens = kv.options().chunk_size;
-  s.n_tokens = kv.chunk_tokens(chunk);
-  s.row_dim = kv.shape().n_kv_heads * kv.shape().head_dim;
-  s.type = kv.options().type;
+  s.chunk_tokens = c.chunk_size;
+  s.n_tokens = c.rows;
+  s.row_dim = static_cast<int64_t>(c.row_bytes / (c.type == DType::kF16 ? 2 : 4));
+  s.type = c.type;
   return s;
 }
 
-KvChunkShape ElasticMemory::chunk_shape_n(const KvCache& kv, int64_t n_tokens) const {
-  KvChunkShape s = chunk_shape(kv, 0);
+KvChunkShape ElasticMemory::chunk_shape_n(const KvChunk& c, int64_t n_tokens) {
+  KvChunkShape s = chunk_shape(c);
   s.n_tokens = n_tokens;
   return s;
 }
@@ -39,12 +40,10 @@ int ElasticMemory::swap_fd() const { return swap_ ? swap_->fd() : -1; }
 
 std::vector<ElasticMemory::ChunkId> ElasticMemory::kv_order(bool resident) const {
   std::vector<ChunkId> all;
-  for (KvCache* kv : caches_)
-    for (int64_t l = 0; l < kv->shape().n_layer; ++l)
-      for (int64_t c = 0; c < kv->n_chunks(l); ++c)
-        if (kv->chunk_resident(l, c) == resident) all.push_back({kv, l, c});
-  // Forward order: layer, then session, then chunk. Backward is its reverse.
-  std::stable_sort(all.begin(), all.end(), [](const ChunkId& a, const ChunkId& b) { return a.layer < b.layer; });
+  // Forward order: layer, then the pool's creation order (a session's
+  // chunks by position). Backward is its reverse.
+  for (KvChunk* c : kv_->all_chunks())
+    if (c->resident() == resident) all.push_back(c);
   if (opts_.order == EvictOrder::kForward) return all;
   if (opts_.order == EvictOrder::kBackward) {
     std::reverse(all.begin(), all.end());
@@ -71,11 +70,11 @@ bool ElasticMemory::ensure_swap(std::string* why) {
   }
   uint64_t cap = opts_.swap_bytes;
   if (cap == 0) {
-    for (const KvCache* kv : caches_) {
-      const uint64_t chunks = static_cast<uint64_t>((kv->options().max_tokens + kv->options().chunk_size - 1) /
-                                                    kv->options().chunk_size);
-      cap += static_cast<uint64_t>(kv->shape().n_layer) * chunks * kv->chunk_alloc_bytes();
-    }
+    // The KV of every session at its full context, but never more than the
+    // machine's memory: no more KV than that can be evicted at once.
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    const uint64_t ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+    cap = std::min(kv_->capacity_bytes(), ram);
   }
   try {
     SwapFileOptions so;
@@ -93,8 +92,8 @@ bool ElasticMemory::ensure_swap(std::string* why) {
 }
 
 void ElasticMemory::kv_to_compressed(const ChunkId& id) {
-  KvCache& kv = *id.kv;
-  const KvChunkShape shape = chunk_shape(kv, id.chunk);
+  KvChunk& kv = *id;
+  const KvChunkShape shape = chunk_shape(kv);
   const KvCodec& codec = kv_codec(opts_.codec, opts_.isa);
   const uint64_t max_bytes = codec.max_compressed_bytes(shape);
   if (stack_.empty()) {
@@ -103,10 +102,10 @@ void ElasticMemory::kv_to_compressed(const ChunkId& id) {
     stack_.set_segment_bytes(CompressedStack::segment_bytes_for(max_bytes));
   }
   auto [handle, dst] = stack_.push(max_bytes);
-  const size_t n = codec.compress(shape, kv.chunks(id.layer)[id.chunk].k, dst, nullptr, pool_);
+  const size_t n = codec.compress(shape, kv.storage.data(), dst, nullptr, pool_);
   stack_.shrink_top(handle, n);
-  KvChunkMeta& m = kv.meta(id.layer, id.chunk);
-  (void)kv.take_chunk(id.layer, id.chunk);  // the chunk's pages go back here
+  KvChunkMeta& m = kv.meta;
+  (void)kv_->take(kv);  // the chunk's pages go back here
   m.state = UnitState::kCompressed;
   m.handle = handle;
   m.compressed_bytes = n;
@@ -115,16 +114,16 @@ void ElasticMemory::kv_to_compressed(const ChunkId& id) {
 
 bool ElasticMemory::kv_to_storage(const ChunkId& id, std::string* why) {
   if (!ensure_swap(why)) return false;
-  KvCache& kv = *id.kv;
-  KvChunkMeta& m = kv.meta(id.layer, id.chunk);
+  KvChunk& kv = *id;
+  KvChunkMeta& m = kv.meta;
   SwapSlot slot = swap_->allocate(kv.chunk_bytes());
   if (!slot.valid()) {
     *why = swap_->path() + ": swap file full (" + std::to_string(swap_->capacity() >> 20) + " MiB)";
     return false;
   }
   m.slot = slot;
-  m.n_tokens = kv.chunk_tokens(id.chunk);
-  Buffer src = kv.take_chunk(id.layer, id.chunk);
+  m.n_tokens = kv.rows;
+  Buffer src = kv_->take(kv);
   m.state = UnitState::kStored;
   PendingWrite w{swap_->write_async(m.slot, src.data()), std::move(src), id};
   pending_bytes_ += w.src.size();
@@ -140,8 +139,8 @@ void ElasticMemory::flush_writes() {
     } catch (const Error&) {
       // The write failed: the chunk is still in w.src, so it stays in RAM,
       // raw, or as a blob back on the compressed stack.
-      KvCache& kv = *w.id.kv;
-      KvChunkMeta& m = kv.meta(w.id.layer, w.id.chunk);
+      KvChunk& kv = *w.id;
+      KvChunkMeta& m = kv.meta;
       if (m.slot.valid()) swap_->free(m.slot);
       m.slot = {};
       if (w.compressed) {
@@ -153,7 +152,7 @@ void ElasticMemory::flush_writes() {
         blob_owner_[handle] = w.id;
       } else {
         m = {};
-        kv.put_chunk(w.id.layer, w.id.chunk, std::move(w.src));
+        kv_->put(kv, std::move(w.src));
       }
       write_failures_++;
     }
@@ -171,7 +170,7 @@ bool ElasticMemory::compressed_to_storage(std::string* why) {
   }
   if (!ensure_swap(why)) return false;
   const CompressedStack::Handle h = stack_.bottom();
-  ChunkId id{};
+  ChunkId id = nullptr;
   {
     std::lock_guard lock(owner_mu_);
     auto owner = blob_owner_.find(h);
@@ -187,7 +186,7 @@ bool ElasticMemory::compressed_to_storage(std::string* why) {
   Buffer staging = alloc_.allocate(slot.stored, MemCategory::kIoBuffer, kDirectAlign);
   std::memcpy(staging.data(), stack_.data(h), n);
   std::memset(staging.as<uint8_t>() + n, 0, slot.stored - n);
-  KvChunkMeta& m = id.kv->meta(id.layer, id.chunk);
+  KvChunkMeta& m = id->meta;
   m.slot = slot;
   // The blob leaves the stack now; its copy in `staging` is written behind
   // (batched with the other writes, see flush_writes) and put back on the
@@ -244,14 +243,11 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
 
   PolicyCounts counts;
   int64_t n_kv_total = 0;
-  for (const KvCache* kv : caches_)
-    for (int64_t l = 0; l < kv->shape().n_layer; ++l) {
-      n_kv_total += kv->n_chunks(l);
-      for (int64_t c = 0; c < kv->n_chunks(l); ++c) {
-        if (kv->chunk_resident(l, c)) ++counts.kv_resident;
-        if (kv->meta(l, c).state == UnitState::kCompressed) ++counts.kv_compressed_mem;
-      }
-    }
+  for (const KvChunk* c : kv_->all_chunks()) {
+    ++n_kv_total;
+    if (c->resident()) ++counts.kv_resident;
+    if (c->meta.state == UnitState::kCompressed) ++counts.kv_compressed_mem;
+  }
   for (int l = 0; l < model_.n_layers(); ++l) counts.w_resident += model_.layer_unit(l).resident() ? 1 : 0;
 
   HybridSwapPolicy::Options po;
@@ -260,7 +256,7 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
   std::vector<ChunkId> order = kv_order(true);
   size_t next_kv = 0;
   auto take_kv = [&]() -> const ChunkId* {
-    while (next_kv < order.size() && !order[next_kv].kv->chunk_resident(order[next_kv].layer, order[next_kv].chunk))
+    while (next_kv < order.size() && !order[next_kv]->resident())
       ++next_kv;
     return next_kv < order.size() ? &order[next_kv] : nullptr;
   };
@@ -292,9 +288,9 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
         ++r.kv_to_compressed;
         ++counts.kv_compressed_mem;
       }
-      if (c.kv->meta(c.layer, c.chunk).state == UnitState::kCompressed) {
+      if (c->meta.state == UnitState::kCompressed) {
         std::lock_guard lock(owner_mu_);
-        blob_owner_[c.kv->meta(c.layer, c.chunk).handle] = c;
+        blob_owner_[c->meta.handle] = c;
       }
       --counts.kv_resident;
     } else if (a == EvictAction::kDropWeightLayer) {
@@ -319,11 +315,11 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
 void ElasticMemory::evict_partial_offload(uint64_t bytes, EvictReport& r, const std::function<int64_t()>& freed) {
   // Layer-granular, rearmost layer first: its KV raw to storage, then its weights.
   for (int l = model_.n_layers() - 1; l >= 0 && freed() < static_cast<int64_t>(bytes); --l) {
-    for (KvCache* kv : caches_)
-      for (int64_t c = kv->n_chunks(l) - 1; c >= 0 && freed() < static_cast<int64_t>(bytes); --c) {
-        if (!kv->chunk_resident(l, c)) continue;
+    const std::vector<KvChunk*> chunks = kv_->layer_chunks(l);
+    for (auto it = chunks.rbegin(); it != chunks.rend() && freed() < static_cast<int64_t>(bytes); ++it) {
+        if (!(*it)->resident()) continue;
         std::string why;
-        if (!kv_to_storage({kv, l, c}, &why)) {
+        if (!kv_to_storage(*it, &why)) {
           r.note = "partial offload needs storage: " + why;
           return;
         }

@@ -33,20 +33,19 @@ struct ElasticMemory::LayerPlan {
 
 namespace {
 
-// Buffers for `chunks` (in that order), one mapping per cache among them, so
-// a layer's chunks fault in by huge pages and neighbouring slots can be read
-// into neighbouring buffers with one request.
-template <class ChunkIdT>
-std::vector<Buffer> chunk_buffers(const std::vector<ChunkIdT>& chunks) {
+// Buffers for `chunks` (in that order), one mapping per allocation size
+// among them, so a layer's chunks fault in by huge pages and neighbouring
+// slots can be read into neighbouring buffers with one request.
+std::vector<Buffer> chunk_buffers(const KvPool& pool, const std::vector<KvChunk*>& chunks) {
   std::vector<Buffer> out(chunks.size());
   std::vector<bool> done(chunks.size(), false);
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (done[i]) continue;
-    const KvCache* kv = chunks[i].kv;
+    const uint64_t bytes = chunks[i]->alloc_bytes();
     std::vector<size_t> mine;
     for (size_t j = i; j < chunks.size(); ++j)
-      if (chunks[j].kv == kv) mine.push_back(j);
-    std::vector<Buffer> group = kv->new_chunk_buffers(mine.size());
+      if (chunks[j]->alloc_bytes() == bytes) mine.push_back(j);
+    std::vector<Buffer> group = pool.new_buffers(mine.size(), bytes);
     for (size_t k = 0; k < mine.size(); ++k) {
       out[mine[k]] = std::move(group[k]);
       done[mine[k]] = true;
@@ -72,19 +71,18 @@ void ElasticMemory::begin_restore() {
     LayerPlan& p = plan[l];
     p.layer = l;
     p.weights = !model_.layer_unit(l).resident();
-    for (KvCache* kv : caches_)
-      for (int64_t c = 0; c < kv->n_chunks(l); ++c) {
-        switch (kv->meta(l, c).state) {
-          case UnitState::kStored: p.stored.push_back({kv, l, c}); break;
-          case UnitState::kStoredCompressed: p.stored_comp.push_back({kv, l, c}); break;
-          case UnitState::kCompressed: p.compressed.push_back({kv, l, c}); break;
-          default: break;
-        }
+    for (KvChunk* c : kv_->layer_chunks(l)) {
+      switch (c->meta.state) {
+        case UnitState::kStored: p.stored.push_back(c); break;
+        case UnitState::kStoredCompressed: p.stored_comp.push_back(c); break;
+        case UnitState::kCompressed: p.compressed.push_back(c); break;
+        default: break;
       }
+    }
     // Slot order: neighbouring slots then read as one request.
     for (std::vector<ChunkId>* list : {&p.stored, &p.stored_comp})
       std::sort(list->begin(), list->end(), [](const ChunkId& a, const ChunkId& b) {
-        return a.kv->meta(a.layer, a.chunk).slot.offset < b.kv->meta(b.layer, b.chunk).slot.offset;
+        return a->meta.slot.offset < b->meta.slot.offset;
       });
     any = any || p.weights || !p.stored.empty() || !p.stored_comp.empty() || !p.compressed.empty();
   }
@@ -95,7 +93,7 @@ void ElasticMemory::begin_restore() {
     uint64_t kv_need = 0, w_need = 0;
     for (const LayerPlan& p : plan) {
       for (const auto* list : {&p.stored, &p.stored_comp, &p.compressed})
-        for (const ChunkId& c : *list) kv_need += c.kv->chunk_alloc_bytes();
+        for (const ChunkId& c : *list) kv_need += c->alloc_bytes();
       if (p.weights) w_need += model_.layer_unit(p.layer).bytes();
     }
     const ElasticFootprint f = footprint();
@@ -188,11 +186,11 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
     if (p.allocated) return;
     Stopwatch sw;
     if (p.weights && file_ok) model_.layer_unit(p.layer).allocate(alloc_);
-    p.chunk_bufs = chunk_buffers(p.stored);
+    p.chunk_bufs = chunk_buffers(*kv_, p.stored);
     uint64_t staged = 0;
     for (const ChunkId& c : p.stored_comp) {
       p.staging_at.push_back(staged);
-      staged += c.kv->meta(c.layer, c.chunk).slot.stored;
+      staged += c->meta.slot.stored;
     }
     if (staged > 0) p.staging = alloc_.allocate(staged, MemCategory::kIoBuffer, kDirectAlign);
     p.allocated = true;
@@ -213,13 +211,13 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
     }
     std::vector<IoRequest> reqs;
     for (size_t i = 0; i < p.stored.size(); ++i) {
-      const SwapSlot& s = p.stored[i].kv->meta(p.stored[i].layer, p.stored[i].chunk).slot;
+      const SwapSlot& s = p.stored[i]->meta.slot;
       reqs.push_back({swap_fd(), s.offset, p.chunk_bufs[i].data(), s.stored, false});
       p.read_bytes += s.stored;
     }
     for (size_t i = 0; i < p.stored_comp.size(); ++i) {
       const ChunkId& c = p.stored_comp[i];
-      const SwapSlot& s = c.kv->meta(c.layer, c.chunk).slot;
+      const SwapSlot& s = c->meta.slot;
       reqs.push_back({swap_fd(), s.offset, p.staging.as<uint8_t>() + p.staging_at[i], s.stored, false});
       p.read_bytes += s.stored;
     }
@@ -259,20 +257,20 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
     }
     for (size_t i = 0; i < p.stored.size(); ++i) {
       const ChunkId& c = p.stored[i];
-      KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
+      KvChunkMeta& m = c->meta;
       const bool ok = swap_ok && swap_->verify(m.slot, p.chunk_bufs[i].data());
       swap_->free(m.slot);
       ++(put_restored(c, std::move(p.chunk_bufs[i]), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
     }
-    std::vector<Buffer> out = chunk_buffers(p.stored_comp);
+    std::vector<Buffer> out = chunk_buffers(*kv_, p.stored_comp);
     for (size_t i = 0; i < p.stored_comp.size(); ++i) {
       const ChunkId& c = p.stored_comp[i];
-      KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
+      KvChunkMeta& m = c->meta;
       const uint8_t* src = p.staging.as<uint8_t>() + p.staging_at[i];
       bool ok = swap_ok && swap_->verify(m.slot, src);
       if (ok) {
         try {
-          kv_codec(opts_.codec, opts_.isa).decompress(chunk_shape_n(*c.kv, m.n_tokens), src, m.compressed_bytes,
+          kv_codec(opts_.codec, opts_.isa).decompress(chunk_shape_n(*c, m.n_tokens), src, m.compressed_bytes,
                                                       out[i].data());
         } catch (const Error&) {
           ok = false;
@@ -323,14 +321,14 @@ void ElasticMemory::decompress_path(std::vector<LayerPlan>& plan, bool open_latc
   const KvCodec& codec = kv_codec(opts_.codec, opts_.isa);
   for (LayerPlan& p : plan) {
     Stopwatch sw;
-    std::vector<Buffer> out = chunk_buffers(p.compressed);
+    std::vector<Buffer> out = chunk_buffers(*kv_, p.compressed);
     for (size_t i = 0; i < p.compressed.size(); ++i) {
       const ChunkId& c = p.compressed[i];
-      KvChunkMeta& m = c.kv->meta(c.layer, c.chunk);
+      KvChunkMeta& m = c->meta;
       Buffer b = std::move(out[i]);
       bool ok = true;
       try {
-        codec.decompress(chunk_shape_n(*c.kv, m.n_tokens), stack_.data(m.handle), stack_.size(m.handle), b.data());
+        codec.decompress(chunk_shape_n(*c, m.n_tokens), stack_.data(m.handle), stack_.size(m.handle), b.data());
       } catch (const Error&) {
         ok = false;
       }
@@ -352,10 +350,10 @@ bool ElasticMemory::put_restored(const ChunkId& c, Buffer b, bool ok) {
   if (!ok) {
     // Never used as it is: zeros in place, and the session recomputes from here.
     std::memset(b.data(), 0, b.size());
-    c.kv->mark_lost(c.chunk * c.kv->options().chunk_size);
+    c->lost.store(true);
   }
-  c.kv->meta(c.layer, c.chunk) = {};
-  c.kv->put_chunk(c.layer, c.chunk, std::move(b));
+  c->meta = {};
+  kv_->put(*c, std::move(b));
   return ok;
 }
 

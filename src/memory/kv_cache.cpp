@@ -2,13 +2,22 @@
 
 #include <algorithm>
 #include <string>
+#include <unistd.h>
 
 #include "platform/error.h"
 
 namespace ebb {
 
-KvCache::KvCache(KvShape shape, KvCacheOptions opts, Allocator* alloc)
-    : shape_(shape), opts_(opts), alloc_(alloc) {
+namespace {
+
+uint64_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+}
+
+}  // namespace
+
+KvCache::KvCache(KvPool& pool, KvCacheOptions opts) : pool_(pool), opts_(opts) {
   if (opts_.type != DType::kF16 && opts_.type != DType::kF32) {
     throw Error("KV cache type must be F16 or F32, not " + std::string(dtype_name(opts_.type)));
   }
@@ -16,113 +25,151 @@ KvCache::KvCache(KvShape shape, KvCacheOptions opts, Allocator* alloc)
     throw Error("KV chunk size " + std::to_string(opts_.chunk_size) + " is outside [1, 1048576]");
   }
   if (opts_.max_tokens < 1) throw Error("context size must be at least 1 token");
-  row_bytes_ = static_cast<uint64_t>(shape_.n_kv_heads * shape_.head_dim) * (opts_.type == DType::kF16 ? 2 : 4);
-  const size_t max_chunks = static_cast<size_t>((opts_.max_tokens + opts_.chunk_size - 1) / opts_.chunk_size);
-  storage_.resize(shape_.n_layer);
-  tables_.resize(shape_.n_layer);
-  n_alloc_.assign(shape_.n_layer, 0);
-  n_resident_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(shape_.n_layer));
-  meta_.resize(shape_.n_layer);
-  for (int64_t l = 0; l < shape_.n_layer; ++l) {
-    // Tables are sized once so that growing the context never reallocates them.
-    storage_[l].resize(max_chunks);
-    tables_[l].resize(max_chunks);
-    meta_[l].resize(max_chunks);
+  const KvShape& s = pool_.shape();
+  row_bytes_ = static_cast<uint64_t>(s.n_kv_heads * s.head_dim) * (opts_.type == DType::kF16 ? 2 : 4);
+  // Tables grow with the context; a context whose chunk tables alone would
+  // not fit in memory is refused now rather than failing later.
+  const uint64_t max_chunks = static_cast<uint64_t>((opts_.max_tokens + opts_.chunk_size - 1) / opts_.chunk_size);
+  const uint64_t table_bytes = max_chunks * static_cast<uint64_t>(s.n_layer) * (sizeof(KvChunkHandle) + sizeof(KvChunkRef));
+  if (table_bytes > physical_memory() / 4) {
+    throw Error("a context of " + std::to_string(opts_.max_tokens) + " tokens needs " +
+                std::to_string(table_bytes >> 20) + " MiB of KV chunk tables alone, more than this machine can hold");
   }
+  const uint64_t full = max_chunks * static_cast<uint64_t>(s.n_layer) * chunk_alloc_bytes();
+  capacity_share_ = static_cast<int64_t>(std::min<uint64_t>(full, INT64_MAX / 4));
+  pool_.add_capacity(capacity_share_);
+  tables_.resize(static_cast<size_t>(s.n_layer));
+  refs_.resize(static_cast<size_t>(s.n_layer));
+}
+
+KvCache::~KvCache() {
+  tables_.clear();  // handles go back to the pool
+  pool_.add_capacity(-capacity_share_);
 }
 
 void KvCache::set_n_tokens(int64_t n) {
   EBB_CHECK(n >= 0 && n <= opts_.max_tokens);
-  for (int64_t l = 0; l < shape_.n_layer; ++l)
-    EBB_CHECK(static_cast<int64_t>(n_alloc_[l]) * opts_.chunk_size >= n);
+  for (auto& t : tables_) EBB_CHECK(static_cast<int64_t>(t.size()) * opts_.chunk_size >= n);
+  // Rows below n are written now (the forward pass wrote them).
+  for (int64_t c = n_tokens_ / opts_.chunk_size; c * opts_.chunk_size < n; ++c) {
+    const int64_t rows = std::min(opts_.chunk_size, n - c * opts_.chunk_size);
+    for (auto& t : tables_) t[c]->rows = std::max(t[c]->rows, rows);
+  }
   n_tokens_ = n;
 }
 
 void KvCache::reserve(int64_t n) {
   if (n > opts_.max_tokens) {
     throw Error("context full: " + std::to_string(n) + " tokens requested, the session's context holds " +
-                std::to_string(opts_.max_tokens) + " (raise --ctx)");
+                std::to_string(opts_.max_tokens));
   }
-  const size_t need = static_cast<size_t>((n + opts_.chunk_size - 1) / opts_.chunk_size);
-  size_t missing = 0;
-  for (int64_t l = 0; l < shape_.n_layer; ++l) missing += need - std::min(need, n_alloc_[l]);
-  if (missing == 0) return;
+  if (n <= n_tokens_) return;
+  const int64_t cs = opts_.chunk_size;
+  const size_t need = static_cast<size_t>((n + cs - 1) / cs);
+  // Copy-on-write: the chunk the next rows land in, when someone else holds
+  // it (a shared partial chunk, or a full one after truncate).
+  const size_t first = static_cast<size_t>(n_tokens_ / cs);
+  for (auto& t : tables_)
+    for (size_t c = first; c < std::min(need, t.size()); ++c)
+      if (t[c].shared()) t[c] = pool_.copy(*t[c]);
   // Every layer's new chunks in one mapping: a chat turn that crosses a
   // chunk boundary faults them in by huge pages at once (for Qwen3-0.6B's 28
   // layers, 28 MiB in about 2 ms instead of 7 ms page by page).
-  std::vector<Buffer> bufs = alloc_->allocate_group(missing, chunk_alloc_bytes(), MemCategory::kKvCache, true);
+  std::vector<int32_t> layers;
+  for (size_t l = 0; l < tables_.size(); ++l)
+    for (size_t c = tables_[l].size(); c < need; ++c) layers.push_back(static_cast<int32_t>(l));
+  if (layers.empty()) return;
+  std::vector<KvChunkHandle> fresh = pool_.create(layers, cs, opts_.type, true);
   size_t next = 0;
-  for (int64_t l = 0; l < shape_.n_layer; ++l) {
-    while (n_alloc_[l] < need) {
-      const size_t c = n_alloc_[l];
-      put_chunk(l, static_cast<int64_t>(c), std::move(bufs[next++]));
-      meta_[l][c] = {};
-      ++n_alloc_[l];
-    }
-  }
+  for (auto& t : tables_)
+    while (t.size() < need) t.push_back(std::move(fresh[next++]));
 }
 
 void KvCache::truncate(int64_t n) {
   EBB_CHECK(n >= 0);
   if (n < n_tokens_) n_tokens_ = n;
-  const size_t keep = static_cast<size_t>((n + opts_.chunk_size - 1) / opts_.chunk_size);
-  for (int64_t l = 0; l < shape_.n_layer; ++l) {
-    while (n_alloc_[l] > keep) {
-      --n_alloc_[l];
-      EBB_CHECK_MSG(chunk_resident(l, n_alloc_[l]), "truncating an evicted KV chunk: restore first");
-      (void)take_chunk(l, n_alloc_[l]);
-      meta_[l][n_alloc_[l]] = {};
-    }
+  const int64_t cs = opts_.chunk_size;
+  const size_t keep = static_cast<size_t>((n + cs - 1) / cs);
+  for (auto& t : tables_) {
+    if (t.size() > keep) t.resize(keep);
+    // A chunk only this cache holds forgets the rows past n.
+    if (keep > 0 && !t[keep - 1].shared()) t[keep - 1]->rows = std::min(t[keep - 1]->rows, n - int64_t(keep - 1) * cs);
   }
 }
 
 void* KvCache::k_row(int64_t layer, int64_t pos) {
-  const int64_t c = pos / opts_.chunk_size;
-  EBB_CHECK(c < static_cast<int64_t>(n_alloc_[layer]) && chunk_resident(layer, c));
-  return storage_[layer][c].as<uint8_t>() + (pos % opts_.chunk_size) * row_bytes_;
+  const size_t c = static_cast<size_t>(pos / opts_.chunk_size);
+  EBB_CHECK(c < tables_[layer].size() && tables_[layer][c]->resident());
+  return tables_[layer][c]->storage.as<uint8_t>() + (pos % opts_.chunk_size) * row_bytes_;
 }
 
 void* KvCache::v_row(int64_t layer, int64_t pos) {
-  const int64_t c = pos / opts_.chunk_size;
-  EBB_CHECK(c < static_cast<int64_t>(n_alloc_[layer]) && chunk_resident(layer, c));
-  return storage_[layer][c].as<uint8_t>() + (opts_.chunk_size + pos % opts_.chunk_size) * row_bytes_;
+  const size_t c = static_cast<size_t>(pos / opts_.chunk_size);
+  EBB_CHECK(c < tables_[layer].size() && tables_[layer][c]->resident());
+  return tables_[layer][c]->storage.as<uint8_t>() + (opts_.chunk_size + pos % opts_.chunk_size) * row_bytes_;
+}
+
+const KvChunkRef* KvCache::chunks(int64_t layer) const {
+  const auto& t = tables_[layer];
+  auto& r = refs_[layer];
+  r.resize(t.size());
+  for (size_t c = 0; c < t.size(); ++c) r[c] = t[c]->ref();
+  return r.data();
+}
+
+uint64_t KvCache::layer_bytes(int64_t layer) const {
+  uint64_t b = 0;
+  for (const KvChunkHandle& h : tables_[layer])
+    if (h->resident()) b += h->storage.size();
+  return b;
 }
 
 uint64_t KvCache::total_bytes() const {
   uint64_t t = 0;
-  for (int64_t l = 0; l < shape_.n_layer; ++l) t += n_resident_[l].load() * chunk_alloc_bytes();
+  for (int64_t l = 0; l < shape().n_layer; ++l) t += layer_bytes(l);
   return t;
 }
 
-Buffer KvCache::take_chunk(int64_t layer, int64_t chunk) {
-  EBB_CHECK(chunk_resident(layer, chunk));
-  Buffer b = std::move(storage_[layer][chunk]);
-  tables_[layer][chunk] = {};
-  --n_resident_[layer];
-  return b;
-}
-
-std::vector<Buffer> KvCache::new_chunk_buffers(size_t n) const {
-  return alloc_->allocate_group(n, chunk_alloc_bytes(), MemCategory::kKvCache);
-}
-
-void KvCache::put_chunk(int64_t layer, int64_t chunk, Buffer b) {
-  EBB_CHECK(!chunk_resident(layer, chunk) && b.size() >= chunk_bytes());
-  storage_[layer][chunk] = std::move(b);
-  uint8_t* base = storage_[layer][chunk].as<uint8_t>();
-  tables_[layer][chunk] = KvChunkRef{base, base + row_bytes_ * opts_.chunk_size};
-  meta_[layer][chunk].state = UnitState::kResident;
-  ++n_resident_[layer];
-}
-
 bool KvCache::all_resident() const {
-  for (int64_t l = 0; l < shape_.n_layer; ++l)
-    if (n_resident_[l].load() != n_alloc_[l]) return false;
+  for (const auto& t : tables_)
+    for (const KvChunkHandle& h : t)
+      if (!h->resident()) return false;
   return true;
 }
 
-int64_t KvCache::chunk_tokens(int64_t chunk) const {
-  return std::clamp<int64_t>(n_tokens_ - chunk * opts_.chunk_size, 0, opts_.chunk_size);
+int64_t KvCache::chunk_tokens(int64_t c) const {
+  return std::clamp<int64_t>(n_tokens_ - c * opts_.chunk_size, 0, opts_.chunk_size);
+}
+
+int64_t KvCache::lost_from() const {
+  int64_t from = n_tokens_;
+  for (const auto& t : tables_)
+    for (size_t c = 0; c < t.size(); ++c)
+      if (t[c]->lost.load()) from = std::min(from, static_cast<int64_t>(c) * opts_.chunk_size);
+  return from;
+}
+
+void KvCache::share_from(const KvCache& other, int64_t n) {
+  EBB_CHECK(&other.pool_ == &pool_ && other.opts_.chunk_size == opts_.chunk_size && other.opts_.type == opts_.type);
+  EBB_CHECK(n >= 0 && n <= other.n_tokens_ && n <= opts_.max_tokens);
+  const size_t k = static_cast<size_t>((n + opts_.chunk_size - 1) / opts_.chunk_size);
+  for (size_t l = 0; l < tables_.size(); ++l)
+    tables_[l].assign(other.tables_[l].begin(), other.tables_[l].begin() + static_cast<std::ptrdiff_t>(k));
+  n_tokens_ = n;
+}
+
+void KvCache::adopt(std::span<const std::vector<KvChunkHandle>> chunks) {
+  const int64_t n = static_cast<int64_t>(chunks.size()) * opts_.chunk_size;
+  EBB_CHECK(n <= opts_.max_tokens);
+  for (auto& t : tables_) t.clear();
+  for (const std::vector<KvChunkHandle>& c : chunks) {
+    EBB_CHECK(c.size() == tables_.size());
+    for (size_t l = 0; l < tables_.size(); ++l) {
+      EBB_CHECK(c[l]->chunk_size == opts_.chunk_size && c[l]->type == opts_.type && c[l]->rows == opts_.chunk_size);
+      tables_[l].push_back(c[l]);
+    }
+  }
+  n_tokens_ = n;
 }
 
 }  // namespace ebb

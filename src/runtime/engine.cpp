@@ -5,6 +5,7 @@
 
 #include "kernels/matmul.h"
 #include "platform/error.h"
+#include "platform/hash.h"
 #include "runtime/budget_mode.h"
 #include "runtime/session.h"
 
@@ -20,26 +21,20 @@ Isa choose_isa(const std::optional<Isa>& requested) {
   return *requested;
 }
 
-uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 // Hash of the tensor table and the first bytes of every tensor: different
 // models, quantizations or seeds give different fingerprints.
 uint64_t fingerprint(const Model& m) {
-  uint64_t h = 0xcbf29ce484222325ull;
+  uint64_t h = kFnv1a64Offset;
   const ModelConfig& c = m.config();
-  h = fnv1a(h, c.arch_name.data(), c.arch_name.size());
+  h = fnv1a64(c.arch_name.data(), c.arch_name.size(), h);
   for (const GgufTensorInfo& t : m.file().tensors()) {
-    h = fnv1a(h, t.name.data(), t.name.size());
-    h = fnv1a(h, t.dims.data(), t.dims.size() * sizeof(int64_t));
-    h = fnv1a(h, &t.type, sizeof(t.type));
+    h = fnv1a64(t.name.data(), t.name.size(), h);
+    h = fnv1a64(t.dims.data(), t.dims.size() * sizeof(int64_t), h);
+    h = fnv1a64(&t.type, sizeof(t.type), h);
     uint8_t head[64] = {};
     const uint64_t n = std::min<uint64_t>(sizeof(head), t.n_bytes);
     m.file().read(t.file_offset, head, n);
-    h = fnv1a(h, head, n);
+    h = fnv1a64(head, n, h);
   }
   return h;
 }
@@ -79,11 +74,11 @@ Engine::Engine(const EngineOptions& opts)
       }
     }
   }
-  (void)c;
   ForwardOptions fo;
   fo.max_batch = opts_.prefill_batch;
   fo.max_chunk_size = opts_.kv_chunk_size;
   forward_ = std::make_unique<Forward>(*model_, isa_, pool_, alloc_, fo);
+  kv_pool_ = std::make_unique<KvPool>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, &alloc_);
   fingerprint_ = fingerprint(*model_);
   if (budget_mode) {
     budget_source_ = make_budget_source(*model_, *forward_, alloc_, opts_.budget, opts_.kv_chunk_size);
@@ -91,8 +86,21 @@ Engine::Engine(const EngineOptions& opts)
   } else if (opts_.elastic) {
     ElasticOptions eo = opts_.elastic_opts;
     eo.isa = isa_;
-    elastic_ = std::make_unique<ElasticMemory>(*model_, alloc_, std::move(eo), &pool_);
+    elastic_ = std::make_unique<ElasticMemory>(*model_, alloc_, std::move(eo), kv_pool_.get(), &pool_);
+    kv_pool_->set_listener(elastic_.get());
     weight_source_ = elastic_.get();
+  }
+  if (!opts_.cache_dir.empty() && !opts_.prefix_cache) {
+    throw Error("a KV cache directory needs the prefix cache (it is the cache's persistent tier)");
+  }
+  if (!opts_.cache_dir.empty()) {
+    cache_store_ = std::make_unique<CacheStore>(
+        CacheStoreOptions{opts_.cache_dir, opts_.cache_dir_bytes, fingerprint_},
+        KvShape{c.n_layer, c.n_head_kv, c.head_dim});
+  }
+  if (opts_.prefix_cache) {
+    prefix_cache_ = std::make_unique<PrefixCache>(c.n_layer, opts_.prefix_cache_opts, cache_store_.get(),
+                                                  kv_pool_.get());
   }
 }
 
@@ -113,18 +121,18 @@ RestoreReport Engine::restore() {
 }
 
 Engine::~Engine() {
+  prefix_cache_.reset();  // its chunks go back to the pool while elastic memory can free their swap space
+  if (kv_pool_) kv_pool_->set_listener(nullptr);
   elastic_.reset();  // joins a restore in flight before the model goes
 }
 
 void Engine::attach(Session* s) {
   std::lock_guard lock(sessions_mu_);
   sessions_.push_back(s);
-  if (elastic_) elastic_->attach(&s->kv());
 }
 
 void Engine::detach(Session* s) {
   std::lock_guard lock(sessions_mu_);
-  if (elastic_) elastic_->detach(&s->kv());
   sessions_.erase(std::remove(sessions_.begin(), sessions_.end(), s), sessions_.end());
 }
 
@@ -140,11 +148,9 @@ Footprint Engine::footprint() const {
   f.globals = model_->globals_unit().resident() ? model_->globals_unit().bytes() : 0;
   {
     std::lock_guard lock(sessions_mu_);
-    for (const Session* s : sessions_) {
-      for (int l = 0; l < nl; ++l) f.kv_per_layer[l] += s->kv().layer_bytes(l);
-      f.scratch += s->scratch_bytes();
-    }
+    for (const Session* s : sessions_) f.scratch += s->scratch_bytes();
   }
+  for (int l = 0; l < nl; ++l) f.kv_per_layer[l] = kv_pool_->layer_bytes(l);
   f.scratch += forward_->scratch_bytes();
   f.io_buffers = static_cast<uint64_t>(ledger_.bytes(MemCategory::kIoBuffer));
   if (elastic_) {

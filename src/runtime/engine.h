@@ -12,6 +12,9 @@
 #include "kernels/cpu.h"
 #include "memory/budget_plan.h"
 #include "memory/elastic.h"
+#include "memory/kv_pool.h"
+#include "memory/cache_store.h"
+#include "memory/prefix_cache.h"
 #include "model/model.h"
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
@@ -30,13 +33,21 @@ struct EngineOptions {
   BudgetOptions budget;         // budget mode (FlexInfer) when budget.budget > 0
   bool elastic = true;          // elastic memory (evict/restore); off in budget mode
   ElasticOptions elastic_opts;  // its isa is set to the engine's target
+  // The prefix cache: sessions reuse the KV of cached prefixes (same
+  // namespace, adapters and tokens) instead of recomputing it.
+  bool prefix_cache = false;
+  PrefixCacheOptions prefix_cache_opts;
+  // The prefix cache's persistent tier ("": none): full chunks are written
+  // there and read back by a later process (needs prefix_cache).
+  std::string cache_dir;
+  uint64_t cache_dir_bytes = 0;  // 0: no limit
 };
 
 // Bytes by category, equal to what went through the engine's allocator.
 struct Footprint {
   std::vector<uint64_t> weights_per_layer;  // resident bytes of each layer unit
   uint64_t globals = 0;                     // embedding, output norm, output head
-  std::vector<uint64_t> kv_per_layer;       // resident KV chunk bytes of all sessions, per layer
+  std::vector<uint64_t> kv_per_layer;       // resident KV chunk bytes per layer (the pool: shared chunks once)
   uint64_t scratch = 0;                     // planned work buffers
   uint64_t compressed = 0;                  // compressed KV stack (elastic memory)
   uint64_t io_buffers = 0;                  // direct-I/O staging and streaming windows
@@ -63,6 +74,11 @@ class Engine {
   Allocator& allocator() { return alloc_; }
   const Ledger& ledger() const { return ledger_; }
   Forward& forward() { return *forward_; }
+  // Every session's KV chunks (and the prefix cache's) live here.
+  KvPool& kv_pool() { return *kv_pool_; }
+  // nullptr when off.
+  PrefixCache* prefix_cache() { return prefix_cache_.get(); }
+  CacheStore* cache_store() { return cache_store_.get(); }
   Isa isa() const { return isa_; }
 
   // Where forward passes take their weights: nullptr while every unit is
@@ -103,7 +119,10 @@ class Engine {
   uint64_t fingerprint_ = 0;
   WeightSource* weight_source_ = nullptr;
   std::unique_ptr<WeightSource> budget_source_;  // budget mode
-  std::unique_ptr<ElasticMemory> elastic_;        // declared after model_: destroyed first
+  std::unique_ptr<KvPool> kv_pool_;               // outlives every holder of its chunks
+  std::unique_ptr<ElasticMemory> elastic_;        // declared after model_ and kv_pool_: destroyed first
+  std::unique_ptr<CacheStore> cache_store_;       // the prefix cache's persistent tier
+  std::unique_ptr<PrefixCache> prefix_cache_;     // holds pool chunks: destroyed before the pool and elastic
   mutable std::mutex sessions_mu_;
   std::vector<Session*> sessions_;
 };

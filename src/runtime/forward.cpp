@@ -22,6 +22,7 @@ Forward::Forward(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc
       opts_(opts) {
   if (opts_.max_batch < 1) throw Error("prefill batch must be at least 1 token");
   plan_scratch();
+  joined_.reserve(static_cast<size_t>(opts_.max_batch));
 }
 
 void Forward::ensure_chunk_size(int64_t chunk_size) {
@@ -117,63 +118,142 @@ void store_rows(KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float
 
 void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits,
                   WeightSource* source) {
-  WeightSource& src = source ? *source : resident_;
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  EBB_CHECK(n >= 1 && n <= opts_.max_batch);
-  const ModelConfig& c = cfg_;
-  const int64_t pos0 = kv.n_tokens();
-  EBB_CHECK(kv.n_chunks(0) * kv.options().chunk_size >= pos0 + n);
-  EBB_CHECK(kv.options().chunk_size <= opts_.max_chunk_size);
-  const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
+  const StepSeq one{&kv, tokens, logits, all_logits};
+  run_batch({&one, 1}, source);
+}
 
-  for (int64_t t = 0; t < n; ++t) {
-    if (tokens[t] < 0 || tokens[t] >= c.n_vocab) {
-      throw Error("token id " + std::to_string(tokens[t]) + " is outside the vocabulary [0, " +
-                  std::to_string(c.n_vocab) + ")");
+void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
+  WeightSource& src = source ? *source : resident_;
+  const ModelConfig& c = cfg_;
+  const int64_t d = c.n_embd;
+  EBB_CHECK(!seqs.empty());
+  // Rows of the step: sequence after sequence. row0[i]: first row of seqs[i].
+  int64_t n = 0;
+  int64_t n_out = 0;
+  for (const StepSeq& s : seqs) {
+    const int64_t ns = static_cast<int64_t>(s.tokens.size());
+    EBB_CHECK(ns >= 1 && s.kv && s.logits);
+    EBB_CHECK(s.kv->n_chunks(0) * s.kv->options().chunk_size >= s.kv->n_tokens() + ns);
+    EBB_CHECK(s.kv->options().chunk_size <= opts_.max_chunk_size);
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= c.n_vocab) {
+        throw Error("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(c.n_vocab) +
+                    ")");
+      }
     }
+    n += ns;
+    n_out += s.all_logits ? ns : 1;
   }
+  EBB_CHECK(n <= opts_.max_batch);
+  // Several sequences: logits land in a planned block, then go to each
+  // sequence's own buffer. One sequence writes straight into its buffer.
+  float* head_out = seqs[0].logits;
+  if (seqs.size() > 1) {
+    // Grows to the most rows a step has asked for, then stays.
+    const size_t bytes = static_cast<size_t>(n_out * c.n_vocab) * sizeof(float);
+    if (head_scratch_.size() < bytes) {
+      head_scratch_.reset();
+      head_scratch_ = alloc_.allocate(bytes, MemCategory::kScratch);
+    }
+    head_out = head_scratch_.as<float>();
+    joined_.clear();
+    for (const StepSeq& s : seqs) joined_.insert(joined_.end(), s.tokens.begin(), s.tokens.end());
+  }
+
   // Ends the pass on every exit, so a streamer's window is reset after an error too.
   struct PassGuard {
     WeightSource& s;
     ~PassGuard() { s.end_pass(); }
   };
-  src.begin_pass(tokens);
+  // The streamer (budget mode) only looks at the tokens to know the step's size.
+  src.begin_pass(seqs.size() > 1 ? std::span<const int32_t>(joined_) : seqs[0].tokens);
   PassGuard guard{src};
-  for (int64_t t = 0; t < n; ++t) {
-    const MatrixRow e = src.embedding_row(tokens[t]);
-    dequantize_row(ks_, e.matrix, e.row, x_ + t * d);
-    ops_.rope_angles(pos0 + t, c.rope_dim, c.rope_base, c.rope_freq_scale, rope_ + t * c.rope_dim,
-                     c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+  {
+    int64_t r = 0;
+    for (const StepSeq& s : seqs) {
+      const int64_t pos0 = s.kv->n_tokens();
+      for (size_t t = 0; t < s.tokens.size(); ++t, ++r) {
+        const MatrixRow e = src.embedding_row(s.tokens[t]);
+        dequantize_row(ks_, e.matrix, e.row, x_ + r * d);
+        ops_.rope_angles(pos0 + static_cast<int64_t>(t), c.rope_dim, c.rope_base, c.rope_freq_scale,
+                         rope_ + r * c.rope_dim, c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+      }
+    }
   }
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (int l = 0; l < model_.n_layers(); ++l) {
     const LayerWeights w = src.acquire_layer(l);
-    // Attention block.
-    for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.attn_norm, xn_ + t * d, d, c.rms_eps);
-    matmul_shared_input({{&w.q, q_, qd}, {&w.k, k_, kvd}, {&w.v, v_, kvd}}, xn_, n);
-    add_bias(q_, w.q_bias, n, qd, ops_);
-    add_bias(k_, w.k_bias, n, kvd, ops_);
-    add_bias(v_, w.v_bias, n, kvd, ops_);
-    for (int64_t t = 0; t < n; ++t) {
-      float* qt = q_ + t * qd;  // [n_head, head_dim]
-      float* kt = k_ + t * kvd;  // [n_head_kv, head_dim]
-      if (w.q_norm) {
-        for (int64_t h = 0; h < c.n_head; ++h)
-          ops_.rmsnorm(qt + h * c.head_dim, w.q_norm, qt + h * c.head_dim, c.head_dim, c.rms_eps);
-        for (int64_t h = 0; h < c.n_head_kv; ++h)
-          ops_.rmsnorm(kt + h * c.head_dim, w.k_norm, kt + h * c.head_dim, c.head_dim, c.rms_eps);
-      }
-      ops_.rope(qt, c.n_head, c.head_dim, c.rope_dim, rope_ + t * c.rope_dim, c.rope_style);
-      ops_.rope(kt, c.n_head_kv, c.head_dim, c.rope_dim, rope_ + t * c.rope_dim, c.rope_style);
-    }
-    store_rows(kv, l, pos0, n, k_, true);
-    store_rows(kv, l, pos0, n, v_, false);
+    attention_block(w, l, seqs, n);
+    ffn_block(w, n);
+    src.release_layer(l);
+  }
+  for (const StepSeq& s : seqs) s.kv->set_n_tokens(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
 
+  // Output head on the rows the callers want, gathered in order.
+  GlobalWeights g = src.acquire_head();
+  {
+    int64_t r = 0, o = 0;
+    for (const StepSeq& s : seqs) {
+      const int64_t ns = static_cast<int64_t>(s.tokens.size());
+      for (int64_t t = s.all_logits ? 0 : ns - 1; t < ns; ++t, ++o)
+        ops_.rmsnorm(x_ + (r + t) * d, g.output_norm, xn_ + o * d, d, c.rms_eps);
+      r += ns;
+    }
+  }
+  // A streamer may serve the head in row ranges: each acquire_head() gives the next.
+  for (int64_t r0 = 0;;) {
+    matmul(g.output, xn_, n_out, head_out + r0, c.n_vocab);
+    r0 += g.output.rows;
+    src.release_head();
+    if (r0 >= c.n_vocab) break;
+    g = src.acquire_head();
+  }
+  if (seqs.size() > 1) {
+    int64_t o = 0;
+    for (const StepSeq& s : seqs) {
+      const int64_t rows = s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1;
+      std::copy(head_out + o * c.n_vocab, head_out + (o + rows) * c.n_vocab, s.logits);
+      o += rows;
+    }
+  }
+}
+
+// The attention block of layer l for all rows of the step: norm, q/k/v
+// projections, Q/K norms and RoPE per row, K and V stored in each sequence's
+// chunks, attention per sequence over its chunks, the output projection and
+// the residual.
+void Forward::attention_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n) {
+  const ModelConfig& c = cfg_;
+  const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
+  for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.attn_norm, xn_ + t * d, d, c.rms_eps);
+  matmul_shared_input({{&w.q, q_, qd}, {&w.k, k_, kvd}, {&w.v, v_, kvd}}, xn_, n);
+  add_bias(q_, w.q_bias, n, qd, ops_);
+  add_bias(k_, w.k_bias, n, kvd, ops_);
+  add_bias(v_, w.v_bias, n, kvd, ops_);
+  for (int64_t t = 0; t < n; ++t) {
+    float* qt = q_ + t * qd;   // [n_head, head_dim]
+    float* kt = k_ + t * kvd;  // [n_head_kv, head_dim]
+    if (w.q_norm) {
+      for (int64_t h = 0; h < c.n_head; ++h)
+        ops_.rmsnorm(qt + h * c.head_dim, w.q_norm, qt + h * c.head_dim, c.head_dim, c.rms_eps);
+      for (int64_t h = 0; h < c.n_head_kv; ++h)
+        ops_.rmsnorm(kt + h * c.head_dim, w.k_norm, kt + h * c.head_dim, c.head_dim, c.rms_eps);
+    }
+    ops_.rope(qt, c.n_head, c.head_dim, c.rope_dim, rope_ + t * c.rope_dim, c.rope_style);
+    ops_.rope(kt, c.n_head_kv, c.head_dim, c.rope_dim, rope_ + t * c.rope_dim, c.rope_style);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  int64_t r = 0;
+  for (const StepSeq& s : seqs) {
+    KvCache& kv = *s.kv;
+    const int64_t ns = static_cast<int64_t>(s.tokens.size());
+    const int64_t pos0 = kv.n_tokens();
+    store_rows(kv, l, pos0, ns, k_ + r * kvd, true);
+    store_rows(kv, l, pos0, ns, v_ + r * kvd, false);
     AttentionArgs a;
-    a.q = q_;
-    a.out = att_;
-    a.n_q = n;
+    a.q = q_ + r * qd;
+    a.out = att_ + r * qd;
+    a.n_q = ns;
     a.n_heads = c.n_head;
     a.n_kv_heads = c.n_head_kv;
     a.head_dim = c.head_dim;
@@ -185,34 +265,22 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
     a.scale = scale;
     a.scratch = attn_scratch_;
     attention(isa_, a, pool_);
-
-    matmul(w.o, att_, n, xn_, d);
-    for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
-
-    // Feed-forward block (SwiGLU).
-    for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.ffn_norm, xn_ + t * d, d, c.rms_eps);
-    matmul_shared_input({{&w.gate, gate_, c.n_ff}, {&w.up, up_, c.n_ff}}, xn_, n);
-    for (int64_t t = 0; t < n; ++t) ops_.swiglu(gate_ + t * c.n_ff, up_ + t * c.n_ff, gate_ + t * c.n_ff, c.n_ff);
-    matmul(w.down, gate_, n, xn_, d);
-    for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
-    src.release_layer(l);
+    r += ns;
   }
-  kv.set_n_tokens(pos0 + n);
+  matmul(w.o, att_, n, xn_, d);
+  for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
+}
 
-  // Output head on the rows the caller wants.
-  const int64_t first = all_logits ? 0 : n - 1;
-  const int64_t n_out = n - first;
-  GlobalWeights g = src.acquire_head();
-  for (int64_t t = first; t < n; ++t)
-    ops_.rmsnorm(x_ + t * d, g.output_norm, xn_ + (t - first) * d, d, c.rms_eps);
-  // A streamer may serve the head in row ranges: each acquire_head() gives the next.
-  for (int64_t r0 = 0;;) {
-    matmul(g.output, xn_, n_out, logits + r0, c.n_vocab);
-    r0 += g.output.rows;
-    src.release_head();
-    if (r0 >= c.n_vocab) break;
-    g = src.acquire_head();
-  }
+// The feed-forward block (SwiGLU) for all rows: norm, gate/up, SwiGLU, down,
+// residual.
+void Forward::ffn_block(const LayerWeights& w, int64_t n) {
+  const ModelConfig& c = cfg_;
+  const int64_t d = c.n_embd;
+  for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.ffn_norm, xn_ + t * d, d, c.rms_eps);
+  matmul_shared_input({{&w.gate, gate_, c.n_ff}, {&w.up, up_, c.n_ff}}, xn_, n);
+  for (int64_t t = 0; t < n; ++t) ops_.swiglu(gate_ + t * c.n_ff, up_ + t * c.n_ff, gate_ + t * c.n_ff, c.n_ff);
+  matmul(w.down, gate_, n, xn_, d);
+  for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
 }
 
 }  // namespace ebb

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <span>
+#include <vector>
 
 #include "kernels/cpu.h"
 #include "kernels/matmul.h"
@@ -20,8 +21,17 @@ namespace ebb {
 class KvCache;
 
 struct ForwardOptions {
-  int64_t max_batch = 64;   // tokens per prefill micro-batch
+  int64_t max_batch = 64;   // tokens per step (all sequences together)
   int64_t max_chunk_size = 256;  // largest KV chunk size of any session
+};
+
+// One sequence's part of a step: its tokens run at positions
+// [kv->n_tokens(), kv->n_tokens() + tokens.size()) over its own chunk table.
+struct StepSeq {
+  KvCache* kv = nullptr;            // must already have writable chunks for the tokens
+  std::span<const int32_t> tokens;
+  float* logits = nullptr;          // [n_out, n_vocab]: n_out = tokens.size() when all_logits, else 1
+  bool all_logits = false;
 };
 
 class Forward {
@@ -39,6 +49,15 @@ class Forward {
   void run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits,
            WeightSource* source = nullptr);
 
+  // One step over several sequences (batched decode, prefill micro-batches
+  // of different sessions): every weight matrix is read once for all their
+  // rows; attention runs per sequence over its own chunks. The tokens of all
+  // sequences together are at most max_batch. Each kv advances by its
+  // sequence's tokens. A row's result does not depend on which other rows
+  // share the step (the kernels compute each (row, token) the same way in a
+  // batch of two or more; a one-token step may sum in another order).
+  void run_batch(std::span<const StepSeq> seqs, WeightSource* source = nullptr);
+
   // Re-plans scratch for a larger KV chunk size (called when a session is
   // created, never during generation).
   void ensure_chunk_size(int64_t chunk_size);
@@ -49,6 +68,9 @@ class Forward {
 
  private:
   void plan_scratch();
+  // The named blocks of one layer over the step's n rows.
+  void attention_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n);
+  void ffn_block(const LayerWeights& w, int64_t n);
   void matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride);
   // Products sharing the input x (gate/up; q/k/v): one pool dispatch and one
   // activation conversion for a single token (matmul_multi).
@@ -82,6 +104,8 @@ class Forward {
   float* gate_ = nullptr;   // [B, n_ff]
   float* up_ = nullptr;     // [B, n_ff]
   float* rope_ = nullptr;   // [B, rope_dim] (cos, sin) pairs
+  Buffer head_scratch_;          // [n_out, n_vocab] logits of a multi-sequence step (grows, then stays)
+  std::vector<int32_t> joined_;  // [B] a multi-sequence step's tokens, for the weight source
   float* attn_scratch_ = nullptr;
   void* mm_scratch_ = nullptr;
 };

@@ -25,11 +25,9 @@ double GenerateStats::decode_tok_s() const {
   return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0;
 }
 
-namespace {
-
 // Holds back text that might be the start of a stop string, and finds the
 // first complete stop string.
-class StopMatcher {
+class Generation::StopMatcher {
  public:
   explicit StopMatcher(const std::vector<std::string>& stops) : stops_(stops) {}
 
@@ -72,64 +70,112 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
-}  // namespace
+Generation::Generation(Session& session, std::span<const TokenId> prompt, const GenerateOptions& opts,
+                       TextFn on_text)
+    : session_(session),
+      opts_(opts),
+      on_text_(std::move(on_text)),
+      // Constructing the sampler validates its options before any work is done.
+      sampler_(opts.sampling, session.engine().config().n_vocab),
+      decoder_(session.engine().tokenizer(), /*at_start=*/false),
+      stops_(std::make_unique<StopMatcher>(opts_.stop_strings)),
+      run_before_(session.tokens_run()),
+      reused_before_(session.reused_tokens()) {
+  session_.append(prompt);  // throws with the session unchanged when it does not fit
+  // Penalties see the conversation so far.
+  for (TokenId t : session_.tokens()) sampler_.accept(t);
+}
+
+Generation::~Generation() = default;
+
+bool Generation::step() {
+  if (done_) return false;
+  if (cancelled_) {
+    finish(StopReason::kCancelled);
+    return false;
+  }
+  if (session_.n_pending() > 0 || !session_.has_logits()) {
+    if (!prefilled_ && progress_from_ < 0) progress_from_ = session_.n_processed();
+    session_.step();
+    if (!prefilled_ && opts_.prefill_progress) {
+      const int64_t total = static_cast<int64_t>(session_.tokens().size());
+      opts_.prefill_progress(session_.n_processed() - progress_from_, total - progress_from_);
+    }
+  }
+  after_forward();
+  return !done_;
+}
+
+void Generation::after_forward() {
+  if (done_) return;
+  if (cancelled_) {
+    finish(StopReason::kCancelled);
+    return;
+  }
+  if (session_.n_pending() > 0) return;  // more prefill, or a recompute
+  if (!prefilled_) {
+    // The prompt is in: logits for the first token are ready.
+    prefilled_ = true;
+    st_.prompt_tokens = session_.tokens_run() - run_before_;
+    st_.cached_tokens = session_.reused_tokens() - reused_before_;
+    st_.prefill_seconds = clock_.seconds();
+  }
+  sample_next();
+}
+
+void Generation::sample_next() {
+  if (static_cast<int64_t>(st_.tokens.size()) >= opts_.max_tokens) {
+    finish(StopReason::kMaxTokens);
+    return;
+  }
+  const TokenId t = sampler_.sample(session_.last_logits());
+  if (st_.tokens.empty()) decode_start_ = clock_.seconds();
+  if (static_cast<int64_t>(session_.tokens().size()) + 1 > session_.n_ctx()) {
+    finish(StopReason::kContextFull);  // t is neither shown nor kept
+    return;
+  }
+  sampler_.accept(t);
+  st_.tokens.push_back(t);
+  st_.generated_tokens = static_cast<int64_t>(st_.tokens.size());
+  const bool eog = opts_.stop_at_eog && session_.engine().tokenizer().is_eog(t);
+  if (!eog) emit(stops_->push(decoder_.push(t)));
+  // The token is kept either way: it runs next step, or first next turn.
+  session_.append_pending(t);
+  if (eog) finish(StopReason::kEndOfGeneration);
+  else if (stops_->stopped()) finish(StopReason::kStopString);
+  else if (cancelled_) finish(StopReason::kCancelled);
+  else if (st_.generated_tokens == opts_.max_tokens) finish(StopReason::kMaxTokens);
+}
+
+void Generation::emit(const std::string& text) {
+  if (text.empty() || cancelled_) return;
+  if (st_.ttft_seconds == 0) st_.ttft_seconds = clock_.seconds();
+  st_.text += text;
+  if (on_text_ && !on_text_(text)) cancelled_ = true;
+}
+
+void Generation::cancel() { cancelled_ = true; }
+
+void Generation::finish(StopReason why) {
+  if (done_) return;
+  st_.stop = why;
+  if (!prefilled_) {
+    st_.prompt_tokens = session_.tokens_run() - run_before_;
+    st_.cached_tokens = session_.reused_tokens() - reused_before_;
+    st_.prefill_seconds = clock_.seconds();
+  }
+  if (!stops_->stopped()) emit(stops_->push(decoder_.flush()) + stops_->flush());
+  st_.decode_seconds = st_.generated_tokens > 0 ? clock_.seconds() - decode_start_ : 0;
+  if (st_.ttft_seconds == 0) st_.ttft_seconds = clock_.seconds();
+  done_ = true;
+}
 
 GenerateStats generate(Session& session, std::span<const TokenId> prompt, const GenerateOptions& opts,
                        const TextFn& on_text) {
-  Engine& engine = session.engine();
-  const Tokenizer& tok = engine.tokenizer();
-  GenerateStats st;
-  const Stopwatch clock;
-
-  // Constructing the sampler validates its options before any work is done.
-  Sampler sampler(opts.sampling, engine.config().n_vocab);
-  const int64_t before = session.n_processed();
-  std::span<const float> logits = session.feed(prompt, nullptr, opts.prefill_progress);
-  st.prompt_tokens = session.n_processed() - before;
-  st.prefill_seconds = clock.seconds();
-
-  // Penalties see the conversation so far.
-  for (TokenId t : session.tokens()) sampler.accept(t);
-
-  StreamDecoder decoder(tok, /*at_start=*/false);
-  StopMatcher stops(opts.stop_strings);
-  double decode_start = 0;
-  bool cancelled = false;
-  auto emit = [&](const std::string& text) {
-    if (text.empty() || cancelled) return;
-    if (st.ttft_seconds == 0) st.ttft_seconds = clock.seconds();
-    st.text += text;
-    if (on_text && !on_text(text)) cancelled = true;
-  };
-
-  for (int64_t i = 0; i < opts.max_tokens; ++i) {
-    const TokenId t = sampler.sample(logits);
-    if (i == 0) decode_start = clock.seconds();
-    if (static_cast<int64_t>(session.tokens().size()) + 1 > session.n_ctx()) {
-      st.stop = StopReason::kContextFull;  // t is neither shown nor kept
-      break;
-    }
-    sampler.accept(t);
-    st.tokens.push_back(t);
-    st.generated_tokens = static_cast<int64_t>(st.tokens.size());
-    const bool eog = opts.stop_at_eog && tok.is_eog(t);
-    if (!eog) emit(stops.push(decoder.push(t)));
-    if (eog || stops.stopped() || cancelled || i + 1 == opts.max_tokens) {
-      // The turn ends here; the last token is kept and runs next turn.
-      session.append_pending(t);
-      st.stop = eog ? StopReason::kEndOfGeneration
-                : stops.stopped() ? StopReason::kStopString
-                : cancelled ? StopReason::kCancelled
-                : StopReason::kMaxTokens;
-      break;
-    }
-    const TokenId one[1] = {t};
-    logits = session.feed(one);
+  Generation g(session, prompt, opts, on_text);
+  while (g.step()) {
   }
-  if (!stops.stopped()) emit(stops.push(decoder.flush()) + stops.flush());
-  st.decode_seconds = st.generated_tokens > 0 ? clock.seconds() - decode_start : 0;
-  if (st.ttft_seconds == 0) st.ttft_seconds = clock.seconds();
-  return st;
+  return g.stats();
 }
 
 }  // namespace ebb

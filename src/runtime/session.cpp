@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "platform/error.h"
+#include "platform/timer.h"
 #include "runtime/engine.h"
 
 namespace ebb {
@@ -17,9 +18,11 @@ Session::Session(Engine& engine, SessionOptions opts) : engine_(engine), opts_(o
   ko.type = opts_.kv_type;
   ko.max_tokens = opts_.n_ctx;
   ko.f16_accumulator = opts_.f16_attention;
-  kv_ = std::make_unique<KvCache>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, ko, &engine_.allocator());
+  kv_ = std::make_unique<KvCache>(engine_.kv_pool(), ko);
   engine_.forward().ensure_chunk_size(opts_.kv_chunk_size);
-  tokens_.reserve(static_cast<size_t>(opts_.n_ctx));  // appending a token never reallocates
+  // Appending a token seldom reallocates (the context may be far larger
+  // than any conversation gets).
+  tokens_.reserve(static_cast<size_t>(std::min<int64_t>(opts_.n_ctx, 1 << 16)));
   logits_ = engine_.allocator().allocate(static_cast<size_t>(c.n_vocab) * sizeof(float), MemCategory::kScratch);
   engine_.attach(this);
 }
@@ -33,41 +36,153 @@ std::span<const float> Session::last_logits() const {
 
 void Session::append_pending(TokenId t) {
   if (static_cast<int64_t>(tokens_.size()) + 1 > opts_.n_ctx) {
-    throw Error("context full: the session's context holds " + std::to_string(opts_.n_ctx) + " tokens (raise --ctx)");
+    throw Error("context full: the session's context holds " + std::to_string(opts_.n_ctx) + " tokens");
   }
   tokens_.push_back(t);
 }
 
-std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::vector<float>* all_logits,
-                                     const ProgressFn& progress) {
+void Session::append(std::span<const TokenId> new_tokens) {
   const int64_t n_vocab = engine_.config().n_vocab;
   const int64_t total = static_cast<int64_t>(tokens_.size() + new_tokens.size());
   if (total > opts_.n_ctx) {
     throw Error("context full: " + std::to_string(total) + " tokens needed, the session's context holds " +
-                std::to_string(opts_.n_ctx) + " (raise --ctx)");
+                std::to_string(opts_.n_ctx));
   }
   for (TokenId t : new_tokens) {
     if (t < 0 || t >= n_vocab) {
       throw Error("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
     }
   }
-  kv_->reserve(total);  // plan: all chunks this call needs, before running
   tokens_.insert(tokens_.end(), new_tokens.begin(), new_tokens.end());
+}
 
-  ElasticMemory* em = engine_.elastic();
-  // restore_generate: restoration starts now and this request's prefill runs
-  // alongside it, each layer waiting only for its own latch.
-  if (em && em->restore_pending()) em->begin_restore();
-  if (kv_->n_tokens() == total && !have_logits_ && total > 0) {
+CacheKey Session::cache_key() const {
+  CacheKey k;
+  k.ns = opts_.cache_namespace;
+  k.chunk_size = kv_->options().chunk_size;
+  k.kv_type = kv_->options().type;
+  k.f16_accumulator = kv_->options().f16_accumulator;
+  return k;
+}
+
+void Session::reuse_prefix() {
+  PrefixCache* pc = engine_.prefix_cache();
+  if (!pc || !opts_.use_prefix_cache) return;
+  const int64_t cs = kv_->options().chunk_size;
+  // At least one token must run, for the logits.
+  const int64_t most = (static_cast<int64_t>(tokens_.size()) - 1) / cs * cs;
+  if (most <= kv_->n_tokens()) return;
+  PrefixHit hit = pc->lookup(cache_key(), tokens_, most);
+  if (hit.n_tokens <= kv_->n_tokens()) return;
+  reused_tokens_ += hit.n_tokens - kv_->n_tokens();
+  kv_->adopt(hit.chunks);
+  recorded_chunks_ = static_cast<int64_t>(hit.chunks.size());
+}
+
+void Session::record_prefix() {
+  PrefixCache* pc = engine_.prefix_cache();
+  if (!pc || !opts_.use_prefix_cache) return;
+  const int64_t full = kv_->n_tokens() / kv_->options().chunk_size;
+  if (full <= recorded_chunks_) return;
+  pc->insert(cache_key(), tokens_, *kv_);
+  recorded_chunks_ = full;
+}
+
+Session::StepPart Session::prepare_step(int64_t n) {
+  if (!all_rows_wanted_) reuse_prefix();
+  if (n_pending() == 0 && !have_logits_ && !tokens_.empty()) {
     // Everything is in the KV but the logits were dropped (after truncate or
     // load): run the last token again to get them.
-    kv_->set_n_tokens(total - 1);
+    kv_->truncate(static_cast<int64_t>(tokens_.size()) - 1);
   }
+  n = std::min(n, n_pending());
+  EBB_CHECK(n >= 1);
+  // restore_generate: restoration starts now and this step runs alongside
+  // it, each layer waiting only for its own latch.
+  ElasticMemory* em = engine_.elastic();
+  if (em && em->restore_pending()) em->begin_restore();
+  const int64_t pos = kv_->n_tokens();
+  kv_->reserve(pos + n);
+  return {kv_.get(), {tokens_.data() + pos, static_cast<size_t>(n)}, logits_.as<float>()};
+}
+
+void Session::finish_step(int64_t n) {
+  tokens_run_ += n;
+  have_logits_ = true;
+  if (n_pending() == 0) {
+    settle_restore();
+    if (kv_->lost_from() == kv_->n_tokens()) record_prefix();
+  }
+}
+
+void Session::settle_restore() {
+  ElasticMemory* em = engine_.elastic();
+  if (em && em->restoring()) last_restore_ = em->wait_restored();
+  // KV that could not be restored (a corrupt or missing swap slot) is
+  // recomputed from the session's tokens, and so is everything computed on it.
+  const int64_t lost = kv_->lost_from();
+  if (lost < kv_->n_tokens()) {
+    kv_->truncate(lost);
+    have_logits_ = false;
+    ++recomputes_;
+  }
+}
+
+int64_t Session::step(int64_t max_tokens) {
+  const int64_t cap = max_tokens > 0 ? max_tokens : engine_.forward().max_batch();
+  if (n_pending() == 0 && !have_logits_ && !tokens_.empty()) kv_->truncate(static_cast<int64_t>(tokens_.size()) - 1);
+  const int64_t n = std::min({cap, n_pending(), engine_.forward().max_batch()});
+  if (n == 0) {
+    settle_restore();
+    return 0;
+  }
+  const StepPart p = prepare_step(n);
+  const int64_t ran = static_cast<int64_t>(p.tokens.size());
+  const Stopwatch sw;
+  engine_.forward().run(p.tokens, *p.kv, p.logits, false, engine_.weight_source());
+  note_cost(ran, sw.seconds());
+  finish_step(ran);
+  return ran;
+}
+
+void Session::note_cost(int64_t n, double seconds) {
+  // Prefill micro-batches measure Ĉ_recompute for the prefix cache.
+  if (PrefixCache* pc = engine_.prefix_cache(); pc && n >= 16) pc->note_prefill_cost(seconds / static_cast<double>(n));
+}
+
+void Session::fork_from(const Session& other, int64_t n) {
+  EBB_CHECK(&other.engine_ == &engine_ && n >= 0 && n <= other.kv_->n_tokens());
+  if (other.kv_->options().chunk_size != kv_->options().chunk_size || other.kv_->options().type != kv_->options().type) {
+    throw Error("cannot share KV between sessions of different chunk sizes or KV types");
+  }
+  if (n > opts_.n_ctx) throw Error("context full: " + std::to_string(n) + " tokens, the session's context holds " +
+                                   std::to_string(opts_.n_ctx));
+  make_resident();
+  kv_->share_from(*other.kv_, n);
+  tokens_.assign(other.tokens_.begin(), other.tokens_.begin() + n);
+  have_logits_ = false;
+  recorded_chunks_ = 0;
+}
+
+std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::vector<float>* all_logits,
+                                     const ProgressFn& progress) {
+  const int64_t n_vocab = engine_.config().n_vocab;
+  append(new_tokens);  // throws before anything changes
+  const int64_t total = static_cast<int64_t>(tokens_.size());
+  if (n_pending() == 0 && !have_logits_ && total > 0) kv_->truncate(total - 1);
   const int64_t start = kv_->n_tokens();
   if (all_logits) all_logits->assign(static_cast<size_t>((total - start) * n_vocab), 0.0f);
+  ElasticMemory* em = engine_.elastic();
+  // Every row's logits are wanted: no prefix may be taken from the cache.
+  struct RowsWanted {
+    bool& flag;
+    ~RowsWanted() { flag = false; }
+  } rows_wanted{all_rows_wanted_};
+  all_rows_wanted_ = all_logits != nullptr;
   try {
     run_to_end(all_logits, start, progress);
-    if (em && em->restoring()) last_restore_ = em->wait_restored();
+    settle_restore();
+    run_to_end(all_logits, start, progress);  // what could not be restored
   } catch (...) {
     // The tokens stay; the next feed runs what is left. Never leave a
     // restore running under a session that is being torn down or reused.
@@ -79,43 +194,32 @@ std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::v
     }
     throw;
   }
-  // KV that could not be restored (a corrupt or missing swap slot) is
-  // recomputed from the session's tokens, and so is everything computed on it.
-  if (kv_->lost_from() < kv_->n_tokens()) {
-    const int64_t from = kv_->lost_from();
-    kv_->clear_lost();
-    kv_->truncate(from);
-    kv_->reserve(total);
-    ++recomputes_;
-    run_to_end(all_logits, start, progress);
-  }
-  kv_->clear_lost();
   return last_logits();
 }
 
 void Session::run_to_end(std::vector<float>* all_logits, int64_t rows_from, const ProgressFn& progress) {
   Forward& fwd = engine_.forward();
   const int64_t n_vocab = engine_.config().n_vocab;
-  const int64_t total = static_cast<int64_t>(tokens_.size());
   const int64_t begin = kv_->n_tokens();
-  int64_t pos = begin;
-  while (pos < total) {
-    const int64_t n = std::min(fwd.max_batch(), total - pos);
-    std::span<const TokenId> batch(tokens_.data() + pos, static_cast<size_t>(n));
+  while (n_pending() > 0) {
+    const StepPart p = prepare_step(std::min(fwd.max_batch(), n_pending()));
+    const int64_t n = static_cast<int64_t>(p.tokens.size());
+    const int64_t pos = kv_->n_tokens();
+    const Stopwatch sw;
     if (all_logits && pos + n > rows_from) {
       // Rows before rows_from (recomputed ones) are not the caller's.
       scratch_rows_.resize(static_cast<size_t>(n * n_vocab));
-      fwd.run(batch, *kv_, scratch_rows_.data(), true, engine_.weight_source());
+      fwd.run(p.tokens, *p.kv, scratch_rows_.data(), true, engine_.weight_source());
       for (int64_t t = std::max(pos, rows_from); t < pos + n; ++t)
         std::memcpy(all_logits->data() + (t - rows_from) * n_vocab, scratch_rows_.data() + (t - pos) * n_vocab,
                     n_vocab * sizeof(float));
       std::memcpy(logits_.as<float>(), scratch_rows_.data() + (n - 1) * n_vocab, n_vocab * sizeof(float));
     } else {
-      fwd.run(batch, *kv_, logits_.as<float>(), false, engine_.weight_source());
+      fwd.run(p.tokens, *p.kv, p.logits, false, engine_.weight_source());
     }
-    pos += n;
-    have_logits_ = true;
-    if (progress) progress(pos - begin, total - begin);
+    note_cost(n, sw.seconds());
+    finish_step(n);
+    if (progress) progress(kv_->n_tokens() - begin, static_cast<int64_t>(tokens_.size()) - begin);
   }
 }
 
@@ -128,7 +232,6 @@ void Session::make_resident() {
     kv_->truncate(kv_->lost_from());
     have_logits_ = false;
   }
-  kv_->clear_lost();
 }
 
 void Session::truncate(int64_t n) {

@@ -1,6 +1,12 @@
-// A conversation: its tokens and its KV cache. A second turn runs only its
-// new tokens. The tokens are the ground truth: KV can always be recomputed
-// from them.
+// A conversation: its tokens and its KV cache (a chunk table into the
+// engine's KV pool). A second turn runs only its new tokens. The tokens are
+// the ground truth: KV can always be recomputed from them.
+//
+// Execution is step by step: append() records tokens, and each step() runs
+// one micro-batch of the tokens not yet run and returns, so a scheduler can
+// interleave sessions (run_step() in runtime/batch.h runs several sessions'
+// steps as one forward pass), cancel between steps, and start restoration
+// itself. feed() is append() and steps until nothing is pending.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +18,7 @@
 
 #include "memory/elastic.h"
 #include "memory/kv_cache.h"
+#include "memory/prefix_cache.h"
 #include "model/tokenizer.h"
 #include "platform/allocator.h"
 
@@ -27,6 +34,11 @@ struct SessionOptions {
   // reference engine does (to compare logits with it), instead of in F32
   // (faster, and closer to exact).
   bool f16_attention = false;
+  // The prefix cache (when the engine has one): this conversation's KV is
+  // looked up and recorded under this namespace (LOCAL's context
+  // namespace: sessions in different namespaces never share KV).
+  bool use_prefix_cache = true;
+  std::string cache_namespace;
 };
 
 // Progress of a long prefill: (tokens done, tokens total).
@@ -53,8 +65,46 @@ class Session {
   // last sampled token of a turn); the next feed() runs it first.
   void append_pending(TokenId t);
 
+  // Step-by-step execution.
+  // Records tokens without running them. Throws ebb::Error (session
+  // unchanged) on a token outside the vocabulary or a full context.
+  void append(std::span<const TokenId> tokens);
+  // Tokens recorded but not run yet.
+  int64_t n_pending() const { return static_cast<int64_t>(tokens_.size()) - kv_->n_tokens(); }
+  // Runs at most max_tokens (0: the engine's prefill batch) of the pending
+  // tokens through the model as one micro-batch; returns how many ran (0
+  // when none was pending). Starts restoring what elastic memory evicted
+  // when needed; when the last pending token has run, waits for that restore
+  // and queues whatever KV it could not bring back for recomputation (so
+  // n_pending() may grow again). After an error the session keeps its
+  // tokens and the next step runs what is left.
+  int64_t step(int64_t max_tokens = 0);
+  // The parts of a step, for run_step(): prepare makes room for the next
+  // n tokens (at most n_pending()) and returns this session's share of a
+  // forward pass; finish records that the pass ran.
+  struct StepPart {
+    KvCache* kv;
+    std::span<const TokenId> tokens;
+    float* logits;  // [n_vocab]: the last token's logits
+  };
+  StepPart prepare_step(int64_t n);
+  void finish_step(int64_t n);
+  // Reuses the first n tokens' KV of another session of this engine (same
+  // chunk size and KV type) without copying it: the conversations share
+  // chunks until one writes into a shared one, which it then copies first.
+  // This session's tokens become the other's first n; nothing is pending.
+  void fork_from(const Session& other, int64_t n);
+
   const std::vector<TokenId>& tokens() const { return tokens_; }
   int64_t n_processed() const { return kv_->n_tokens(); }
+  // Logits after the last processed token are at hand.
+  bool has_logits() const { return have_logits_; }
+  // Tokens run through the model so far, and tokens whose KV came from the
+  // prefix cache instead (both cumulative).
+  int64_t tokens_run() const { return tokens_run_; }
+  int64_t reused_tokens() const { return reused_tokens_; }
+  // The prefix-cache key of this session's KV.
+  CacheKey cache_key() const;
   int64_t n_ctx() const { return opts_.n_ctx; }
   std::span<const float> last_logits() const;
 
@@ -83,6 +133,14 @@ class Session {
   // Runs tokens [kv n_tokens, tokens.size()); rows of all_logits start at
   // position rows_from.
   void run_to_end(std::vector<float>* all_logits, int64_t rows_from, const ProgressFn& progress);
+  // When a restore is in flight and nothing is pending: waits for it, and
+  // truncates the KV to what could not be restored (to be recomputed).
+  void settle_restore();
+  // Takes the longest cached prefix of the pending tokens from the prefix
+  // cache when it covers more than the KV holds; records full chunks in it.
+  void reuse_prefix();
+  void record_prefix();
+  void note_cost(int64_t n, double seconds);
 
   Engine& engine_;
   SessionOptions opts_;
@@ -93,6 +151,9 @@ class Session {
   std::vector<float> scratch_rows_;  // all-logits rows of one micro-batch
   RestoreReport last_restore_;
   int64_t recomputes_ = 0;
+  int64_t tokens_run_ = 0, reused_tokens_ = 0;
+  int64_t recorded_chunks_ = 0;  // full chunks already recorded in the prefix cache
+  bool all_rows_wanted_ = false;  // feed() with all_logits is running
 };
 
 }  // namespace ebb

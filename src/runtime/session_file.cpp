@@ -136,7 +136,7 @@ void Session::load(const std::string& path) {
   // file leaves the session as it was.
   KvCacheOptions ko = kv_->options();
   ko.type = static_cast<DType>(h.kv_type);
-  auto kv = std::make_unique<KvCache>(kv_->shape(), ko, &engine_.allocator());
+  auto kv = std::make_unique<KvCache>(engine_.kv_pool(), ko);
   kv->reserve(static_cast<int64_t>(h.n_processed));
   for (int64_t l = 0; l < c.n_layer; ++l) {
     for (uint64_t p = 0; p < h.n_processed; ++p) read(kv->k_row(l, p), kv->row_bytes(), "K rows");
@@ -149,10 +149,6 @@ void Session::load(const std::string& path) {
     throw Error(path + ": session file truncated in checksum");
   }
   if (stored != expect) throw Error(path + ": session file checksum mismatch (file is corrupt)");
-  if (ElasticMemory* em = engine_.elastic()) {
-    em->detach(kv_.get());
-    em->attach(kv.get());
-  }
   kv_ = std::move(kv);
   opts_.kv_type = ko.type;
   tokens_ = std::move(toks);

@@ -1,0 +1,123 @@
+#include "memory/kv_pool.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "platform/error.h"
+
+namespace ebb {
+
+void KvChunkHandle::reset() {
+  KvChunk* c = std::exchange(c_, nullptr);
+  if (c && c->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) c->pool->release(c);
+}
+
+KvPool::KvPool(KvShape shape, Allocator* alloc) : shape_(shape), alloc_(alloc) {
+  by_layer_.resize(static_cast<size_t>(shape_.n_layer));
+  resident_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(shape_.n_layer));
+}
+
+KvPool::~KvPool() {
+  // Every holder (sessions, the prefix cache) goes before the pool.
+  for (const auto& l : by_layer_) EBB_CHECK_MSG(l.empty(), "KV pool destroyed while chunks are held");
+}
+
+std::vector<KvChunkHandle> KvPool::create(const std::vector<int32_t>& layers, int64_t chunk_size, DType type,
+                                          bool populate) {
+  if (type != DType::kF16 && type != DType::kF32) {
+    throw Error("KV cache type must be F16 or F32, not " + std::string(dtype_name(type)));
+  }
+  std::vector<KvChunkHandle> out;
+  if (layers.empty()) return out;
+  const uint64_t row_bytes =
+      static_cast<uint64_t>(shape_.n_kv_heads * shape_.head_dim) * (type == DType::kF16 ? 2 : 4);
+  const uint64_t alloc_bytes = (2 * row_bytes * static_cast<uint64_t>(chunk_size) + 4095) & ~uint64_t{4095};
+  std::vector<Buffer> bufs = alloc_->allocate_group(layers.size(), alloc_bytes, MemCategory::kKvCache, populate);
+  out.reserve(layers.size());
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    auto* c = new KvChunk;
+    c->pool = this;
+    c->layer = layers[i];
+    c->chunk_size = chunk_size;
+    c->type = type;
+    c->row_bytes = row_bytes;
+    c->seq = next_seq_++;
+    c->storage = std::move(bufs[i]);
+    resident_bytes_[static_cast<size_t>(c->layer)] += c->storage.size();
+    by_layer_[static_cast<size_t>(c->layer)].push_back(c);
+    out.emplace_back(c);
+  }
+  return out;
+}
+
+KvChunkHandle KvPool::copy(const KvChunk& src) {
+  EBB_CHECK_MSG(src.resident(), "copying an evicted KV chunk: restore first");
+  std::vector<KvChunkHandle> h = create({src.layer}, src.chunk_size, src.type);
+  KvChunk& dst = *h[0];
+  // Only the written rows of K and of V.
+  const uint64_t n = src.row_bytes * static_cast<uint64_t>(src.rows);
+  const uint64_t v_off = src.row_bytes * static_cast<uint64_t>(src.chunk_size);
+  std::memcpy(dst.storage.as<uint8_t>(), src.storage.as<const uint8_t>(), n);
+  std::memcpy(dst.storage.as<uint8_t>() + v_off, src.storage.as<const uint8_t>() + v_off, n);
+  dst.rows = src.rows;
+  return std::move(h[0]);
+}
+
+Buffer KvPool::take(KvChunk& c) {
+  EBB_CHECK(c.resident());
+  Buffer b = std::move(c.storage);
+  resident_bytes_[static_cast<size_t>(c.layer)] -= b.size();
+  return b;
+}
+
+void KvPool::put(KvChunk& c, Buffer b) {
+  EBB_CHECK(!c.resident() && b.size() >= c.chunk_bytes());
+  resident_bytes_[static_cast<size_t>(c.layer)] += b.size();
+  c.storage = std::move(b);
+  c.meta.state = UnitState::kResident;
+}
+
+std::vector<Buffer> KvPool::new_buffers(size_t n, uint64_t bytes) const {
+  return alloc_->allocate_group(n, bytes, MemCategory::kKvCache);
+}
+
+std::vector<KvChunk*> KvPool::layer_chunks(int64_t layer) const {
+  std::lock_guard lock(mu_);
+  return by_layer_[static_cast<size_t>(layer)];
+}
+
+std::vector<KvChunk*> KvPool::all_chunks() const {
+  std::lock_guard lock(mu_);
+  std::vector<KvChunk*> out;
+  for (const auto& l : by_layer_) out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
+int64_t KvPool::n_chunks() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& l : by_layer_) n += l.size();
+  return static_cast<int64_t>(n);
+}
+
+uint64_t KvPool::total_bytes() const {
+  uint64_t t = 0;
+  for (int64_t l = 0; l < shape_.n_layer; ++l) t += layer_bytes(l);
+  return t;
+}
+
+void KvPool::release(KvChunk* c) {
+  // Swap space first; the listener also waits for a restore in flight,
+  // which may still be reading into this entry.
+  if (listener_) listener_->on_release(*c);
+  if (c->resident()) resident_bytes_[static_cast<size_t>(c->layer)] -= c->storage.size();
+  {
+    std::lock_guard lock(mu_);
+    auto& l = by_layer_[static_cast<size_t>(c->layer)];
+    l.erase(std::find(l.begin(), l.end(), c));
+  }
+  delete c;
+}
+
+}  // namespace ebb
