@@ -189,10 +189,10 @@ TEST(CliRun, NPredictMinusOneRunsToTheContextEnd) {
 
 #if !defined(__SANITIZE_ADDRESS__)  // ASan reserves terabytes of address space: no ulimit -v there
 TEST(CliRun, OutOfMemoryIsAMessageNotACrash) {
-  // A billion-token context under a 1 GB address-space limit: the
-  // allocation fails and the run ends with a message, exit status 1.
+  // A 100-million-token prefill batch (its planned scratch is about 250 GB)
+  // under a 1 GB address-space limit: the run ends with a message, exit 1.
   const Result r = run_cli("--help >/dev/null; ulimit -v 1000000; exec " + std::string(EBB_CLI_PATH) + " run -m " +
-                           test::model_path("stories260K.gguf") + " -p Lily -n 4 --temp 0 --threads 1 --ctx 1000000000");
+                           test::model_path("stories260K.gguf") + " -p Lily -n 4 --temp 0 --threads 1 --batch 100000000");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("ebb: error: out of memory"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("unexpected error"), std::string::npos) << r.err;
