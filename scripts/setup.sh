@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libcli11-dev
-  liburing-dev libzstd-dev liblz4-dev
+  liburing-dev libzstd-dev liblz4-dev libedit-dev
   g++-aarch64-linux-gnu qemu-user
 )
 missing=()

@@ -344,6 +344,37 @@ TEST(SamplerValidate, InvalidValuesThrowNamingTheOption) {
                           10));
 }
 
+// NaN or infinite logits come from the model's data (a damaged file), not a
+// bug: they are an ebb::Error naming the cause, and the sampler stays usable.
+TEST(SamplerBadLogits, NanAndInfiniteAreErrorsNotAborts) {
+  for (float temp : {0.0f, 0.8f}) {
+    SamplerOptions o = plain_options();
+    o.temperature = temp;
+    Sampler s(o, 8);
+    std::vector<float> logits = {0, 1, 2, NAN, 4, NAN, 6, 7};
+    try {
+      s.sample(logits);
+      ADD_FAILURE() << "no error for NaN logits";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("NaN logits (2 of 8)"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("model file"), std::string::npos) << e.what();
+    }
+    std::vector<float> inf = {0, 1, INFINITY, 3, 4, 5, 6, 7};
+    EXPECT_THROW(s.sample(inf), Error);
+    std::vector<float> none(8, -INFINITY);
+    try {
+      s.sample(none);
+      ADD_FAILURE() << "no error for a row with no finite logit";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no finite logit"), std::string::npos) << e.what();
+    }
+    // Still usable: a good row samples normally (greedy: the argmax).
+    std::vector<float> good = {0, 1, 2, 3, 9, 5, 6, 7};
+    if (temp == 0.0f) EXPECT_EQ(s.sample(good), 4);
+    else EXPECT_GE(s.sample(good), 0);
+  }
+}
+
 TEST(SamplerSpeed, LargeVocabularyTopK40) {
   const int n_vocab = 152064;  // Qwen2
   const auto logits = random_logits(n_vocab, 9);

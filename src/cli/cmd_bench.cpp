@@ -1,5 +1,5 @@
 // ebb bench: benchmarks. `bench` is a group; each benchmark is a
-// sub-subcommand (bench speed; more join it later).
+// sub-subcommand (speed, kvcodec, budget, ttft, batch, prefix).
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -173,8 +173,11 @@ void add_bench_batch_command(CLI::App* bench, int* rc);   // bench/bench_batch.c
 void add_bench_prefix_command(CLI::App* bench, int* rc);  // bench/bench_prefix.cpp
 
 void add_bench_command(CLI::App& app, int* rc) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (speed)");
-  bench->require_subcommand(1);
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Benchmarks: speed (tok/s against memory bandwidth), kvcodec (KV compression), budget (tok/s "
+               "against a memory budget), ttft (time to first token after eviction), batch (concurrent streams), prefix "
+               "(TTFT after a cached prefix)");
+  // Without a subcommand main names them (CLI11 would only say one is required).
   add_speed_command(bench, rc);
   add_kvcodec_command(bench, rc);
   add_budget_command(bench, rc);

@@ -30,6 +30,7 @@ struct BudgetArgs {
   bool child = false;        // internal: one run inside a cgroup, JSON rows out
   double storage_gbps = 0;   // internal: measured by the parent
   bool resident = true;      // also measure the fully resident reference
+  int threads = 0;           // 0: all hardware threads, as in every subcommand
 };
 
 nlohmann::json to_json(const BenchBudgetRow& r) {
@@ -82,8 +83,11 @@ std::optional<BenchBudgetRow> run_in_cgroup(const BudgetArgs& a, uint64_t budget
 }
 
 int run_budget(BudgetArgs& a) {
+  a.o.n_threads = resolve_threads(a.threads);
   uint64_t model_bytes = 0;
-  for (const GgufTensorInfo& t : GgufFile::open(a.o.model)->tensors()) model_bytes += t.n_bytes;
+  // The file stays open through the loop (a temporary's tensors() would dangle).
+  const std::unique_ptr<GgufFile> gguf = GgufFile::open(a.o.model);
+  for (const GgufTensorInfo& t : gguf->tensors()) model_bytes += t.n_bytes;
   std::vector<uint64_t> budgets;
   std::stringstream bs(a.budgets);
   for (std::string item; std::getline(bs, item, ',');) budgets.push_back(parse_size(item, model_bytes));
@@ -97,16 +101,25 @@ int run_budget(BudgetArgs& a) {
   const double gbps = a.storage_gbps > 0 ? a.storage_gbps : measure_storage_gbps(a.o.model);
   std::vector<BenchBudgetRow> rows;
   if (!a.child && a.resident) rows.push_back(bench_budget_one(a.o, BudgetSystem::kEbb, 0, gbps));
+  // A budget or system that cannot run (a budget below what the plan needs)
+  // is reported after the table; the others still run.
+  std::vector<std::string> failures;
   for (uint64_t b : budgets) {
     double ebb_roof = 0;
     for (BudgetSystem s : systems) {
-      if (!a.child) std::fprintf(stderr, "bench budget: %s at %s\n", std::string(budget_system_name(s)).c_str(), format_bytes(b).c_str());
-      std::optional<BenchBudgetRow> r;
-      if (s == BudgetSystem::kMmap && !a.child && b < model_bytes) r = run_in_cgroup(a, b, gbps);
-      if (!r) r = bench_budget_one(a.o, s, b, gbps);
-      if (s == BudgetSystem::kEbb) ebb_roof = r->roofline_tok_s;
-      if (s == BudgetSystem::kMmap) r->roofline_tok_s = ebb_roof;  // the same bytes at best
-      rows.push_back(*r);
+      const std::string what = std::string(budget_system_name(s)) + " at " + format_bytes(b);
+      if (!a.child) std::fprintf(stderr, "bench budget: %s\n", what.c_str());
+      try {
+        std::optional<BenchBudgetRow> r;
+        if (s == BudgetSystem::kMmap && !a.child && b < model_bytes) r = run_in_cgroup(a, b, gbps);
+        if (!r) r = bench_budget_one(a.o, s, b, gbps);
+        if (s == BudgetSystem::kEbb) ebb_roof = r->roofline_tok_s;
+        if (s == BudgetSystem::kMmap) r->roofline_tok_s = ebb_roof;  // the same bytes at best
+        rows.push_back(*r);
+      } catch (const Error& e) {
+        if (a.child) throw;
+        failures.push_back(what + ": " + e.what());
+      }
     }
   }
   if (a.json) {
@@ -132,7 +145,8 @@ int run_budget(BudgetArgs& a) {
     if (!f) throw Error("--plot: cannot write " + a.plot);
   }
   std::fflush(stdout);
-  return 0;
+  for (const std::string& f : failures) std::fprintf(stderr, "ebb: error: bench budget: %s\n", f.c_str());
+  return failures.empty() ? 0 : 1;
 }
 
 }  // namespace
@@ -146,14 +160,15 @@ void add_budget_command(CLI::App* bench, int* rc) {
   sub->add_option("-n,--gen-tokens", a->o.gen_tokens, "Decoded tokens")->capture_default_str();
   sub->add_option("-p,--prompt-tokens", a->o.prompt_tokens, "Prompt tokens (one prefill)")->capture_default_str();
   sub->add_option("-r,--reps", a->o.reps, "Repetitions; medians are reported")->capture_default_str();
-  sub->add_option("-t,--threads", a->o.n_threads, "Compute threads")->capture_default_str();
+  sub->add_option("-t,--threads", a->threads, "Compute threads (0: all hardware threads)")->capture_default_str();
   sub->add_option("--window", a->o.window, "Prefetch window in layers")->capture_default_str();
   sub->add_flag("--drop-caches", a->o.drop_caches, "Drop the page cache before each run (root)");
   sub->add_flag("!--no-resident", a->resident, "Skip the fully resident reference row");
   sub->add_flag("--json", a->json, "Print JSON rows");
   sub->add_option("--plot", a->plot, "Write decode tok/s against budget as an SVG");
-  sub->add_flag("--child", a->child, "(internal) one run inside a cgroup");
-  sub->add_option("--storage-gbps", a->storage_gbps, "(internal) storage bandwidth measured by the parent");
+  // Internal (the parent's run of the mmap baseline inside a cgroup): hidden from help.
+  sub->add_flag("--child", a->child, "one run inside a cgroup")->group("");
+  sub->add_option("--storage-gbps", a->storage_gbps, "storage bandwidth measured by the parent")->group("");
   sub->callback([a, rc] { *rc = run_budget(*a); });
 }
 

@@ -24,6 +24,7 @@ struct TtftArgs {
   bool json = false;
   std::string plot;
   std::string profile;  // "": the saved one, or the defaults
+  int threads = 0;      // 0: all hardware threads, as in every subcommand
 };
 
 std::vector<std::string> split(const std::string& s, const char* what) {
@@ -49,6 +50,7 @@ int64_t parse_int(const std::string& s, const char* what) {
 
 int run_ttft(TtftArgs& a) {
   BenchTtftOptions& o = a.o;
+  o.n_threads = resolve_threads(a.threads);
   o.contexts.clear();
   for (const std::string& c : split(a.contexts, "--context")) o.contexts.push_back(parse_int(c, "--context"));
   o.remaining_pct.clear();
@@ -132,7 +134,7 @@ void add_ttft_command(CLI::App* bench, int* rc) {
   sub->add_option("--query", a->o.query_tokens, "Query tokens fed after the context")->capture_default_str();
   sub->add_option("-r,--reps", a->o.reps, "Rounds (every level once per round); medians are reported")
       ->capture_default_str();
-  sub->add_option("-t,--threads", a->o.n_threads, "Compute threads")->capture_default_str();
+  sub->add_option("-t,--threads", a->threads, "Compute threads (0: all hardware threads)")->capture_default_str();
   sub->add_option("--kv-chunk", a->o.kv_chunk_size, "KV chunk size in tokens")->capture_default_str();
   sub->add_option("--systems", a->systems, "ebb, partial_offload, os_paging")->capture_default_str();
   sub->add_option("--order", a->orders, "ebb eviction orders: backward, forward, random")->capture_default_str();

@@ -1,9 +1,19 @@
 // ebb chat: an interactive conversation that keeps its KV between turns.
+//
+// The session's tokens are the conversation: each turn appends only what the
+// turn adds (the close of the previous answer, the user's message, the
+// header of the new answer) and runs only those tokens. The history is never
+// re-rendered into the session, so an answer that a stop string ended, or
+// that the template would trim, costs nothing on the next turn.
+#include <filesystem>
 #include <cstdio>
-#include <iostream>
 #include <memory>
+#include <new>
 #include <string>
+#include <system_error>
+#include <vector>
 
+#include "cli/line_reader.h"
 #include "cli/options.h"
 #include "model/chat_template.h"
 #include "platform/error.h"
@@ -17,83 +27,128 @@ struct ChatArgs {
   std::string system;
   int64_t n_predict = 512;
   std::string format;
+  std::vector<std::string> stop;
 };
 
 constexpr const char* kHelp =
-    "commands: /help, /reset (forget the conversation), /save FILE, /load FILE, /memory,\n"
+    "commands: /help, /reset (forget the conversation), /shift (keep the system message and the latest turns\n"
+    "          that fit in half the context, run again), /save FILE, /load FILE, /memory,\n"
     "          /evict SIZE|PCT (give memory back, e.g. /evict 50%), /restore,\n"
-    "          /limit SIZE|PCT|off (cap memory: answers stream what does not fit), /quit\n";
+    "          /limit SIZE|PCT|off (cap memory: answers stream what does not fit), /quit\n"
+    "          (a message that starts with / is written //; Ctrl-C stops an answer, Ctrl-C at the prompt exits)\n";
+
+// Content that no template alters (no surrounding whitespace, no markers),
+// used to find where an answer's rendering ends.
+constexpr const char* kSentinel = "EBBSENTINEL7f3a";
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
 
 class Chat {
  public:
   Chat(Engine& engine, const ChatArgs& a) : engine_(engine), a_(a), session_(engine, session_options(a.model)) {
     if (a.format.empty()) {
       fmt_ = detect_chat_format(engine.model().chat_template(), engine.config().arch_name);
+      format_source_ = engine.model().chat_template().empty()
+                           ? "the model has no chat template; chosen by its architecture"
+                           : "recognised in the model's chat template";
     } else {
       auto f = parse_chat_format(a.format);
-      if (!f) throw Error("--format '" + a.format + "' is not one of chatml, llama3, llama2, plain");
+      if (!f) throw UsageError("--format '" + a.format + "' is not one of chatml, llama3, llama2, plain");
       fmt_ = *f;
+      format_source_ = "--format";
     }
+    max_tokens_ = max_tokens_of(a.n_predict);
     reset();
+  }
+
+  std::string format_note() const {
+    return "chat template: " + std::string(chat_format_name(fmt_)) + " (" + format_source_ + ")";
   }
 
   void reset() {
     session_.clear();
-    history_.clear();
-    rendered_.clear();
-    if (!a_.system.empty()) history_.push_back({"system", a_.system});
+    messages_.clear();
+    if (!a_.system.empty()) messages_.push_back({"system", a_.system});
+    state_ = State::kEmpty;
+    carry_.clear();
   }
 
   // One user turn: feed only what the conversation adds, stream the answer.
-  void turn(const std::string& user) {
-    history_.push_back({"user", user});
-    const std::string full = apply_chat_template(fmt_, history_, true);
-    // The session holds the rendering of everything before this turn, so
-    // only the new suffix is tokenized and run.
-    // Templates may trim the stored answer, so the session's text can end in
-    // whitespace the new rendering lacks; that tail is harmless to keep.
-    size_t common = 0;
-    while (common < rendered_.size() && common < full.size() && rendered_[common] == full[common]) ++common;
-    const bool tail_is_space = rendered_.find_first_not_of(" \t\n", common) == std::string::npos;
-    std::string delta = full;
-    if (tail_is_space) {
-      delta = full.substr(common);
-    } else {
-      session_.clear();  // the template re-rendered earlier text: start again
-    }
-    EncodeOptions eo;
-    eo.add_bos = session_.tokens().empty() && engine_.tokenizer().add_bos_default();
-    eo.parse_special = true;
-    const std::vector<TokenId> toks = engine_.tokenizer().encode(delta, eo);
-    GenerateOptions go;
-    go.max_tokens = a_.n_predict;
-    go.sampling = a_.sampling;
-    go.stop_strings = chat_stop_strings(fmt_);
-    const GenerateStats st = generate(session_, toks, go, [](std::string_view piece) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
+  // A turn that fails leaves the conversation as it was before it. Returns
+  // false when it failed.
+  bool turn(const std::string& user) {
+    const int64_t n_before = static_cast<int64_t>(session_.tokens().size());
+    try {
+      run_turn(user);
       return true;
-    });
-    std::fputc('\n', stdout);
-    // Templates write "Assistant: {content}"-style headers with their own
-    // separator, so the answer's leading space belongs to the header.
-    std::string content = st.text;
-    if (!content.empty() && content[0] == ' ') content.erase(0, 1);
-    history_.push_back({"assistant", content});
-    // What the session now holds, as text: the rendered prompt plus every
-    // generated token, end marker included (it is pending in the session).
-    rendered_ = full;
-    for (TokenId t : st.tokens) rendered_ += engine_.tokenizer().token_to_piece(t, true);
-    std::fprintf(stderr, "[%s]\n", summary_line(engine_, st).c_str());
+    } catch (const std::bad_alloc&) {
+      rollback(n_before);
+      std::fprintf(stderr, "ebb: error: out of memory during this turn; it was undone (the conversation is kept): "
+                           "/evict or /limit give memory back, /reset starts over\n");
+    } catch (const std::system_error& e) {
+      rollback(n_before);
+      std::fprintf(stderr, "ebb: error: the system refused memory or threads during this turn (%s); it was undone\n",
+                   e.what());
+    } catch (const Error& e) {
+      rollback(n_before);
+      std::fprintf(stderr, "ebb: error: %s\nthis turn was undone; the conversation is kept\n", e.what());
+    }
+    return false;
+  }
+
+  // `/shift`: keeps the system message and the most recent turns whose
+  // rendering fits in half the context, and runs them again (a documented
+  // way out of a full context that keeps the latest exchanges).
+  void shift() {
+    std::vector<ChatMessage> sys, turns;
+    for (const ChatMessage& m : messages_) (m.role == "system" ? sys : turns).push_back(m);
+    EncodeOptions eo;
+    eo.add_bos = engine_.tokenizer().add_bos_default();
+    eo.parse_special = true;
+    const size_t limit = static_cast<size_t>(session_.n_ctx() / 2);
+    size_t drop = 0;  // whole user + assistant pairs from the front
+    std::string text;
+    std::vector<TokenId> toks;
+    for (;; drop += 2) {
+      std::vector<ChatMessage> kept = sys;
+      kept.insert(kept.end(), turns.begin() + static_cast<long>(std::min(drop, turns.size())), turns.end());
+      text = kept.empty() ? "" : apply_chat_template(fmt_, kept, false);
+      toks = engine_.tokenizer().encode(text, eo);
+      if (toks.size() <= limit || drop >= turns.size()) {
+        messages_ = kept;
+        break;
+      }
+    }
+    if (toks.size() > limit) {
+      std::fprintf(stderr, "the system message alone is %zu tokens, over half the context; /reset instead\n",
+                   toks.size());
+      return;
+    }
+    session_.clear();
+    carry_.clear();
+    if (messages_.empty() || (messages_.size() == 1 && messages_[0].role == "system" && toks.empty())) {
+      state_ = State::kEmpty;
+    } else {
+      session_.feed(toks);
+      state_ = State::kClosed;
+      closed_text_ = text;
+    }
+    std::fprintf(stderr, "kept %zu of the conversation's messages (%zu tokens, run again)\n", messages_.size(),
+                 toks.size());
   }
 
   void memory() const {
-    const Footprint f = engine_.footprint();
+    const MemoryView m = memory_view(engine_);
     std::fprintf(stderr, "context %zu/%lld tokens | weights %s | kv %s | scratch %s | total %s\n",
-                 session_.tokens().size(), static_cast<long long>(session_.n_ctx()),
-                 format_bytes(f.weights() + f.globals).c_str(), format_bytes(f.kv()).c_str(),
-                 format_bytes(f.scratch).c_str(), format_bytes(f.total()).c_str());
+                 session_.tokens().size(), static_cast<long long>(session_.n_ctx()), format_bytes(m.weights).c_str(),
+                 format_bytes(m.kv).c_str(), format_bytes(m.scratch).c_str(), format_bytes(m.total).c_str());
     if (ElasticMemory* em = engine_.elastic()) {
+      const Footprint f = engine_.footprint();
       std::fprintf(stderr, "in RAM: weights %s, kv %s, compressed %s | on storage: weights %s (the model file), kv %s\n",
                    format_bytes(f.weights()).c_str(), format_bytes(f.kv()).c_str(), format_bytes(f.compressed).c_str(),
                    format_bytes(f.weights_stored).c_str(), format_bytes(f.kv_stored).c_str());
@@ -132,6 +187,12 @@ class Chat {
   }
 
   void restore() {
+    if (!engine_.elastic()) throw Error("elastic memory is off (budget mode); there is nothing to restore");
+    const Footprint f = engine_.footprint();
+    if (f.weights_stored == 0 && f.kv_stored == 0 && f.compressed == 0) {
+      std::fprintf(stderr, "nothing is evicted: every weight layer and KV chunk is in RAM\n");
+      return;
+    }
     const RestoreReport r = engine_.restore();
     std::fprintf(stderr, "restored in %.1f ms: %lld weight layers, %lld chunks read, %lld decompressed, %s from storage\n",
                  r.seconds * 1e3, static_cast<long long>(r.weights_loaded), static_cast<long long>(r.chunks_read),
@@ -141,56 +202,248 @@ class Chat {
                    static_cast<long long>(r.chunks_lost));
   }
 
-  Session& session() { return session_; }
+  void save(const std::string& path) {
+    session_.save(path);
+    std::fprintf(stderr, "saved %zu tokens\n", session_.tokens().size());
+  }
+
+  void load(const std::string& path) {
+    std::error_code ec;
+    const auto st = std::filesystem::status(path, ec);
+    if (ec || !std::filesystem::exists(st)) throw Error("/load: '" + path + "' does not exist");
+    if (std::filesystem::is_directory(st)) throw Error("/load: '" + path + "' is a directory, not a session file");
+    if (!std::filesystem::is_regular_file(st))
+      throw Error("/load: '" + path + "' is not a regular file (a pipe or a device); give a file made by /save");
+    session_.load(path);
+    // The transcript is not in the file: only the model's state. A saved
+    // chat ends in an answer (its last token pending), so the next turn
+    // closes it first.
+    messages_.clear();
+    if (!a_.system.empty()) messages_.push_back({"system", a_.system});
+    carry_.clear();
+    state_ = session_.tokens().empty() ? State::kEmpty : State::kOpenAnswer;
+    last_eog_ = false;
+    std::fprintf(stderr, "loaded %zu tokens (the transcript is not restored, only the model's state)\n",
+                 session_.tokens().size());
+  }
 
  private:
+  // What the session ends with, which decides what the next turn appends.
+  enum class State {
+    kEmpty,       // nothing yet: the next turn renders the system message too
+    kOpenAnswer,  // a generated answer (not closed unless it ended on an end-of-turn token)
+    kClosed,      // a rendering that ends after a closed message (/shift)
+  };
+
+  // The text the next turn adds to the session for `user`.
+  std::string delta_for(const std::string& user) const {
+    std::vector<ChatMessage> msgs;
+    if (!a_.system.empty()) msgs.push_back({"system", a_.system});
+    if (state_ == State::kEmpty) {
+      msgs.push_back({"user", user});
+      return apply_chat_template(fmt_, msgs, true);
+    }
+    if (state_ == State::kClosed) {
+      std::vector<ChatMessage> with = messages_;
+      with.push_back({"user", user});
+      const std::string full = apply_chat_template(fmt_, with, true);
+      if (full.compare(0, closed_text_.size(), closed_text_) == 0) return full.substr(closed_text_.size());
+      // Not a prefix (a template that rewrites earlier turns): the new
+      // message rendered after a closed answer, as below.
+    }
+    // The text after an answer, found by rendering one with sentinel content:
+    // the answer's close, the user's message and the new answer's header.
+    // Earlier turns do not change it in any supported format.
+    msgs.push_back({"user", "hi"});
+    msgs.push_back({"assistant", kSentinel});
+    msgs.push_back({"user", user});
+    const std::string full = apply_chat_template(fmt_, msgs, true);
+    const size_t at = full.rfind(kSentinel);
+    EBB_CHECK_MSG(at != std::string::npos, "the chat template dropped the sentinel answer");
+    std::string after = full.substr(at + std::string(kSentinel).size());
+    if (state_ == State::kOpenAnswer && last_eog_) {
+      // The answer ended on its end-of-turn token, which the session holds:
+      // the close starts after it.
+      const size_t p = after.find(last_eog_piece_);
+      if (!last_eog_piece_.empty() && p != std::string::npos &&
+          after.find_first_not_of(" \t\r\n") == p) {
+        after.erase(0, p + last_eog_piece_.size());
+      }
+    }
+    return carry_ + after;
+  }
+
+  void run_turn(const std::string& user) {
+    const Tokenizer& tok = engine_.tokenizer();
+    const std::string delta = delta_for(user);
+    EncodeOptions eo;
+    eo.add_bos = session_.tokens().empty() && tok.add_bos_default();
+    eo.parse_special = true;
+    const std::vector<TokenId> toks = tok.encode(delta, eo);
+    const int64_t have = static_cast<int64_t>(session_.tokens().size());
+    if (have + static_cast<int64_t>(toks.size()) >= session_.n_ctx()) {
+      throw Error("the context is full: this turn needs " + std::to_string(toks.size()) + " tokens and " +
+                  std::to_string(session_.n_ctx() - have) + " of " + std::to_string(session_.n_ctx()) +
+                  " are left. /shift keeps the system message and the latest turns, /reset starts over, or restart "
+                  "with a larger --ctx");
+    }
+    GenerateOptions go;
+    go.max_tokens = max_tokens_;
+    go.sampling = a_.sampling;
+    go.stop_strings = chat_stop_strings(fmt_);
+    go.stop_strings.insert(go.stop_strings.end(), a_.stop.begin(), a_.stop.end());
+    LineReader::clear_interrupt();
+    const int64_t prompt_end = have + static_cast<int64_t>(toks.size());
+    GenerateStats st;
+    try {
+      st = generate(session_, toks, go, [](std::string_view piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+        return !LineReader::interrupted();
+      });
+    } catch (const Error& e) {
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+      throw Error("the answer failed at position " + std::to_string(session_.tokens().size()) + ": " + e.what());
+    }
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    settle_answer(st, prompt_end);
+    // Templates write "Assistant: {content}"-style headers with their own
+    // separator, so the answer's leading space belongs to the header.
+    std::string content = st.text;
+    if (!content.empty() && content[0] == ' ') content.erase(0, 1);
+    messages_.push_back({"user", user});
+    messages_.push_back({"assistant", content});
+    std::fprintf(stderr, "[%s | context %zu/%lld]\n", summary_line(engine_, st).c_str(), session_.tokens().size(),
+                 static_cast<long long>(session_.n_ctx()));
+    if (st.stop == StopReason::kCancelled) {
+      std::fprintf(stderr, "[answer stopped; the conversation is kept. Ctrl-C at the prompt exits]\n");
+    } else if (st.stop == StopReason::kContextFull) {
+      std::fprintf(stderr,
+                   "[the context is full (%lld tokens): /shift keeps the system message and the latest turns, "
+                   "/reset starts over, or restart with a larger --ctx]\n",
+                   static_cast<long long>(session_.n_ctx()));
+    }
+    LineReader::clear_interrupt();
+  }
+
+  // Makes the session end exactly in the answer as shown: an answer that a
+  // stop string ended keeps only the tokens before the stop string (the
+  // answer's text that straddles it is appended as text next turn).
+  void settle_answer(const GenerateStats& st, int64_t prompt_end) {
+    state_ = State::kOpenAnswer;
+    carry_.clear();
+    last_eog_ = st.stop == StopReason::kEndOfGeneration && !st.tokens.empty();
+    last_eog_piece_ = last_eog_ ? engine_.tokenizer().token_to_piece(st.tokens.back(), true) : "";
+    if (st.stop != StopReason::kStopString) return;
+    std::string kept_text;
+    int64_t keep = 0;
+    for (TokenId t : st.tokens) {
+      const std::string piece = engine_.tokenizer().token_to_piece(t, true);
+      if (st.text.compare(kept_text.size(), piece.size(), piece) != 0 ||
+          kept_text.size() + piece.size() > st.text.size())
+        break;
+      kept_text += piece;
+      ++keep;
+    }
+    session_.truncate(prompt_end + keep);
+    carry_ = st.text.substr(kept_text.size());
+  }
+
+  void rollback(int64_t n_before) {
+    if (static_cast<int64_t>(session_.tokens().size()) > n_before) session_.truncate(n_before);
+    LineReader::clear_interrupt();
+  }
+
   Engine& engine_;
   const ChatArgs& a_;
   Session session_;
   ChatFormat fmt_;
-  std::vector<ChatMessage> history_;
-  std::string rendered_;
+  std::string format_source_;
+  int64_t max_tokens_ = 0;
+  std::vector<ChatMessage> messages_;  // the transcript as shown (for /shift)
+  State state_ = State::kEmpty;
+  std::string carry_;                  // answer text not in the session's tokens (kOpenAnswer)
+  bool last_eog_ = false;              // the last answer ended on an end-of-turn token
+  std::string last_eog_piece_;         // that token's text
+  std::string closed_text_;            // kClosed: the rendering the session holds
 };
 
+// A slash command and its argument: "/evict 50%" -> ("/evict", "50%").
+struct Command {
+  std::string name;
+  std::string arg;
+};
+
+Command parse_command(const std::string& line) {
+  const std::string t = trim(line);
+  const size_t sp = t.find_first_of(" \t");
+  if (sp == std::string::npos) return {t, ""};
+  return {t.substr(0, sp), trim(t.substr(sp))};
+}
+
 int chat(ChatArgs& a) {
-  std::unique_ptr<Engine> engine = make_engine(a.model);
+  double load_s = 0;
+  std::unique_ptr<Engine> engine = make_engine(a.model, &load_s);
+  resolve_seed(a.sampling);
   Chat chat(*engine, a);
-  std::fprintf(stderr, "ebb chat: %s (%s). %s", engine->config().name.c_str(), engine->config().arch_name.c_str(),
-               kHelp);
+  LineReader input;
+  std::fprintf(stderr, "ebb chat: %s (%s), loaded in %.2f s; %s\n%s", engine->config().name.c_str(),
+               engine->config().arch_name.c_str(), load_s, chat.format_note().c_str(), kHelp);
+  int failed = 0;
   std::string line;
   for (;;) {
-    std::fprintf(stderr, "> ");
-    if (!std::getline(std::cin, line)) break;
-    if (line.empty()) continue;
+    const LineReader::Status s = input.read("> ", line);
+    if (s == LineReader::Status::kInterrupted) {
+      std::fputc('\n', stderr);
+      break;
+    }
+    if (s == LineReader::Status::kEof) break;
+    if (trim(line).empty()) continue;
     try {
-      if (line == "/quit" || line == "/exit") break;
-      if (line == "/help") {
-        std::fputs(kHelp, stderr);
-      } else if (line == "/reset") {
-        chat.reset();
-      } else if (line == "/memory") {
-        chat.memory();
-      } else if (line.rfind("/evict ", 0) == 0) {
-        chat.evict(line.substr(7));
-      } else if (line.rfind("/limit ", 0) == 0) {
-        chat.limit(line.substr(7));
-      } else if (line == "/restore") {
-        chat.restore();
-      } else if (line.rfind("/save ", 0) == 0) {
-        chat.session().save(line.substr(6));
-        std::fprintf(stderr, "saved %zu tokens\n", chat.session().tokens().size());
-      } else if (line.rfind("/load ", 0) == 0) {
-        chat.session().load(line.substr(6));
-        std::fprintf(stderr, "loaded %zu tokens (the transcript is not restored, only the model's state)\n",
-                     chat.session().tokens().size());
+      if (line[0] == '/' && line.rfind("//", 0) != 0) {
+        const Command c = parse_command(line);
+        auto need_arg = [&](const char* what) {
+          if (c.arg.empty()) throw Error(c.name + " needs " + what + " (see /help)");
+        };
+        if (c.name == "/quit" || c.name == "/exit") break;
+        if (c.name == "/help") {
+          std::fputs(kHelp, stderr);
+        } else if (c.name == "/reset") {
+          chat.reset();
+          std::fprintf(stderr, "the conversation is forgotten\n");
+        } else if (c.name == "/shift") {
+          chat.shift();
+        } else if (c.name == "/memory") {
+          chat.memory();
+        } else if (c.name == "/evict") {
+          need_arg("a size: /evict 50% or /evict 200MiB");
+          chat.evict(c.arg);
+        } else if (c.name == "/limit") {
+          need_arg("a size or off: /limit 300MiB, /limit 40%, /limit off");
+          chat.limit(c.arg);
+        } else if (c.name == "/restore") {
+          chat.restore();
+        } else if (c.name == "/save") {
+          need_arg("a file name: /save FILE");
+          chat.save(c.arg);
+        } else if (c.name == "/load") {
+          need_arg("a file name: /load FILE");
+          chat.load(c.arg);
+        } else {
+          std::fprintf(stderr, "unknown command '%s' (a message that starts with / is written //)\n%s",
+                       c.name.c_str(), kHelp);
+        }
       } else {
-        chat.turn(line);
+        if (!chat.turn(line[0] == '/' ? line.substr(1) : line)) ++failed;
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "ebb: error: %s\n", e.what());
     }
   }
-  return 0;
+  // A script learns that some turn failed from the exit status.
+  return failed > 0 ? 1 : 0;
 }
 
 }  // namespace
@@ -199,8 +452,10 @@ void add_chat_command(CLI::App& app, int* rc) {
   auto a = std::make_shared<ChatArgs>();
   CLI::App* sub = app.add_subcommand("chat", "Interactive chat that keeps the conversation's KV between turns");
   add_model_options(sub, a->model);
-  sub->add_option("--system", a->system, "System message");
-  sub->add_option("-n,--n-predict", a->n_predict, "Tokens per answer at most")->capture_default_str();
+  sub->add_option("--system,--system-prompt", a->system, "System message (also spelled -sys)");
+  sub->add_option("-n,--n-predict", a->n_predict, "Tokens per answer at most (-1: until a stop or the context ends)")
+      ->capture_default_str();
+  sub->add_option("--stop", a->stop, "End the answer before this string (repeatable)");
   sub->add_option("--format", a->format, "Chat format: chatml, llama3, llama2, plain (default: from the model)");
   add_sampling_options(sub, a->sampling);
   sub->callback([a, rc] { *rc = chat(*a); });

@@ -1,6 +1,11 @@
 // ebb run: generate a continuation of a prompt, streamed to stdout.
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
+#include <new>
 
 #include "cli/options.h"
 #include "model/chat_template.h"
@@ -14,6 +19,7 @@ struct RunArgs {
   SamplerOptions sampling;
   std::string prompt;
   std::string prompt_file;
+  std::string system;
   int64_t n_predict = 128;
   std::vector<std::string> stop;
   bool chat = false;
@@ -21,28 +27,46 @@ struct RunArgs {
   bool special = false;
 };
 
-int run(RunArgs& a) {
-  std::unique_ptr<Engine> engine = make_engine(a.model);
-  const Tokenizer& tok = engine->tokenizer();
-  std::string text = a.prompt;
-  if (!a.prompt_file.empty()) {
-    FILE* f = std::fopen(a.prompt_file.c_str(), "rb");
-    if (!f) throw Error("--file '" + a.prompt_file + "': cannot open");
-    text.clear();
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+std::string read_prompt_file(const std::string& path) {
+  FILE* f = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
+  if (!f) throw Error("--file '" + path + "': cannot open (" + std::strerror(errno) + ")");
+  struct stat sb {};
+  if (::fstat(::fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
     std::fclose(f);
+    throw Error("--file '" + path + "' is a directory; give a text file, or - for standard input");
   }
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const bool failed = std::ferror(f);
+  if (f != stdin) std::fclose(f);
+  if (failed) throw Error("--file '" + path + "': read error");
+  if (text.empty()) throw Error("--file '" + path + "' is empty: there is no prompt to continue");
+  return text;
+}
+
+int run(RunArgs& a) {
+  if (!a.prompt.empty() && !a.prompt_file.empty())
+    throw UsageError("give the prompt either with -p TEXT or with -f FILE, not both");
+  if (a.prompt.empty() && a.prompt_file.empty()) throw UsageError("no prompt: give -p TEXT or -f FILE (- for standard input)");
+  const int64_t max_tokens = max_tokens_of(a.n_predict);
+  std::string text = a.prompt_file.empty() ? a.prompt : read_prompt_file(a.prompt_file);
+  double load_s = 0;
+  std::unique_ptr<Engine> engine = make_engine(a.model, &load_s);
+  const Tokenizer& tok = engine->tokenizer();
+  resolve_seed(a.sampling);
   GenerateOptions go;
-  go.max_tokens = a.n_predict;
+  go.max_tokens = max_tokens;
   go.sampling = a.sampling;
   go.stop_strings = a.stop;
   bool parse_special = a.special;
-  if (a.chat) {
+  if (a.chat || !a.system.empty()) {
     const ChatFormat fmt = detect_chat_format(engine->model().chat_template(), engine->config().arch_name);
-    const ChatMessage msg{"user", text};
-    text = apply_chat_template(fmt, std::span<const ChatMessage>(&msg, 1), true);
+    std::vector<ChatMessage> msgs;
+    if (!a.system.empty()) msgs.push_back({"system", a.system});
+    msgs.push_back({"user", text});
+    text = apply_chat_template(fmt, msgs, true);
     for (const std::string& s : chat_stop_strings(fmt)) go.stop_strings.push_back(s);
     parse_special = true;
   }
@@ -63,14 +87,26 @@ int run(RunArgs& a) {
       if (done == total) std::fputc('\n', stderr);
     };
   }
-  const GenerateStats st = generate(session, prompt, go, [](std::string_view piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+  GenerateStats st;
+  try {
+    st = generate(session, prompt, go, [](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+  } catch (const std::bad_alloc&) {
+    std::fputc('\n', stdout);
+    throw Error("out of memory during generation after " + std::to_string(session.tokens().size()) +
+                " tokens: lower --ctx, or use --memory-budget SIZE");
+  } catch (const Error& e) {
+    // The text so far stays on stdout; the error names the position.
+    std::fputc('\n', stdout);
     std::fflush(stdout);
-    return true;
-  });
+    throw Error("generation stopped at position " + std::to_string(session.tokens().size()) + ": " + e.what());
+  }
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  std::fprintf(stderr, "%s\n", summary_line(*engine, st).c_str());
+  std::fprintf(stderr, "%s\n", summary_line(*engine, st, load_s).c_str());
   return 0;
 }
 
@@ -81,8 +117,10 @@ void add_run_command(CLI::App& app, int* rc) {
   CLI::App* sub = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout");
   add_model_options(sub, a->model);
   sub->add_option("-p,--prompt", a->prompt, "Prompt text");
-  sub->add_option("-f,--file", a->prompt_file, "Read the prompt from a file");
-  sub->add_option("-n,--n-predict", a->n_predict, "Tokens to generate at most")->capture_default_str();
+  sub->add_option("-f,--file", a->prompt_file, "Read the prompt from a file (-: standard input)");
+  sub->add_option("--system-prompt", a->system, "System message, also spelled -sys (implies --chat)");
+  sub->add_option("-n,--n-predict", a->n_predict, "Tokens to generate at most (-1: until a stop or the context ends)")
+      ->capture_default_str();
   sub->add_option("--stop", a->stop, "Stop before this string (repeatable)");
   sub->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template as a user message");
   sub->add_flag("--no-bos", a->no_bos, "Do not prepend the BOS token");

@@ -1,9 +1,22 @@
 #include "cli/options.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <limits>
+#include <mutex>
+#include <new>
+#include <random>
+#include <system_error>
+#include <thread>
 
 #include "model/gguf.h"
+#include "platform/cgroup.h"
 #include "platform/error.h"
+#include "platform/timer.h"
 
 namespace ebb::cli {
 
@@ -11,7 +24,10 @@ void add_model_options(CLI::App* app, ModelArgs& a) {
   app->add_option("-m,--model", a.model, "GGUF model file")->required();
   app->add_option("-t,--threads", a.threads, "Compute threads (0: all hardware threads)")->capture_default_str();
   app->add_option("--isa", a.isa, "Force a kernel target: scalar, avx2, avx512, neon, or ref-engine (scalar, rounding in the order of the engine the golden logits come from; slow, for validation) (default: best available)");
-  app->add_option("-c,--ctx", a.ctx, "Context size in tokens (0: min(training context, 4096))")->capture_default_str();
+  app->add_option("-c,--ctx,--ctx-size", a.ctx, "Context size in tokens (0: min(training context, 4096))")
+      ->capture_default_str();
+  app->add_option("--n-gpu-layers", a.n_gpu_layers,
+                  "Accepted for llama.cpp's -ngl and ignored: ebb computes on the CPU");
   app->add_option("--kv-chunk", a.kv_chunk, "Tokens per KV chunk")->capture_default_str();
   app->add_option("--kv-type", a.kv_type, "KV cache element type: f16 or f32")->capture_default_str();
   app->add_flag("--f16-attention", a.f16_attention,
@@ -21,15 +37,20 @@ void add_model_options(CLI::App* app, ModelArgs& a) {
   app->add_option("--memory-budget", a.memory_budget,
                   "Keep all LLM memory within this size, streaming weights that do not fit (600MiB, 1.5GiB, 40%)");
   app->add_option("--budget-system", a.budget_system,
-                  "Budget mode system: ebb, sync, prefetch, unbalanced, attn-first, ffn-first, mmap")
+                  "With --memory-budget: ebb, sync, prefetch, unbalanced, attn-first, ffn-first, mmap (default: ebb)");
+  app->add_option("--budget-window", a.budget_window, "With --memory-budget: prefetch window in layers")
       ->capture_default_str();
-  app->add_option("--budget-window", a.budget_window, "Budget mode prefetch window in layers")->capture_default_str();
   app->add_option("--swap-dir", a.swap_dir, "Elastic memory: directory of swap files (default: ~/.cache/ebb/swap)");
   app->add_option("--kv-codec", a.kv_codec, "Elastic memory: codec of compressed KV: int8, int4")->capture_default_str();
   app->add_option("--evict-order", a.evict_order, "Elastic memory: backward, forward, random")->capture_default_str();
   app->add_option("--overlap", a.overlap, "Elastic memory restore overlap: none, alloc-reload, reload-prefill, full")
       ->capture_default_str();
   app->add_option("--profile", a.profile, "Device profile from `ebb profile` (default: the saved one)");
+  app->add_option("--memory-limit", a.memory_limit,
+                  "Elastic memory: keep weights and KV in RAM within this size (300MiB, 40% of the weights, or off); "
+                  "what does not fit is streamed or evicted (default: the limit of the process's cgroup, less room "
+                  "for the rest of the process)");
+  app->add_option("--cgroup-root", a.cgroup_root, "where /proc and /sys are read (tests)")->group("");
 }
 
 void add_sampling_options(CLI::App* app, SamplerOptions& s) {
@@ -44,28 +65,174 @@ void add_sampling_options(CLI::App* app, SamplerOptions& s) {
   app->add_option("--presence-penalty", s.presence_penalty, "Presence penalty (0: off)")->capture_default_str();
   app->add_option("--penalty-last-n", s.penalty_last_n, "Tokens of history the penalties look at")
       ->capture_default_str();
-  app->add_option("--seed", s.seed, "Random seed (0: random)")->capture_default_str();
+  app->add_option_function<int64_t>(
+         "--seed",
+         [&s](const int64_t& v) {
+           if (v < -1) throw CLI::ValidationError("--seed", "must be >= 0, or -1 for a random seed");
+           s.seed = v == -1 ? 0 : static_cast<uint64_t>(v);
+         },
+         "Random seed (-1 or 0: a random one, printed so the run can be repeated)")
+      ->default_str("-1");
 }
 
-std::unique_ptr<Engine> make_engine(const ModelArgs& a) { return std::make_unique<Engine>(engine_options(a)); }
+int resolve_threads(int threads) {
+  if (threads < 0) throw UsageError("--threads " + std::to_string(threads) + ": must be >= 0 (0: all hardware threads)");
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 0) return hw;
+  if (threads > hw) {
+    std::fprintf(stderr,
+                 "ebb: warning: --threads %d is more than the %d hardware threads; the extra threads only wait and "
+                 "slow every step down\n",
+                 threads, hw);
+  }
+  return threads;
+}
+
+int64_t max_tokens_of(int64_t n_predict) {
+  if (n_predict < -1)
+    throw UsageError("-n " + std::to_string(n_predict) + ": must be >= 0, or -1 for \"until a stop or the context ends\"");
+  return n_predict == -1 ? std::numeric_limits<int64_t>::max() : n_predict;
+}
+
+void resolve_seed(SamplerOptions& s) {
+  if (s.seed != 0 || s.temperature == 0.0f) return;
+  std::random_device rd;
+  do {
+    s.seed = ((uint64_t{rd()} << 32) | rd()) & ((uint64_t{1} << 63) - 1);  // fits --seed's int64
+  } while (s.seed == 0);
+  std::fprintf(stderr, "seed %llu (random; --seed %llu repeats this run)\n", static_cast<unsigned long long>(s.seed),
+               static_cast<unsigned long long>(s.seed));
+}
+
+namespace {
+
+void validate(const ModelArgs& a) {
+  if (a.ctx < 0) throw UsageError("--ctx " + std::to_string(a.ctx) + ": must be >= 0 (0: min(training context, 4096))");
+  if (a.batch <= 0) throw UsageError("--batch " + std::to_string(a.batch) + ": must be >= 1");
+  if (a.kv_chunk <= 0) throw UsageError("--kv-chunk " + std::to_string(a.kv_chunk) + ": must be >= 1");
+  if (a.memory_budget.empty() && !a.budget_system.empty())
+    throw UsageError("--budget-system only applies with --memory-budget SIZE");
+  if (a.budget_window <= 0) throw UsageError("--budget-window " + std::to_string(a.budget_window) + ": must be >= 1");
+  if (a.n_gpu_layers >= 0) std::fprintf(stderr, "note: -ngl/--n-gpu-layers is ignored: ebb computes on the CPU\n");
+}
+
+uint64_t resident_kib() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long long size = 0, rss = 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &rss);
+  std::fclose(f);
+  return n == 2 ? rss * (static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 1024) : 0;
+}
+
+// On a terminal, a line that shows how much of the model is in memory while
+// it loads (the resident set's growth against the file's weight bytes),
+// shown only when the load takes more than half a second.
+class LoadProgress {
+ public:
+  LoadProgress(const std::string& path, uint64_t weight_bytes) {
+    if (!::isatty(STDERR_FILENO) || weight_bytes == 0) return;
+    thread_ = std::thread([this, path, weight_bytes] {
+      const uint64_t base = resident_kib();
+      std::unique_lock lock(mu_);
+      bool shown = false;
+      for (int tick = 0; !cv_.wait_for(lock, std::chrono::milliseconds(250), [this] { return done_; }); ++tick) {
+        if (tick < 2) continue;
+        const uint64_t now = resident_kib();
+        const double got = now > base ? (now - base) * 1024.0 : 0.0;
+        std::fprintf(stderr, "\rloading %s: %3.0f%% of %s", path.c_str(), std::min(100.0, 100.0 * got / weight_bytes),
+                     format_bytes(weight_bytes).c_str());
+        shown = true;
+      }
+      if (shown) std::fprintf(stderr, "\r\033[K");
+    });
+  }
+  ~LoadProgress() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Memory the process needs beside what the engine's limit caps (the binary,
+// libraries, tokenizer, thread stacks, allocator slack).
+constexpr uint64_t kProcessAllowance = 8ull << 20;
+
+// --memory-limit, or by default the cgroup's limit less what the process
+// needs beside weights and KV, so a chat in a small cgroup evicts and streams
+// instead of being killed.
+void apply_memory_limit(Engine& e, const ModelArgs& a, uint64_t weights) {
+  if (a.memory_limit == "off") return;
+  if (!a.memory_limit.empty()) {
+    if (!e.elastic()) throw UsageError("--memory-limit needs elastic memory, which budget mode turns off; use --memory-budget alone");
+    const uint64_t bytes = parse_size(a.memory_limit, weights);
+    e.set_memory_limit(bytes);
+    return;
+  }
+  const std::optional<CgroupMemoryLimit> cg = cgroup_memory_limit(a.cgroup_root);
+  if (!cg) return;
+  if (!e.elastic()) {
+    if (e.options().budget.budget > cg->bytes) {
+      std::fprintf(stderr, "ebb: warning: --memory-budget %s is over this process's cgroup limit %s (%s)\n",
+                   format_bytes(e.options().budget.budget).c_str(), format_bytes(cg->bytes).c_str(), cg->file.c_str());
+    }
+    return;
+  }
+  const Footprint f = e.footprint();
+  const uint64_t beside = f.globals + f.scratch + kProcessAllowance;
+  if (cg->bytes <= beside) {
+    std::fprintf(stderr,
+                 "ebb: warning: the cgroup memory limit %s (%s) is below what the process needs beside weights and "
+                 "KV (%s); it may be killed\n",
+                 format_bytes(cg->bytes).c_str(), cg->file.c_str(), format_bytes(beside).c_str());
+    return;
+  }
+  const uint64_t limit = cg->bytes - beside;
+  e.set_memory_limit(limit);
+  std::fprintf(stderr,
+               "note: cgroup v%d memory limit %s (%s): weights and KV in RAM are kept within %s; what does not fit "
+               "is streamed or evicted (--memory-limit SIZE|off overrides)\n",
+               cg->version, format_bytes(cg->bytes).c_str(), cg->file.c_str(), format_bytes(limit).c_str());
+}
+
+uint64_t weight_bytes(const std::string& path) {
+  uint64_t weights = 0;
+  // The file stays open through the loop (a temporary's tensors() would dangle).
+  const std::unique_ptr<GgufFile> gguf = GgufFile::open(path);
+  for (const GgufTensorInfo& t : gguf->tensors()) weights += t.n_bytes;
+  return weights;
+}
+
+}  // namespace
 
 EngineOptions engine_options(const ModelArgs& a) {
+  validate(a);
   EngineOptions o;
   o.model_path = a.model;
-  o.n_threads = a.threads;
+  o.n_threads = resolve_threads(a.threads);
   if (!a.isa.empty()) {
     auto isa = parse_isa(a.isa);
-    if (!isa) throw Error("--isa '" + a.isa + "' is not one of scalar, avx2, avx512, neon, ref-engine");
+    if (!isa) throw UsageError("--isa '" + a.isa + "' is not one of scalar, avx2, avx512, neon, ref-engine");
     o.isa = *isa;
   }
   o.prefill_batch = a.batch;
   o.kv_chunk_size = a.kv_chunk;
   if (!a.memory_budget.empty()) {
-    uint64_t weights = 0;
-    for (const GgufTensorInfo& t : GgufFile::open(a.model)->tensors()) weights += t.n_bytes;
+    const uint64_t weights = weight_bytes(a.model);
     o.budget.budget = parse_size(a.memory_budget, weights);
-    auto sys = parse_budget_system(a.budget_system);
-    if (!sys) throw Error("--budget-system '" + a.budget_system + "' is not one of ebb, sync, prefetch, unbalanced, attn-first, ffn-first, mmap");
+    const std::string system = a.budget_system.empty() ? "ebb" : a.budget_system;
+    auto sys = parse_budget_system(system);
+    if (!sys) throw UsageError("--budget-system '" + system + "' is not one of ebb, sync, prefetch, unbalanced, attn-first, ffn-first, mmap");
     o.budget.system = *sys;
     o.budget.window = a.budget_window;
     o.budget.n_ctx = a.ctx;
@@ -77,6 +244,26 @@ EngineOptions engine_options(const ModelArgs& a) {
   o.elastic_opts.overlap = parse_overlap_mode(a.overlap);
   o.elastic_opts.profile = load_profile_option(a.profile);
   return o;
+}
+
+std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
+  const EngineOptions o = engine_options(a);
+  const uint64_t weights = weight_bytes(a.model);
+  const Stopwatch clock;
+  std::unique_ptr<Engine> e;
+  try {
+    LoadProgress progress(a.model, o.budget.budget > 0 ? std::min(o.budget.budget, weights) : weights);
+    e = std::make_unique<Engine>(o);
+  } catch (const std::bad_alloc&) {
+    throw Error("out of memory while loading " + a.model + " (" + format_bytes(weights) +
+                " of weights): free memory, or keep the model within a budget with --memory-budget SIZE");
+  } catch (const std::system_error& err) {
+    throw Error("the system refused memory or threads while loading " + a.model + " (" + err.what() +
+                "): lower --threads, free memory, or use --memory-budget SIZE");
+  }
+  if (load_seconds) *load_seconds = clock.seconds();
+  apply_memory_limit(*e, a, weights);
+  return e;
 }
 
 DeviceProfile load_profile_option(const std::string& path) {
@@ -112,18 +299,40 @@ std::string format_bytes(uint64_t b) {
   return buf;
 }
 
-std::string summary_line(const Engine& e, const GenerateStats& st) {
+MemoryView memory_view(const Engine& e) {
+  const Footprint f = e.footprint();
+  MemoryView m;
+  m.weights = f.weights() + f.globals;
+  m.kv = f.kv();
+  m.scratch = f.scratch;
+  m.total = f.total();
+  if (e.budget_source()) {
+    // Budget mode keeps its resident layers and globals in buffers of its
+    // own, which the ledger counts but the model's units do not.
+    const uint64_t held = static_cast<uint64_t>(e.ledger().bytes(MemCategory::kWeights) +
+                                                e.ledger().bytes(MemCategory::kGlobals));
+    if (held > m.weights) {
+      m.total += held - m.weights;
+      m.weights = held;
+    }
+  }
+  return m;
+}
+
+std::string summary_line(const Engine& e, const GenerateStats& st, double load_seconds) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (TokenId t : st.tokens) h = (h ^ static_cast<uint32_t>(t)) * 0x100000001b3ull;
-  const Footprint f = e.footprint();
-  char buf[512];
+  const MemoryView m = memory_view(e);
+  char load[64] = "";
+  if (load_seconds >= 0) std::snprintf(load, sizeof load, "load %.2f s | ", load_seconds);
+  char buf[640];
   std::snprintf(buf, sizeof buf,
-                "prompt %lld tok %.1f tok/s | gen %lld tok %.1f tok/s | ttft %.1f ms | mem %s (weights %s, kv %s, "
+                "%sprompt %lld tok %.1f tok/s | gen %lld tok %.1f tok/s | ttft %.1f ms | mem %s (weights %s, kv %s, "
                 "scratch %s) | %s x%d | stop %s | hash %016llx",
-                static_cast<long long>(st.prompt_tokens), st.prefill_tok_s(),
+                load, static_cast<long long>(st.prompt_tokens), st.prefill_tok_s(),
                 static_cast<long long>(st.generated_tokens), st.decode_tok_s(), st.ttft_seconds * 1e3,
-                format_bytes(f.total()).c_str(), format_bytes(f.weights() + f.globals).c_str(),
-                format_bytes(f.kv()).c_str(), format_bytes(f.scratch).c_str(), std::string(isa_name(e.isa())).c_str(),
+                format_bytes(m.total).c_str(), format_bytes(m.weights).c_str(), format_bytes(m.kv).c_str(),
+                format_bytes(m.scratch).c_str(), std::string(isa_name(e.isa())).c_str(),
                 const_cast<Engine&>(e).pool().size(), std::string(stop_reason_name(st.stop)).c_str(),
                 static_cast<unsigned long long>(h));
   return buf;

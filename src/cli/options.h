@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "platform/error.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
@@ -15,37 +16,75 @@
 
 namespace ebb::cli {
 
+// A usage error (a bad option value, options that contradict each other):
+// main prints it and exits with status 2, as for an unknown option.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct ModelArgs {
   std::string model;
   int threads = 0;
   std::string isa;
   int64_t ctx = 0;
+  int n_gpu_layers = -1;              // llama.cpp's -ngl: accepted, ignored with a note (ebb runs on the CPU)
   int64_t kv_chunk = 256;
   std::string kv_type = "f16";
   bool f16_attention = false;
   int64_t batch = 64;
   std::string memory_budget;          // budget mode: "600MiB", "1.5GiB", "40%" (empty: off)
-  std::string budget_system = "ebb";  // budget mode planner / baseline
+  std::string budget_system;          // budget mode planner / baseline ("": ebb)
   int budget_window = 3;              // budget mode prefetch window in layers
   std::string swap_dir;               // elastic memory: swap files ("": the user's cache directory)
   std::string kv_codec = "int8";      // elastic memory: codec of compressed KV
   std::string evict_order = "backward";
   std::string overlap = "full";
   std::string profile;                // device profile ("": the saved one, else defaults)
+  std::string memory_limit;           // elastic memory's limit: SIZE, PCT or off ("": the cgroup's)
+  std::string cgroup_root;            // internal (tests): where /proc and /sys are ("": the real ones)
 };
 
 void add_model_options(CLI::App* app, ModelArgs& a);
 void add_sampling_options(CLI::App* app, SamplerOptions& s);
 
-// Builds the engine and a session from the options; errors are ebb::Error.
-std::unique_ptr<Engine> make_engine(const ModelArgs& a);
+// Builds the engine and a session from the options; errors are ebb::Error
+// (UsageError for option values that cannot work), running out of memory
+// included. On a terminal the load shows its progress; *load_seconds gets
+// the time it took.
+std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds = nullptr);
+// The engine's options from the command line (validated; UsageError for
+// values that cannot work), for callers that build engines themselves.
 EngineOptions engine_options(const ModelArgs& a);
 SessionOptions session_options(const ModelArgs& a);
 
+// Compute threads of a --threads value: 0 gives all hardware threads; a
+// negative count is a UsageError; more than the hardware has prints a
+// warning (each extra thread only waits, and slows every step down).
+int resolve_threads(int threads);
+// Generated tokens at most of an -n value: -1 is "until a stop or the
+// context ends" (as in llama.cpp); below -1 is a UsageError.
+int64_t max_tokens_of(int64_t n_predict);
+// A random seed (--seed -1 or 0) is drawn here, so it can be printed and the
+// run repeated with --seed N; greedy runs (temp 0) use no seed.
+void resolve_seed(SamplerOptions& s);
+
+// Memory the LLM holds by category, as the summary prints it. In budget
+// mode the streamed weights' resident part is counted from the ledger (the
+// model's units are not resident there).
+struct MemoryView {
+  uint64_t weights = 0;  // layer weights + globals in RAM
+  uint64_t kv = 0;
+  uint64_t scratch = 0;
+  uint64_t total = 0;
+};
+MemoryView memory_view(const Engine& e);
+
 // "1.5 MiB"
 std::string format_bytes(uint64_t b);
-// The one-line run summary (STYLE habit 13): tok/s, TTFT, footprint, output hash.
-std::string summary_line(const Engine& e, const GenerateStats& st);
+// The one-line run summary (STYLE habit 13): tok/s, TTFT, footprint, output
+// hash; the model's load time when load_seconds >= 0.
+std::string summary_line(const Engine& e, const GenerateStats& st, double load_seconds = -1);
 
 // Each registers its subcommand; the subcommand's exit status goes to *rc.
 void add_run_command(CLI::App& app, int* rc);

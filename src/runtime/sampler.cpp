@@ -97,9 +97,21 @@ void Sampler::fill_and_penalize(std::span<const float> logits) {
     candidates_[i] = {x, i};
   }
   // A NaN would break the orderings below; an all -inf (or any +inf) row has
-  // no distribution. Both come from a bug upstream, not from the user.
-  EBB_CHECK_MSG(!nan, "NaN logit");
-  EBB_CHECK_MSG(std::isfinite(max_logit), "logits have no finite maximum");
+  // no distribution. Both come from the data (weights that hold NaN or
+  // overflow), so they are bad input: the caller ends the turn and can add
+  // the position.
+  if (nan) {
+    int64_t n = 0;
+    for (int32_t i = 0; i < n_vocab_; ++i) n += std::isnan(logits[i]);
+    throw Error("the model produced NaN logits (" + std::to_string(n) + " of " + std::to_string(n_vocab_) +
+                "): its weights hold NaN or infinite values, or its activations overflowed; the model file is "
+                "probably damaged or badly converted");
+  }
+  if (!std::isfinite(max_logit)) {
+    throw Error(std::string("the model produced ") + (max_logit > 0 ? "an infinite logit" : "no finite logit") +
+                ": its activations overflowed or its weights hold infinite values; the model file is probably "
+                "damaged or badly converted");
+  }
   n_candidates_ = candidates_.size();
   sorted_ = 0;
 

@@ -67,8 +67,9 @@ class Sampler {
   Sampler& operator=(Sampler&&) = default;
 
   // logits: [n_vocab], left untouched. NaN or +inf logits, or a row with no
-  // finite logit, are a bug upstream and trip EBB_CHECK; -inf is fine (a
-  // masked token).
+  // finite logit, come from the model's data (NaN weights, overflow) and
+  // throw ebb::Error naming the cause; the sampler is unchanged and usable.
+  // -inf is fine (a masked token).
   int32_t sample(std::span<const float> logits);
 
   // Records a token (prompt or generated) for the penalties.
