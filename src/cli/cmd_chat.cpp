@@ -7,6 +7,8 @@
 // that the template would trim, costs nothing on the next turn.
 #include <filesystem>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <memory>
 #include <new>
 #include <string>
@@ -17,6 +19,7 @@
 #include "cli/options.h"
 #include "model/chat_template.h"
 #include "platform/error.h"
+#include "platform/timer.h"
 
 namespace ebb::cli {
 namespace {
@@ -28,6 +31,7 @@ struct ChatArgs {
   int64_t n_predict = 512;
   std::string format;
   std::vector<std::string> stop;
+  bool resume = false;  // continue the conversation saved in --cache-dir
 };
 
 constexpr const char* kHelp =
@@ -227,6 +231,73 @@ class Chat {
                  session_.tokens().size());
   }
 
+  // With --cache-dir: the conversation (tokens, transcript and where the
+  // session stands) is written after every turn; its KV goes to the prefix
+  // cache's files as chunks fill. --resume reads it back and takes the KV
+  // from those files instead of recomputing it.
+  std::string conversation_path() const { return a_.model.cache_dir + "/chat-conversation.json"; }
+
+  void save_conversation() const {
+    if (a_.model.cache_dir.empty()) return;
+    nlohmann::json j;
+    j["model_fingerprint"] = engine_.model_fingerprint();
+    j["format"] = std::string(chat_format_name(fmt_));
+    j["tokens"] = session_.tokens();
+    j["state"] = static_cast<int>(state_);
+    j["carry"] = carry_;
+    j["last_eog"] = last_eog_;
+    j["last_eog_piece"] = last_eog_piece_;
+    j["closed_text"] = closed_text_;
+    for (const ChatMessage& m : messages_) j["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    const std::string path = conversation_path(), tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << j.dump();
+      if (!f.flush()) {
+        f.close();
+        std::filesystem::remove(tmp);
+        std::fprintf(stderr, "note: cannot save the conversation to %s (disk full?)\n", path.c_str());
+        return;
+      }
+    }
+    std::filesystem::rename(tmp, path);
+  }
+
+  void resume() {
+    const std::string path = conversation_path();
+    std::ifstream f(path);
+    if (!f) throw Error("--resume: no saved conversation in " + a_.model.cache_dir + " (" + path + ")");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(path + ": not a saved conversation (" + e.what() + ")");
+    }
+    if (j.value("model_fingerprint", uint64_t{0}) != engine_.model_fingerprint()) {
+      throw Error(path + ": the conversation was held with another model; start a new one without --resume");
+    }
+    const std::vector<TokenId> toks = j.at("tokens").get<std::vector<TokenId>>();
+    reset();
+    if (!toks.empty()) {
+      // The last token of an answer is pending in a live session: run the
+      // rest (its KV read back from the cache files), keep that one pending.
+      const Stopwatch sw;
+      session_.feed(std::span<const TokenId>(toks).first(toks.size() - 1));
+      session_.append_pending(toks.back());
+      std::fprintf(stderr, "resumed %zu tokens in %.3f s: %lld from the cache directory, %lld recomputed\n",
+                   toks.size(), sw.seconds(), static_cast<long long>(session_.reused_tokens()),
+                   static_cast<long long>(session_.tokens_run()));
+    }
+    messages_.clear();
+    for (const auto& m : j.value("messages", nlohmann::json::array()))
+      messages_.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+    state_ = static_cast<State>(j.value("state", 0));
+    carry_ = j.value("carry", std::string());
+    last_eog_ = j.value("last_eog", false);
+    last_eog_piece_ = j.value("last_eog_piece", std::string());
+    closed_text_ = j.value("closed_text", std::string());
+  }
+
  private:
   // What the session ends with, which decides what the next turn appends.
   enum class State {
@@ -388,6 +459,10 @@ int chat(ChatArgs& a) {
   std::unique_ptr<Engine> engine = make_engine(a.model, &load_s);
   resolve_seed(a.sampling);
   Chat chat(*engine, a);
+  if (a.resume) {
+    if (a.model.cache_dir.empty()) throw UsageError("--resume needs --cache-dir (where the conversation was kept)");
+    chat.resume();
+  }
   LineReader input;
   std::fprintf(stderr, "ebb chat: %s (%s), loaded in %.2f s; %s\n%s", engine->config().name.c_str(),
                engine->config().arch_name.c_str(), load_s, chat.format_note().c_str(), kHelp);
@@ -437,6 +512,7 @@ int chat(ChatArgs& a) {
         }
       } else {
         if (!chat.turn(line[0] == '/' ? line.substr(1) : line)) ++failed;
+        chat.save_conversation();
       }
     } catch (const Error& e) {
       std::fprintf(stderr, "ebb: error: %s\n", e.what());
@@ -456,6 +532,8 @@ void add_chat_command(CLI::App& app, int* rc) {
   sub->add_option("-n,--n-predict", a->n_predict, "Tokens per answer at most (-1: until a stop or the context ends)")
       ->capture_default_str();
   sub->add_option("--stop", a->stop, "End the answer before this string (repeatable)");
+  sub->add_flag("--resume", a->resume,
+                "Continue the last conversation kept in --cache-dir, its KV read back instead of recomputed");
   sub->add_option("--format", a->format, "Chat format: chatml, llama3, llama2, plain (default: from the model)");
   add_sampling_options(sub, a->sampling);
   sub->callback([a, rc] { *rc = chat(*a); });

@@ -41,6 +41,11 @@ void add_model_options(CLI::App* app, ModelArgs& a) {
   app->add_option("--budget-window", a.budget_window, "With --memory-budget: prefetch window in layers")
       ->capture_default_str();
   app->add_option("--swap-dir", a.swap_dir, "Elastic memory: directory of swap files (default: ~/.cache/ebb/swap)");
+  app->add_flag("--prefix-cache", a.prefix_cache,
+                "Reuse the KV of cached prompt prefixes (same namespace and tokens) instead of recomputing it");
+  app->add_option("--cache-dir", a.cache_dir,
+                  "Keep the prefix cache's KV in this directory across runs (implies --prefix-cache)");
+  app->add_option("--cache-namespace", a.cache_namespace, "Prefix-cache namespace of this run's conversation");
   app->add_option("--kv-codec", a.kv_codec, "Elastic memory: codec of compressed KV: int8, int4")->capture_default_str();
   app->add_option("--evict-order", a.evict_order, "Elastic memory: backward, forward, random")->capture_default_str();
   app->add_option("--overlap", a.overlap, "Elastic memory restore overlap: none, alloc-reload, reload-prefill, full")
@@ -239,6 +244,8 @@ EngineOptions engine_options(const ModelArgs& a) {
     o.budget.kv_elem_bytes = a.kv_type == "f32" ? 4 : 2;
   }
   o.elastic_opts.swap_dir = a.swap_dir;
+  o.prefix_cache = a.prefix_cache || !a.cache_dir.empty();
+  o.cache_dir = a.cache_dir;
   o.elastic_opts.codec = parse_kv_codec(a.kv_codec);
   o.elastic_opts.order = parse_evict_order(a.evict_order);
   o.elastic_opts.overlap = parse_overlap_mode(a.overlap);
@@ -282,6 +289,7 @@ SessionOptions session_options(const ModelArgs& a) {
     throw Error("--kv-type '" + a.kv_type + "' is not one of f16, f32");
   }
   s.f16_attention = a.f16_attention;
+  s.cache_namespace = a.cache_namespace;
   return s;
 }
 
