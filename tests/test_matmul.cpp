@@ -848,7 +848,7 @@ TEST(MatmulApi, TableAndScratch) {
   for (Isa isa : supported_isas()) {
     const KernelSet& ks = kernel_set(isa);
     EXPECT_EQ(ks.isa(), isa);
-    EXPECT_EQ(ks.format(DType::kQ4_1), nullptr);
+    EXPECT_EQ(ks.format(DType::kIQ2_XXS), nullptr);
     EXPECT_EQ(ks.format(DType::kQ4_0)->act, DType::kQ8_0);
     EXPECT_EQ(ks.format(DType::kQ8_0)->act, DType::kQ8_0);
     for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) EXPECT_EQ(ks.format(t)->act, DType::kQ8_K);

@@ -118,9 +118,9 @@ TEST_F(ModelLoad, WrongShapeIsNamed) {
 TEST_F(ModelLoad, FormatWithoutKernelsIsNamed) {
   Edit e;
   e.retype_tensor = "blk.0.attn_q.weight";
-  e.new_type = DType::kQ4_1;
+  e.new_type = DType::kMXFP4;
   const std::string msg = load_error("tiny-llama-q8_0.gguf", e);
-  EXPECT_NE(msg.find("blk.0.attn_q.weight' has type Q4_1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("blk.0.attn_q.weight' has type MXFP4"), std::string::npos) << msg;
 }
 
 TEST_F(ModelLoad, MissingRequiredKeyIsNamed) {

@@ -194,7 +194,10 @@ TEST_P(QuantRoundTrip, EdgeValues) {
 INSTANTIATE_TEST_SUITE_P(All, QuantRoundTrip,
                          ::testing::Values(Bound{DType::kF32, 0.0}, Bound{DType::kF16, 5e-4}, Bound{DType::kBF16, 4e-3},
                                            Bound{DType::kQ8_0, 0.01}, Bound{DType::kQ8_K, 0.01}, Bound{DType::kQ4_0, 0.12},
-                                           Bound{DType::kQ4_K, 0.10}, Bound{DType::kQ5_K, 0.05}, Bound{DType::kQ6_K, 0.025}),
+                                           Bound{DType::kQ4_K, 0.10}, Bound{DType::kQ5_K, 0.05}, Bound{DType::kQ6_K, 0.025},
+                                           Bound{DType::kQ4_1, 0.10}, Bound{DType::kQ5_0, 0.05}, Bound{DType::kQ5_1, 0.05},
+                                           Bound{DType::kIQ4_NL, 0.10}, Bound{DType::kIQ4_XS, 0.10},
+                                           Bound{DType::kQ3_K, 0.20}, Bound{DType::kQ2_K, 0.40}),
                          [](const auto& info) { return std::string(dtype_name(info.param.type)); });
 
 // ---- F16 / BF16 activations ------------------------------------------------------------
@@ -273,6 +276,13 @@ double model_bound(DType t) {
     case DType::kQ5_K: return 0.06;
     case DType::kQ4_K: return 0.12;
     case DType::kQ4_0: return 0.15;
+    case DType::kQ5_0: return 0.06;
+    case DType::kQ5_1: return 0.06;
+    case DType::kQ4_1: return 0.12;
+    case DType::kIQ4_NL: return 0.12;
+    case DType::kIQ4_XS: return 0.12;
+    case DType::kQ3_K: return 0.25;
+    case DType::kQ2_K: return 0.45;
     default: return 0;
   }
 }
@@ -281,7 +291,8 @@ TEST(QuantModels, DequantizeMatchesF16File) {
   int checked = 0;
   for (std::string family : {"tiny-llama", "tiny-qwen3"}) {
     auto ref = GgufFile::open(test::model_path(family + "-f16.gguf"));
-    for (std::string q : {"bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0"}) {
+    for (std::string q : {"bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_m",
+                          "iq4_nl", "iq4_xs"}) {
       auto f = GgufFile::open(test::model_path(family + "-" + q + ".gguf"));
       for (const auto& ti : f->tensors()) {
         if (ti.dims.size() != 2 || kernel_format_index(ti.type) < 0) continue;
@@ -295,6 +306,7 @@ TEST(QuantModels, DequantizeMatchesF16File) {
         const auto want = dequant(rt->type, rraw.data(), n);
         const auto got = dequant(ti.type, raw.data(), n);
         const double err = rel_rmse(want, got);
+        RecordProperty(family + "-" + q + "." + ti.name, std::to_string(err));
         EXPECT_LE(err, model_bound(ti.type)) << family << "-" << q << " " << ti.name << " " << dtype_name(ti.type);
         // Our quantizer, same format, on the F16 values.
         std::vector<uint8_t> mine(ti.n_bytes);

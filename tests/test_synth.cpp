@@ -115,14 +115,14 @@ TEST(SynthShapes, BuiltinShapesHaveTheRealModelsDimensions) {
 }
 
 TEST(SynthShapes, TypesParseAndMapToLlamaFileTypes) {
-  EXPECT_EQ(synth_type_names().size(), 10u);
+  EXPECT_EQ(synth_type_names().size(), 17u);
   for (const std::string& n : synth_type_names()) {
     const auto t = parse_synth_type(n);
     ASSERT_TRUE(t) << n;
     EXPECT_EQ(synth_type_name(*t), n);
   }
   EXPECT_EQ(parse_synth_type("Q4_K_M")->mix, SynthType::Mix::kQ4_K_M);
-  EXPECT_FALSE(parse_synth_type("q3_k"));
+  EXPECT_FALSE(parse_synth_type("iq2_xxs"));
   EXPECT_EQ(synth_file_type(*parse_synth_type("f32")), 0u);
   EXPECT_EQ(synth_file_type(*parse_synth_type("f16")), 1u);
   EXPECT_EQ(synth_file_type(*parse_synth_type("q4_0")), 2u);
@@ -484,7 +484,7 @@ TEST_F(SynthTest, CommandLineWritesListsAndRejects) {
   EXPECT_NE(read_all(dir + "/out.txt").find("qwen3-0.6b"), std::string::npos);
   EXPECT_NE(run("nope --type q8_0 -o " + out), 0);
   EXPECT_NE(read_all(dir + "/out.txt").find("unknown shape"), std::string::npos);
-  EXPECT_NE(run("tiny --type q3_k -o " + out), 0);
+  EXPECT_NE(run("tiny --type iq2_xxs -o " + out), 0);
   EXPECT_NE(run("tiny --type q8_0"), 0);
 }
 

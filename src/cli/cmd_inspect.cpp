@@ -1,6 +1,8 @@
 // ebb inspect: metadata, tensors, bytes per layer, KV bytes per 1k tokens.
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/options.h"
@@ -63,6 +65,58 @@ std::string value_str(const GgufValue& v) {
   }
 }
 
+// Tensor types with their counts, in type-id order; those ebb cannot compute
+// with listed again apart.
+void print_types(const GgufFile& file) {
+  std::map<uint32_t, size_t> by_type;  // type id -> tensors
+  uint64_t params = 0;
+  for (const GgufTensorInfo& t : file.tensors()) {
+    ++by_type[static_cast<uint32_t>(t.type)];
+    params += t.n_elements;
+  }
+  const std::optional<uint64_t> ft = file.get_uint("general.file_type");
+  std::string ft_name = "not set";
+  if (ft) {
+    const std::string_view n = gguf_file_type_name(*ft);
+    ft_name = (n.empty() ? std::string("unknown") : std::string(n)) + " (" + std::to_string(*ft) + ")";
+  }
+  std::printf("\nfile type: %s\nparameters: %llu (%.2f M)\ntensor types:", ft_name.c_str(),
+              static_cast<unsigned long long>(params), static_cast<double>(params) / 1e6);
+  std::string cannot;
+  for (const auto& [id, count] : by_type) {
+    const TypeInfo* ti = type_info(id);
+    std::printf(" %s x %zu", std::string(ti->name).c_str(), count);
+    if (!ti->computable)
+      cannot += (cannot.empty() ? "" : ", ") + std::string(ti->name) + " (" + std::to_string(count) + " tensors)";
+  }
+  std::printf("\n");
+  if (!cannot.empty()) std::printf("types ebb cannot compute with: %s\n", cannot.c_str());
+}
+
+// The model as ebb would run it: its shape, weight units and KV size.
+void print_model(const GgufFile& file, const InspectArgs& a) {
+  const ModelConfig c = read_model_config(file);
+  std::printf("\nmodel: %s, %lld layers, width %lld, heads %lld/%lld (head %lld), FFN %lld, vocab %lld, context %lld\n",
+              c.arch_name.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
+              static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv), static_cast<long long>(c.head_dim),
+              static_cast<long long>(c.n_ff), static_cast<long long>(c.n_vocab), static_cast<long long>(c.n_ctx_train));
+  std::printf("rope: %s, base %.0f, %lld dims, freq scale %.3f; rms eps %g; %s output head%s\n",
+              c.rope_style == RopeStyle::kNeox ? "neox" : "norm", c.rope_base, static_cast<long long>(c.rope_dim),
+              c.rope_freq_scale, c.rms_eps, c.tied_output ? "tied" : "separate", c.qk_norm ? "; Q/K norm" : "");
+  const WeightLayout layout = plan_weights(file, c);
+  std::printf("\nweight units:\n  %-8s %12s\n", "globals", format_bytes(layout.globals.bytes()).c_str());
+  uint64_t total = layout.globals.bytes();
+  for (const WeightUnit& u : layout.layers) {
+    std::printf("  layer %-2d %12s\n", u.layer(), format_bytes(u.bytes()).c_str());
+    total += u.bytes();
+  }
+  std::printf("  %-8s %12s\n", "total", format_bytes(total).c_str());
+  const uint64_t kv_f16 = 2ull * c.n_layer * c.kv_dim() * 2 * 1000;
+  std::printf("\nKV per 1k tokens: %s (F16), %s (F32)\n", format_bytes(kv_f16).c_str(),
+              format_bytes(kv_f16 * 2).c_str());
+  if (!a.budget.empty()) print_budget_plan(a);
+}
+
 int inspect(const InspectArgs& a) {
   auto file = GgufFile::open(a.model);
   std::printf("file: %s\nGGUF v%u, %s, alignment %llu, %zu tensors, %zu metadata keys\n\n", a.model.c_str(),
@@ -76,31 +130,20 @@ int inspect(const InspectArgs& a) {
     for (const GgufTensorInfo& t : file->tensors()) {
       std::string dims;
       for (size_t i = 0; i < t.dims.size(); ++i) dims += (i ? " x " : "") + std::to_string(t.dims[i]);
-      std::printf("  %-32s %-5s %-18s %12s\n", t.name.c_str(), std::string(dtype_name(t.type)).c_str(), dims.c_str(),
+      std::printf("  %-32s %-7s %-18s %12s\n", t.name.c_str(), std::string(dtype_name(t.type)).c_str(), dims.c_str(),
                   format_bytes(t.n_bytes).c_str());
     }
   }
+  print_types(*file);
 
-  const ModelConfig c = read_model_config(*file);
-  std::printf("\nmodel: %s, %lld layers, width %lld, heads %lld/%lld (head %lld), FFN %lld, vocab %lld, context %lld\n",
-              c.arch_name.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
-              static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv), static_cast<long long>(c.head_dim),
-              static_cast<long long>(c.n_ff), static_cast<long long>(c.n_vocab), static_cast<long long>(c.n_ctx_train));
-  std::printf("rope: %s, base %.0f, %lld dims, freq scale %.3f; rms eps %g; %s output head%s\n",
-              c.rope_style == RopeStyle::kNeox ? "neox" : "norm", c.rope_base, static_cast<long long>(c.rope_dim),
-              c.rope_freq_scale, c.rms_eps, c.tied_output ? "tied" : "separate", c.qk_norm ? "; Q/K norm" : "");
-  const WeightLayout layout = plan_weights(*file, c);
-  std::printf("\nweight units:\n  %-8s %12s\n", "globals", format_bytes(layout.globals.bytes()).c_str());
-  uint64_t total = layout.globals.bytes();
-  for (const WeightUnit& u : layout.layers) {
-    std::printf("  layer %-2d %12s\n", u.layer(), format_bytes(u.bytes()).c_str());
-    total += u.bytes();
+  // A valid file ebb cannot run (an architecture or a tensor type it does not
+  // support) is still inspected: say why it cannot run, exit 0.
+  std::fflush(stdout);
+  try {
+    print_model(*file, a);
+  } catch (const ebb::Error& e) {
+    std::printf("\nebb cannot run this model: %s\n", e.what());
   }
-  std::printf("  %-8s %12s\n", "total", format_bytes(total).c_str());
-  const uint64_t kv_f16 = 2ull * c.n_layer * c.kv_dim() * 2 * 1000;
-  std::printf("\nKV per 1k tokens: %s (F16), %s (F32)\n", format_bytes(kv_f16).c_str(),
-              format_bytes(kv_f16 * 2).c_str());
-  if (!a.budget.empty()) print_budget_plan(a);
   return 0;
 }
 

@@ -1136,6 +1136,7 @@ FormatTable avx2_format_table() {
   row(DType::kQ6_K).x8_gemm = x8_gemm<BlockQ6_Kx8>;
   row(DType::kQ6_K).x8_dot = dot_q6_k_rows;
   row(DType::kQ8_K).quantize_act = quantize_q8_k;
+  avx2_lowbit_rows(t);  // Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS (quant_lowbit_avx2.cpp)
   return t;
 }
 

@@ -146,6 +146,104 @@ struct BlockQ8_K {
 };
 static_assert(sizeof(BlockQ8_K) == 292);
 
+// Q8_1 (activations of Q4_1 and Q5_1): Q8_0's bytes and scale plus s, the
+// block's sum: s = fp16(d * sum qs) with d the unrounded float scale, as the
+// reference engine stores it. The weight's min part is m * s.
+struct BlockQ8_1 {
+  uint16_t d;  // fp16 scale
+  uint16_t s;  // fp16 d * sum of qs
+  int8_t qs[kQK8_0];
+};
+static_assert(sizeof(BlockQ8_1) == 36);
+
+// Q4_1: x[i] = d * (qs[i] & 15) + m, x[i + 16] = d * (qs[i] >> 4) + m, i < 16.
+struct BlockQ4_1 {
+  uint16_t d;  // fp16 scale
+  uint16_t m;  // fp16 offset (the block's minimum)
+  uint8_t qs[kQK8_0 / 2];
+};
+static_assert(sizeof(BlockQ4_1) == 20);
+
+// Q5_0: Q4_0's nibbles plus a fifth bit per element: bit i of qh (little
+// endian) is the high bit of element i. x = d * (q - 16), q 5 bits.
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[kQK8_0 / 2];
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+
+// Q5_1: Q5_0's bits with Q4_1's offset: x = d * q + m.
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[kQK8_0 / 2];
+};
+static_assert(sizeof(BlockQ5_1) == 24);
+
+// IQ4_NL: 4-bit indices into the non-linear codebook kIq4nlValues:
+// x[i] = d * kIq4nlValues[qs[i] & 15], x[i + 16] = d * kIq4nlValues[qs[i] >> 4].
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[kQK8_0 / 2];
+};
+static_assert(sizeof(BlockIQ4_NL) == 18);
+
+// The IQ4_NL / IQ4_XS codebook (ggml's kvalues_iq4nl): int8, so a dot with
+// Q8 activations stays in integers.
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
+// IQ4_XS: 8 sub-blocks of 32, each with a 6-bit scale ls[j] = (scales_l[j / 2]
+// >> 4 (j % 2) & 15) | ((scales_h >> 2j) & 3) << 4; x = d * (ls[j] - 32) *
+// kIq4nlValues[q], q 4 bits: sub-block j's element l < 16 in the low nibble of
+// qs[16j + l], element l + 16 in its high nibble (IQ4_NL's order per 32).
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[kQK_K / 64];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
+// The 6-bit scale of sub-block j (0..7) of an IQ4_XS block, without the -32.
+inline int iq4_xs_scale(const BlockIQ4_XS& b, int j) {
+  return ((b.scales_l[j / 2] >> (4 * (j % 2))) & 15) | (((b.scales_h >> (2 * j)) & 3) << 4);
+}
+
+// Q2_K: 16 sub-blocks of 16; scales[g] holds sub-block g's 4-bit scale (low
+// nibble) and 4-bit min (high nibble); x = d * sc * q - dmin * m, q 2 bits.
+// For half h (128 elements), shift s < 4 and l < 32: element 128h + 32s + l
+// is (qs[32h + l] >> 2s) & 3, in sub-block 8h + 2s + l / 16.
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];
+  uint8_t qs[kQK_K / 4];
+  uint16_t d;
+  uint16_t dmin;
+};
+static_assert(sizeof(BlockQ2_K) == 84);
+
+// Q3_K: 16 sub-blocks of 16 with 6-bit scales (q3_k_scale); x = d * (sc -
+// 32) * q, q = low 2 bits - (high bit clear ? 4 : 0) in [-4, 3]. Element 128h
+// + 32s + l (as Q2_K) has low bits (qs[32h + l] >> 2s) & 3 and high bit
+// (hmask[l] >> (4h + s)) & 1.
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8];
+  uint8_t qs[kQK_K / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ3_K) == 110);
+
+// The 6-bit scale of sub-block g (0..15) of a Q3_K block, without the -32:
+// low 4 bits from byte g (g < 8, low nibble) or g - 8 (high nibble), high 2
+// bits from byte 8 + g % 4 at bit 2 (g / 4).
+inline int q3_k_scale(const uint8_t* scales, int g) {
+  const int lo = g < 8 ? scales[g] & 15 : scales[g - 8] >> 4;
+  return lo | (((scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4);
+}
+
 // Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block.
 inline void unpack_scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   if (j < 4) {
@@ -157,11 +255,13 @@ inline void unpack_scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m
   }
 }
 
-// The formats with kernels, in table order. Q8_K has a row too (to_float,
-// quantize_act and a Q8_K x Q8_K dot) so activations can be checked.
-inline constexpr std::array<DType, 9> kKernelFormats = {
-    DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0,
-    DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_K};
+// The formats with kernels, in table order. Q8_K and Q8_1 have rows too
+// (to_float, quantize_act and a dot with themselves) so activations can be
+// checked.
+inline constexpr std::array<DType, 17> kKernelFormats = {
+    DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,   DType::kQ4_0,  DType::kQ4_K,
+    DType::kQ5_K, DType::kQ6_K, DType::kQ8_K, DType::kQ4_1,   DType::kQ5_0,  DType::kQ5_1,
+    DType::kQ2_K, DType::kQ3_K, DType::kQ8_1, DType::kIQ4_NL, DType::kIQ4_XS};
 using FormatTable = std::array<FormatKernels, kKernelFormats.size()>;
 
 // Index of t in kKernelFormats, -1 when it has no kernels.
@@ -175,12 +275,18 @@ inline int kernel_format_index(DType t) {
 // the rows (or single kernels) it has faster versions of.
 FormatTable scalar_format_table();
 FormatTable ref_engine_format_table();  // the scalar table, summing in the reference engine's order
+// The rows of Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q8_1, IQ4_NL and IQ4_XS
+// (quant_lowbit_*.cpp), set into a table the per-target functions build.
+void scalar_lowbit_rows(FormatTable& t);
+void ref_engine_lowbit_rows(FormatTable& t);
 #if defined(EBB_ARCH_X86)
 FormatTable avx2_format_table();
 FormatTable avx512_format_table();
+void avx2_lowbit_rows(FormatTable& t);
 #endif
 #if defined(EBB_ARCH_ARM)
 FormatTable neon_format_table();
+void neon_lowbit_rows(FormatTable& t);
 #endif
 
 }  // namespace ebb

@@ -421,6 +421,7 @@ FormatTable neon_format_table() {
   row(D::kQ5_K) = {D::kQ5_K, D::kQ8_K, k4_to_float<true, BlockQ5_K>, quantize_q8_k, dot_k4<true, BlockQ5_K>};
   row(D::kQ6_K) = {D::kQ6_K, D::kQ8_K, q6_k_to_float, quantize_q8_k, dot_q6_k};
   row(D::kQ8_K) = {D::kQ8_K, D::kQ8_K, q8_k_to_float, quantize_q8_k, dot_q8_k};
+  neon_lowbit_rows(t);  // Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS (quant_lowbit_neon.cpp)
   return t;
 }
 

@@ -343,6 +343,7 @@ FormatTable ref_engine_format_table() {
   row(DType::kQ4_K).tile_tokens = 4;
   row(DType::kQ5_K).vec_dot = row(DType::kQ5_K).tile_dot = dot_q5_k_lanes;
   row(DType::kQ6_K).vec_dot = row(DType::kQ6_K).tile_dot = dot_q6_k_lanes;
+  ref_engine_lowbit_rows(t);  // Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS
   return t;
 }
 

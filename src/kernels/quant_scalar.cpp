@@ -299,7 +299,7 @@ void dot_q8_k(int64_t n, const void* w, const void* a, float* out) {
 
 FormatTable scalar_format_table() {
   using D = DType;
-  return FormatTable{{
+  FormatTable t{{
       {D::kF32, D::kF32, f32_to_float, quantize_f32, dot_f32},
       {D::kF16, D::kF16, f16_to_float, quantize_f16, dot_f16},
       {D::kBF16, D::kBF16, bf16_to_float, quantize_bf16, dot_bf16},
@@ -310,6 +310,8 @@ FormatTable scalar_format_table() {
       {D::kQ6_K, D::kQ8_K, q6_k_to_float, quantize_q8_k, dot_q6_k},
       {D::kQ8_K, D::kQ8_K, q8_k_to_float, quantize_q8_k, dot_q8_k},
   }};
+  scalar_lowbit_rows(t);
+  return t;
 }
 
 }  // namespace ebb

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/quant_blocks.h"
+#include "kernels/quant_lowbit.h"
 #include "platform/error.h"
 #include "platform/fp16.h"
 
@@ -239,6 +240,14 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::kQ4_K: quantize_q4_k(src, dst, n); return;
     case DType::kQ5_K: quantize_q5_k(src, dst, n); return;
     case DType::kQ6_K: quantize_q6_k(src, dst, n); return;
+    case DType::kQ4_1: quantize_q4_1(src, dst, n); return;
+    case DType::kQ5_0: quantize_q5_0(src, dst, n); return;
+    case DType::kQ5_1: quantize_q5_1(src, dst, n); return;
+    case DType::kIQ4_NL: quantize_iq4_nl(src, dst, n); return;
+    case DType::kIQ4_XS: quantize_iq4_xs(src, dst, n); return;
+    case DType::kQ2_K: quantize_q2_k(src, dst, n); return;
+    case DType::kQ3_K: quantize_q3_k(src, dst, n); return;
+    case DType::kQ8_1:
     case DType::kQ8_0:
     case DType::kQ8_K: {
       // Same round-to-nearest as the activation quantizers.

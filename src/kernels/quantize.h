@@ -11,7 +11,8 @@
 namespace ebb {
 
 // True for the formats quantize_row can write: F32, F16, BF16, Q8_0, Q4_0,
-// Q4_K, Q5_K, Q6_K, Q8_K.
+// Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, and the
+// activation formats Q8_K and Q8_1.
 bool can_quantize(DType t);
 
 // Writes row_bytes(t, n) bytes at dst; n must be a multiple of t's block

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace ebb {
@@ -23,12 +24,24 @@ enum class DType : uint32_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kQ8_K = 15,
+  kIQ2_XXS = 16,
+  kIQ2_XS = 17,
+  kIQ3_XXS = 18,
+  kIQ1_S = 19,
+  kIQ4_NL = 20,
+  kIQ3_S = 21,
+  kIQ2_S = 22,
+  kIQ4_XS = 23,
   kI8 = 24,
   kI16 = 25,
   kI32 = 26,
   kI64 = 27,
   kF64 = 28,
+  kIQ1_M = 29,
   kBF16 = 30,
+  kTQ1_0 = 34,
+  kTQ2_0 = 35,
+  kMXFP4 = 39,
 };
 
 // Storage layout of a format: elements per block and bytes per block.
@@ -45,6 +58,8 @@ const TypeInfo* type_info(uint32_t ggml_type_id);
 const TypeInfo& type_info(DType t);
 std::string_view dtype_name(DType t);
 std::optional<DType> parse_dtype(std::string_view name);  // "q4_k", "F16", ...
+// The weight formats ebb computes with, for messages: "F32, F16, ...".
+std::string computable_type_names();
 
 // Bytes of a row of n elements; n must be a multiple of the block size.
 uint64_t row_bytes(DType t, int64_t n);

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 #include "model/gguf.h"
@@ -65,6 +66,21 @@ void GgufErrorContext::fail_text(const std::string& text) const {
   std::string msg = path + ": ";
   if (!where.empty()) msg += where + ": ";
   throw Error(msg + text);
+}
+
+std::string_view gguf_file_type_name(uint64_t file_type) {
+  // Values 4-6 and 33-35 were retired formats; the gaps stay unnamed.
+  static constexpr std::string_view kNames[] = {
+      "ALL_F32",        "MOSTLY_F16",     "MOSTLY_Q4_0",    "MOSTLY_Q4_1",    "",
+      "",               "",               "MOSTLY_Q8_0",    "MOSTLY_Q5_0",    "MOSTLY_Q5_1",
+      "MOSTLY_Q2_K",    "MOSTLY_Q3_K_S",  "MOSTLY_Q3_K_M",  "MOSTLY_Q3_K_L",  "MOSTLY_Q4_K_S",
+      "MOSTLY_Q4_K_M",  "MOSTLY_Q5_K_S",  "MOSTLY_Q5_K_M",  "MOSTLY_Q6_K",    "MOSTLY_IQ2_XXS",
+      "MOSTLY_IQ2_XS",  "MOSTLY_Q2_K_S",  "MOSTLY_IQ3_XS",  "MOSTLY_IQ3_XXS", "MOSTLY_IQ1_S",
+      "MOSTLY_IQ4_NL",  "MOSTLY_IQ3_S",   "MOSTLY_IQ3_M",   "MOSTLY_IQ2_S",   "MOSTLY_IQ2_M",
+      "MOSTLY_IQ4_XS",  "MOSTLY_IQ1_M",   "MOSTLY_BF16",    "",               "",
+      "",               "MOSTLY_TQ1_0",   "MOSTLY_TQ2_0",   "MOSTLY_MXFP4_MOE"};
+  if (file_type == 1024) return "GUESSED";
+  return file_type < std::size(kNames) ? kNames[file_type] : std::string_view();
 }
 
 std::string gguf_quote(std::string_view s) {

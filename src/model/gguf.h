@@ -35,6 +35,10 @@ enum class GgufType : uint32_t {
 };
 std::string_view gguf_type_name(GgufType t);
 
+// The name of a general.file_type value (llama.cpp's llama_ftype):
+// "MOSTLY_Q4_K_M", "ALL_F32", ...; empty for a value no engine assigns.
+std::string_view gguf_file_type_name(uint64_t file_type);
+
 // A metadata value. Scalars are widened (integers to int64/uint64, floats to
 // double); arrays keep their element type and may nest.
 struct GgufValue {

@@ -62,6 +62,13 @@ constexpr TypeName kTypes[] = {
     {"q6_k", {DType::kQ6_K, SynthType::Mix::kNone}, 18},
     {"q4_k_m", {DType::kQ4_K, SynthType::Mix::kQ4_K_M}, 15},
     {"q5_k_m", {DType::kQ5_K, SynthType::Mix::kQ5_K_M}, 17},
+    {"q4_1", {DType::kQ4_1, SynthType::Mix::kNone}, 3},
+    {"q5_0", {DType::kQ5_0, SynthType::Mix::kNone}, 8},
+    {"q5_1", {DType::kQ5_1, SynthType::Mix::kNone}, 9},
+    {"q2_k", {DType::kQ2_K, SynthType::Mix::kNone}, 10},
+    {"q3_k", {DType::kQ3_K, SynthType::Mix::kNone}, 11},  // every matrix Q3_K: the nearest ftype is Q3_K_S
+    {"iq4_nl", {DType::kIQ4_NL, SynthType::Mix::kNone}, 25},
+    {"iq4_xs", {DType::kIQ4_XS, SynthType::Mix::kNone}, 30},
 };
 
 const TypeName* lookup_type(SynthType t) {

@@ -81,9 +81,10 @@ struct SynthType {
 std::optional<SynthType> parse_synth_type(std::string_view name);
 std::string synth_type_name(SynthType t);  // "q4_k_m", "f16", ...
 std::vector<std::string> synth_type_names();
-// general.file_type (llama ftype): f32 0, f16 1, q4_0 2, q8_0 7, q4_k 14
-// (Q4_K_S, the closest id), q4_k_m 15, q5_k 16 (Q5_K_S), q5_k_m 17, q6_k 18,
-// bf16 32.
+// general.file_type (llama ftype): f32 0, f16 1, q4_0 2, q4_1 3, q8_0 7,
+// q5_0 8, q5_1 9, q2_k 10, q3_k 11 (Q3_K_S, the closest id), q4_k 14
+// (Q4_K_S), q4_k_m 15, q5_k 16 (Q5_K_S), q5_k_m 17, q6_k 18, iq4_nl 25,
+// iq4_xs 30, bf16 32.
 uint32_t synth_file_type(SynthType t);
 
 // The tensor table of a synthetic file, in file order.

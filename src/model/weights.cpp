@@ -180,7 +180,7 @@ struct Planner {
       }
     } else if (!info.computable) {
       throw Error(where(name) + " has type " + std::string(info.name) +
-                  ", which ebb cannot compute with (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+                  ", which ebb cannot compute with (supported: " + computable_type_names() + ")");
     } else if (pack) {
       s.packing = packing_for(s.type, s.dims[1], s.dims[0]);
     }
