@@ -334,3 +334,42 @@ TEST(ChatTerminal, UpArrowRecallsTheLastLine) {
 
 }  // namespace
 }  // namespace ebb
+
+namespace ebb {
+namespace {
+
+// `ebb chat --cache-dir DIR` keeps the conversation; a new process with
+// --resume continues it, taking its KV from the cache files: only the tail
+// past the last whole chunk is recomputed, and the next turn runs only its
+// own tokens.
+TEST(ChatResume, ANewProcessContinuesTheConversationFromTheCacheFiles) {
+  test::TempDir dir("ebb-chat-resume");
+  const std::string base = "chat -m " + test::model_path("stories260K.gguf") +
+                           " --ctx 512 --kv-chunk 16 --temp 0 -n 24 --threads 2 --cache-dir " + dir.path();
+  const test::CliResult first = test::run_cli(base, "Once upon a time\nTell me about the cat\n");
+  ASSERT_EQ(first.status, 0) << first.err;
+  const std::vector<TurnLine> t1 = turn_lines(first.err);
+  ASSERT_EQ(t1.size(), 2u) << first.err;
+  const int64_t held = t1[1].context;
+
+  const test::CliResult second = test::run_cli(base + " --resume", "What did Lily do?\n");
+  ASSERT_EQ(second.status, 0) << second.err;
+  std::smatch m;
+  const std::regex re(R"(resumed (\d+) tokens in [0-9.]+ s: (\d+) from the cache directory, (\d+) recomputed)");
+  ASSERT_TRUE(std::regex_search(second.err, m, re)) << second.err;
+  EXPECT_EQ(std::stoll(m[1]), held);
+  const int64_t reused = std::stoll(m[2]), recomputed = std::stoll(m[3]);
+  EXPECT_EQ(reused, (held - 2) / 16 * 16) << "every whole chunk but the one the last tokens fall in";
+  EXPECT_EQ(reused + recomputed, held - 1);
+  const std::vector<TurnLine> t2 = turn_lines(second.err);
+  ASSERT_EQ(t2.size(), 1u) << second.err;
+  EXPECT_LT(t2[0].prompt, 40) << "the resumed turn runs only its own tokens";
+  EXPECT_GT(t2[0].context, held);
+
+  const test::CliResult none = test::run_cli("chat -m " + test::model_path("stories260K.gguf") + " --resume", "");
+  EXPECT_EQ(none.status, 2) << none.err;
+  EXPECT_NE(none.err.find("--resume needs --cache-dir"), std::string::npos) << none.err;
+}
+
+}  // namespace
+}  // namespace ebb

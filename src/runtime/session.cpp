@@ -167,6 +167,7 @@ void Session::fork_from(const Session& other, int64_t n) {
 std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::vector<float>* all_logits,
                                      const ProgressFn& progress) {
   const int64_t n_vocab = engine_.config().n_vocab;
+  const int64_t before = static_cast<int64_t>(tokens_.size());
   append(new_tokens);  // throws before anything changes
   const int64_t total = static_cast<int64_t>(tokens_.size());
   if (n_pending() == 0 && !have_logits_ && total > 0) kv_->truncate(total - 1);
@@ -184,13 +185,21 @@ std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::v
     settle_restore();
     run_to_end(all_logits, start, progress);  // what could not be restored
   } catch (...) {
-    // The tokens stay; the next feed runs what is left. Never leave a
-    // restore running under a session that is being torn down or reused.
+    // Never leave a restore running under a session that is being torn
+    // down or reused.
     if (em && em->restoring()) {
       try {
         em->wait_restored();
       } catch (const Error&) {
       }
+    }
+    // The failed call adds nothing: its tokens go, so a later turn does not
+    // carry them; what the conversation held before stays (its KV is
+    // recomputed from the tokens where it cannot be restored).
+    tokens_.resize(static_cast<size_t>(before));
+    if (kv_->n_tokens() > before) {
+      kv_->truncate(before);
+      have_logits_ = false;
     }
     throw;
   }

@@ -56,8 +56,9 @@ class Session {
   // micro-batches. Returns the logits after the last token ([n_vocab]).
   // When all_logits is given it receives the logits after each token of
   // this call ([n_new, n_vocab], pending tokens included).
-  // Throws ebb::Error when the context would overflow; the session is then
-  // unchanged.
+  // Throws ebb::Error when the context would overflow or the run fails (a
+  // model file changed on disk, ...); the session then holds the tokens it
+  // held before the call.
   std::span<const float> feed(std::span<const TokenId> tokens, std::vector<float>* all_logits = nullptr,
                               const ProgressFn& progress = nullptr);
 
