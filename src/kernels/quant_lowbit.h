@@ -25,13 +25,16 @@ void q3_k_values(const BlockQ3_K& b, int* q);  // -4..3
 void quantize_q8_1(const float* src, void* dst, int64_t n);
 
 // Weight quantizers (kernels/quantize.h's quantize_row for these formats):
-// src[n] floats -> n / block size blocks.
-void quantize_q4_1(const float* src, void* dst, int64_t n);
-void quantize_q5_0(const float* src, void* dst, int64_t n);
-void quantize_q5_1(const float* src, void* dst, int64_t n);
-void quantize_iq4_nl(const float* src, void* dst, int64_t n);
-void quantize_iq4_xs(const float* src, void* dst, int64_t n);
-void quantize_q2_k(const float* src, void* dst, int64_t n);
-void quantize_q3_k(const float* src, void* dst, int64_t n);
+// src[n] floats -> n / block size blocks. span: how many candidate scales
+// each block tries on either side of its first guess (kSearchSpan for
+// quantize_row; 0, the first guess refit once, for quantize_row_fast).
+inline constexpr int kSearchSpan = 4;
+void quantize_q4_1(const float* src, void* dst, int64_t n, int span);
+void quantize_q5_0(const float* src, void* dst, int64_t n, int span);
+void quantize_q5_1(const float* src, void* dst, int64_t n, int span);
+void quantize_iq4_nl(const float* src, void* dst, int64_t n, int span);
+void quantize_iq4_xs(const float* src, void* dst, int64_t n, int span);
+void quantize_q2_k(const float* src, void* dst, int64_t n, int span);
+void quantize_q3_k(const float* src, void* dst, int64_t n, int span);
 
 }  // namespace ebb

@@ -221,9 +221,33 @@ void quantize_q6_k(const float* src, void* dst, int64_t n) {
 
 bool can_quantize(DType t) { return kernel_format_index(t) >= 0; }
 
+namespace {
+
+// The formats of quantize_lowbit.cpp, with `span` candidate scales a side.
+bool quantize_lowbit(DType t, const float* src, void* dst, int64_t n, int span) {
+  switch (t) {
+    case DType::kQ4_1: quantize_q4_1(src, dst, n, span); return true;
+    case DType::kQ5_0: quantize_q5_0(src, dst, n, span); return true;
+    case DType::kQ5_1: quantize_q5_1(src, dst, n, span); return true;
+    case DType::kIQ4_NL: quantize_iq4_nl(src, dst, n, span); return true;
+    case DType::kIQ4_XS: quantize_iq4_xs(src, dst, n, span); return true;
+    case DType::kQ2_K: quantize_q2_k(src, dst, n, span); return true;
+    case DType::kQ3_K: quantize_q3_k(src, dst, n, span); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+void quantize_row_fast(DType t, const float* src, void* dst, int64_t n) {
+  EBB_CHECK(n >= 0 && n % type_info(t).block_size == 0);
+  if (!quantize_lowbit(t, src, dst, n, 0)) quantize_row(t, src, dst, n);
+}
+
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
   EBB_CHECK_MSG(can_quantize(t), "quantize_row: format has no quantizer");
   EBB_CHECK(n >= 0 && n % type_info(t).block_size == 0);
+  if (quantize_lowbit(t, src, dst, n, kSearchSpan)) return;
   switch (t) {
     case DType::kF32: std::memcpy(dst, src, n * sizeof(float)); return;
     case DType::kF16: {
@@ -240,13 +264,6 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::kQ4_K: quantize_q4_k(src, dst, n); return;
     case DType::kQ5_K: quantize_q5_k(src, dst, n); return;
     case DType::kQ6_K: quantize_q6_k(src, dst, n); return;
-    case DType::kQ4_1: quantize_q4_1(src, dst, n); return;
-    case DType::kQ5_0: quantize_q5_0(src, dst, n); return;
-    case DType::kQ5_1: quantize_q5_1(src, dst, n); return;
-    case DType::kIQ4_NL: quantize_iq4_nl(src, dst, n); return;
-    case DType::kIQ4_XS: quantize_iq4_xs(src, dst, n); return;
-    case DType::kQ2_K: quantize_q2_k(src, dst, n); return;
-    case DType::kQ3_K: quantize_q3_k(src, dst, n); return;
     case DType::kQ8_1:
     case DType::kQ8_0:
     case DType::kQ8_K: {

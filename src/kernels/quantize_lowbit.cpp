@@ -50,13 +50,13 @@ struct Levels {
 
 // Symmetric fit x ~= s * level: candidate scales map the value of largest
 // magnitude to near either end of the levels, each refit by least squares.
-float fit_symmetric(const float* x, int len, const Levels& lv) {
+float fit_symmetric(const float* x, int len, const Levels& lv, int span) {
   const float vmax = signed_absmax(x, len);
   if (vmax == 0.f) return 0.f;
   float best_err = INFINITY, best_s = vmax / static_cast<float>(lv.first());
   const float step = static_cast<float>(lv.last() - lv.first()) / 64.f;
   for (int end = 0; end < 2; ++end)
-    for (int k = -4; k <= 4; ++k) {
+    for (int k = -span; k <= span; ++k) {
       const float target = static_cast<float>(end == 0 ? lv.first() : lv.last()) + step * static_cast<float>(k);
       if (target == 0.f) continue;
       const float inv = target / vmax;
@@ -84,7 +84,7 @@ float fit_symmetric(const float* x, int len, const Levels& lv) {
 
 // Affine fit x ~= s * q + b, q in [0, nmax], s >= 0; with nonpos_offset the
 // offset is kept <= 0 (the K-quants subtract a non-negative min).
-void fit_affine(const float* x, int len, int nmax, bool nonpos_offset, float* s_out, float* b_out) {
+void fit_affine(const float* x, int len, int nmax, bool nonpos_offset, int span, float* s_out, float* b_out) {
   float lo = x[0], hi = x[0];
   for (int i = 0; i < len; ++i) {
     lo = std::min(lo, x[i]);
@@ -98,7 +98,7 @@ void fit_affine(const float* x, int len, int nmax, bool nonpos_offset, float* s_
   }
   double best_err = INFINITY;
   float best_s = (hi - lo) / nmax, best_b = lo;
-  for (int k = -6; k <= 6; ++k) {
+  for (int k = -span; k <= span; ++k) {
     const float iscale = (nmax + 0.1f * k) / (hi - lo);
     double sq = 0, sqq = 0, sx = 0, sxq = 0;
     for (int i = 0; i < len; ++i) {
@@ -136,9 +136,9 @@ void fit_affine(const float* x, int len, int nmax, bool nonpos_offset, float* s_
 }
 
 // Q4_1 / Q5_1: q[32] in [0, nmax] against the stored (fp16) d and m.
-void quantize_offset_block(const float* x, int nmax, uint16_t* d_out, uint16_t* m_out, int* q) {
+void quantize_offset_block(const float* x, int nmax, int span, uint16_t* d_out, uint16_t* m_out, int* q) {
   float s, b;
-  fit_affine(x, 32, nmax, false, &s, &b);
+  fit_affine(x, 32, nmax, false, 2 * span, &s, &b);
   *d_out = fp32_to_fp16(s);
   *m_out = fp32_to_fp16(b);
   const float d = fp16_to_fp32(*d_out), m = fp16_to_fp32(*m_out);
@@ -168,30 +168,30 @@ void put_iq4_indices(const float* x, float d, uint8_t* qs) {
 
 }  // namespace
 
-void quantize_q4_1(const float* src, void* dst, int64_t n) {
+void quantize_q4_1(const float* src, void* dst, int64_t n, int span) {
   auto* b = static_cast<BlockQ4_1*>(dst);
   for (int64_t i = 0; i < n / kQK8_0; ++i) {
     int q[32];
-    quantize_offset_block(src + 32 * i, 15, &b[i].d, &b[i].m, q);
+    quantize_offset_block(src + 32 * i, 15, span, &b[i].d, &b[i].m, q);
     for (int j = 0; j < 16; ++j) b[i].qs[j] = static_cast<uint8_t>(q[j] | (q[j + 16] << 4));
   }
 }
 
-void quantize_q5_1(const float* src, void* dst, int64_t n) {
+void quantize_q5_1(const float* src, void* dst, int64_t n, int span) {
   auto* b = static_cast<BlockQ5_1*>(dst);
   for (int64_t i = 0; i < n / kQK8_0; ++i) {
     int q[32];
-    quantize_offset_block(src + 32 * i, 31, &b[i].d, &b[i].m, q);
+    quantize_offset_block(src + 32 * i, 31, span, &b[i].d, &b[i].m, q);
     put_q5_bits(q, b[i].qs, b[i].qh);
   }
 }
 
-void quantize_q5_0(const float* src, void* dst, int64_t n) {
+void quantize_q5_0(const float* src, void* dst, int64_t n, int span) {
   auto* b = static_cast<BlockQ5_0*>(dst);
   const Levels lv{-16, 15, nullptr};
   for (int64_t i = 0; i < n / kQK8_0; ++i) {
     const float* x = src + 32 * i;
-    b[i].d = fp32_to_fp16(fit_symmetric(x, 32, lv));
+    b[i].d = fp32_to_fp16(fit_symmetric(x, 32, lv, span));
     const float d = fp16_to_fp32(b[i].d);
     int q[32];
     for (int j = 0; j < 32; ++j) q[j] = (d != 0.f ? lv.nearest_index(x[j] / d) : 0) + 16;
@@ -199,21 +199,21 @@ void quantize_q5_0(const float* src, void* dst, int64_t n) {
   }
 }
 
-void quantize_iq4_nl(const float* src, void* dst, int64_t n) {
+void quantize_iq4_nl(const float* src, void* dst, int64_t n, int span) {
   auto* b = static_cast<BlockIQ4_NL*>(dst);
   for (int64_t i = 0; i < n / kQK8_0; ++i) {
     const float* x = src + 32 * i;
-    b[i].d = fp32_to_fp16(fit_symmetric(x, 32, kIq4Levels));
+    b[i].d = fp32_to_fp16(fit_symmetric(x, 32, kIq4Levels, span));
     put_iq4_indices(x, fp16_to_fp32(b[i].d), b[i].qs);
   }
 }
 
-void quantize_iq4_xs(const float* src, void* dst, int64_t n) {
+void quantize_iq4_xs(const float* src, void* dst, int64_t n, int span) {
   auto* b = static_cast<BlockIQ4_XS*>(dst);
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float* x = src + kQK_K * i;
     float s[8];
-    for (int j = 0; j < 8; ++j) s[j] = fit_symmetric(x + 32 * j, 32, kIq4Levels);
+    for (int j = 0; j < 8; ++j) s[j] = fit_symmetric(x + 32 * j, 32, kIq4Levels, span);
     const float smax = signed_absmax(s, 8);
     // The largest scale maps to -32 (the 6-bit range is [-32, 31]).
     b[i].d = fp32_to_fp16(smax / -32.f);
@@ -230,14 +230,14 @@ void quantize_iq4_xs(const float* src, void* dst, int64_t n) {
   }
 }
 
-void quantize_q2_k(const float* src, void* dst, int64_t n) {
+void quantize_q2_k(const float* src, void* dst, int64_t n, int span) {
   auto* b = static_cast<BlockQ2_K*>(dst);
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float* x = src + kQK_K * i;
     float s[16], m[16], smax = 0.f, mmax = 0.f;
     for (int g = 0; g < 16; ++g) {
       float off;
-      fit_affine(x + 16 * g, 16, 3, true, &s[g], &off);
+      fit_affine(x + 16 * g, 16, 3, true, 2 * span, &s[g], &off);
       m[g] = -off;
       smax = std::max(smax, s[g]);
       mmax = std::max(mmax, m[g]);
@@ -262,13 +262,13 @@ void quantize_q2_k(const float* src, void* dst, int64_t n) {
   }
 }
 
-void quantize_q3_k(const float* src, void* dst, int64_t n) {
+void quantize_q3_k(const float* src, void* dst, int64_t n, int span) {
   auto* b = static_cast<BlockQ3_K*>(dst);
   const Levels lv{-4, 3, nullptr};
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float* x = src + kQK_K * i;
     float s[16];
-    for (int g = 0; g < 16; ++g) s[g] = fit_symmetric(x + 16 * g, 16, lv);
+    for (int g = 0; g < 16; ++g) s[g] = fit_symmetric(x + 16 * g, 16, lv, span);
     const float smax = signed_absmax(s, 16);
     b[i].d = fp32_to_fp16(smax / -32.f);
     const float d = fp16_to_fp32(b[i].d);

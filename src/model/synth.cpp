@@ -499,7 +499,7 @@ void synth_encode_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::kQ4_K: encode_q4_k(src, dst, n); return;
     case DType::kQ5_K: encode_q5_k(src, dst, n); return;
     case DType::kQ6_K: encode_q6_k(src, dst, n); return;
-    default: quantize_row(t, src, dst, n); return;  // F32 (copy), BF16 (fast already)
+    default: quantize_row_fast(t, src, dst, n); return;  // F32 (copy), BF16, the other quantized formats
   }
 }
 
