@@ -35,7 +35,6 @@ struct PrefixArgs {
   int64_t prefix = 2048;
   int64_t turn = 32;
   int64_t reps = 5;
-  std::string cache_dir;  // measure resume after restart from this directory
   bool json = false;
 };
 
@@ -71,8 +70,12 @@ void drop_page_cache() {
 
 int run_prefix_bench(PrefixArgs& a) {
   if (a.prefix < 1 || a.turn < 1 || a.reps < 1) throw Error("bench prefix: --prefix, --turn and -r must be at least 1");
+  // --cache-dir (a model option) is where resume is measured; the hit, live
+  // and cold rows keep their cache in RAM.
+  const std::string cache_dir = a.model.cache_dir;
   EngineOptions eo = engine_options(a.model);
   eo.prefix_cache = true;
+  eo.cache_dir.clear();
   Engine e(eo);
   const int64_t nv = e.config().n_vocab;
   std::mt19937 rng(7);
@@ -131,12 +134,12 @@ int run_prefix_bench(PrefixArgs& a) {
   // engine reads them back (page cache dropped when permitted).
   std::vector<double> resume_s, probe_gbps;
   uint64_t resume_bytes = 0, file_bytes = 0;
-  if (!a.cache_dir.empty()) {
-    std::filesystem::create_directories(a.cache_dir);
-    for (const auto& f : std::filesystem::directory_iterator(a.cache_dir))
+  if (!cache_dir.empty()) {
+    std::filesystem::create_directories(cache_dir);
+    for (const auto& f : std::filesystem::directory_iterator(cache_dir))
       if (f.path().extension() == ".kv") std::filesystem::remove(f.path());
     EngineOptions ro = eo;
-    ro.cache_dir = a.cache_dir;
+    ro.cache_dir = cache_dir;
     {
       Engine producer(ro);
       Session s(producer, so);
@@ -155,7 +158,7 @@ int run_prefix_bench(PrefixArgs& a) {
       const double t = sw.seconds();
       resume_bytes = fresh.cache_store()->stats().bytes_read;
       drop_page_cache();
-      const double gbps = probe_read_gbps(a.cache_dir, &file_bytes);
+      const double gbps = probe_read_gbps(cache_dir, &file_bytes);
       if (r == 0) continue;
       resume_s.push_back(t);
       probe_gbps.push_back(gbps);
@@ -179,7 +182,7 @@ int run_prefix_bench(PrefixArgs& a) {
     j["ttft_cold_s_reps"] = cold;
     j["hit_over_live"] = l > 0 ? h / l : 0;
     j["cold_over_hit"] = h > 0 ? c / h : 0;
-    if (!a.cache_dir.empty()) {
+    if (!cache_dir.empty()) {
       j["ttft_resume_s"] = rs;
       j["ttft_resume_s_reps"] = resume_s;
       j["resume_bytes_read"] = resume_bytes;
@@ -200,7 +203,7 @@ int run_prefix_bench(PrefixArgs& a) {
     std::printf("%-8s %12.4f %14s\n", "live", l, "(bound)");
     std::printf("%-8s %12.4f %11.2f x live\n", "hit", h, l > 0 ? h / l : 0);
     std::printf("%-8s %12.4f %11.1f x hit\n", "cold", c, h > 0 ? c / h : 0);
-    if (!a.cache_dir.empty()) {
+    if (!cache_dir.empty()) {
       std::printf("%-8s %12.4f %11.2f x bound (%.4f s: %.1f MiB at %.2f GB/s + the live turn); cold is %.1f x resume\n",
                   "resume", rs, resume_bound > 0 ? rs / resume_bound : 0, resume_bound, resume_bytes / 1048576.0,
                   disk, rs > 0 ? c / rs : 0);
@@ -218,8 +221,6 @@ void add_bench_prefix_command(CLI::App* bench, int* rc) {
   sub->add_option("--prefix", a->prefix, "Prefix tokens")->capture_default_str();
   sub->add_option("--turn", a->turn, "Turn tokens after the prefix")->capture_default_str();
   sub->add_option("-r,--reps", a->reps, "Timed rounds (after one warm-up); medians are reported")->capture_default_str();
-  sub->add_option("--cache-dir", a->cache_dir,
-                  "Also measure resume after a restart from this directory (its .kv files are replaced)");
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
   sub->callback([a, rc] { *rc = run_prefix_bench(*a); });
 }
