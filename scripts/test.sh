@@ -38,10 +38,9 @@ if [ "${EBB_SKIP_TSAN:-0}" != 1 ]; then
   # The fault and streaming tests: restores with a corrupt swap slot or blob
   # (I/O and decompression threads both marking chunks lost), failed and
   # re-read streamed reads, weights changed under a stream, KV re-planning.
-  # The slow exactness sweeps stay in the release job. When KvCache::mark_lost
-  # is made atomic (issue 21: a plain read-min-write of lost_from_ from both
-  # restore threads), a test corrupting a stored and a compressed chunk in one
-  # restore belongs here too.
+  # The slow exactness sweeps stay in the release job. A chunk a restore
+  # loses is marked by an atomic flag on its pool entry (it was a racy
+  # read-min-write of KvCache::lost_from_ from both restore threads).
   tsan_filter='BudgetStreaming|BudgetKv|SwapFileTest|CompressedStackTest|ElasticTest\.(Corrupt|FailedStreamed|StreamedLayer|OverTheMemoryLimit)'
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R "$tsan_filter"
