@@ -96,6 +96,13 @@ bool any_lost(const std::vector<KvChunkHandle>& kv) {
 
 }  // namespace
 
+// The child of `at` whose chunk holds exactly these tokens (h: their hash).
+PrefixCache::Node* PrefixCache::find_child(Node& at, std::span<const int32_t> chunk, uint64_t h) {
+  for (auto& ch : at.children)
+    if (ch->token_hash == h && std::equal(chunk.begin(), chunk.end(), ch->tokens.begin())) return ch.get();
+  return nullptr;
+}
+
 PrefixHit PrefixCache::lookup(const CacheKey& key, std::span<const int32_t> tokens, int64_t max_tokens) {
   ++clock_;
   ++stats_.lookups;
@@ -114,9 +121,7 @@ PrefixHit PrefixCache::lookup(const CacheKey& key, std::span<const int32_t> toke
   for (int64_t c = 0; (c + 1) * cs <= limit; ++c) {
     const std::span<const int32_t> chunk = tokens.subspan(static_cast<size_t>(c * cs), static_cast<size_t>(cs));
     const uint64_t h = tokens_hash(chunk);
-    Node* next = nullptr;
-    for (auto& ch : at->children)
-      if (ch->token_hash == h && std::equal(chunk.begin(), chunk.end(), ch->tokens.begin())) next = ch.get();
+    Node* next = find_child(*at, chunk, h);
     if (!next && store_) {
       // RAM ends here; the persistent tier may hold the next chunk.
       const uint64_t id = CacheStore::chain(at->id, chunk);
@@ -177,9 +182,7 @@ void PrefixCache::insert(const CacheKey& key, std::span<const int32_t> tokens, c
   for (int64_t c = 0; (c + 1) * cs <= n; ++c) {
     const std::span<const int32_t> chunk = tokens.subspan(static_cast<size_t>(c * cs), static_cast<size_t>(cs));
     const uint64_t h = tokens_hash(chunk);
-    Node* next = nullptr;
-    for (auto& ch : at->children)
-      if (ch->token_hash == h && std::equal(chunk.begin(), chunk.end(), ch->tokens.begin())) next = ch.get();
+    Node* next = find_child(*at, chunk, h);
     if (next && any_lost(next->kv)) {
       // Replace KV a restore lost by the caller's (recomputed) chunks.
       for (int64_t l = 0; l < n_layer_; ++l) next->kv[l] = kv.handle(l, c);
@@ -239,13 +242,16 @@ void for_each_node(Node& n, const F& f) {
 
 }  // namespace
 
-double PrefixCache::keep_priority(const Node& n) const {
+double PrefixCache::heat_kv(const Node& n) const {
   const double lm = static_cast<double>(opts_.l_max);
-  const double hp = decay(n.heat, n.last);
   const auto it = adapter_heat_.find(n.root->key.adapter_state());
   const double ha = it == adapter_heat_.end() ? 0 : decay(it->second.heat, it->second.last);
-  const double hkv = (opts_.epsilon + hp) * (opts_.epsilon + ha) *
-                     (1 + opts_.alpha_l * std::min<double>(static_cast<double>(n.depth_tokens), lm) / lm);
+  return (opts_.epsilon + decay(n.heat, n.last)) * (opts_.epsilon + ha) *
+         (1 + opts_.alpha_l * std::min<double>(static_cast<double>(n.depth_tokens), lm) / lm);
+}
+
+double PrefixCache::keep_priority(const Node& n) const {
+  const double hkv = heat_kv(n);
   // Ĉ_recompute: the node's tokens at the measured prefill cost (1 ms a
   // token until a prefill has been measured).
   const double per_token = sec_per_token_ > 0 ? sec_per_token_ : 1e-3;
@@ -312,13 +318,7 @@ std::vector<PrefixCache::NodeInfo> PrefixCache::nodes() const {
   std::vector<NodeInfo> out;
   for (const auto& r : roots_)
     for_each_node(r->node, [&](const Node& n) {
-      const double lm = static_cast<double>(opts_.l_max);
-      const double hp = decay(n.heat, n.last);
-      const auto it = adapter_heat_.find(n.root->key.adapter_state());
-      const double ha = it == adapter_heat_.end() ? 0 : decay(it->second.heat, it->second.last);
-      const double hkv = (opts_.epsilon + hp) * (opts_.epsilon + ha) *
-                         (1 + opts_.alpha_l * std::min<double>(static_cast<double>(n.depth_tokens), lm) / lm);
-      out.push_back({n.depth_tokens, hp, hkv, keep_priority(n), node_private_bytes(n.kv)});
+      out.push_back({n.depth_tokens, decay(n.heat, n.last), heat_kv(n), keep_priority(n), node_private_bytes(n.kv)});
     });
   std::sort(out.begin(), out.end(), [](const NodeInfo& a, const NodeInfo& b) { return a.keep < b.keep; });
   return out;

@@ -138,7 +138,9 @@ class PrefixCache {
   struct Root;
   double decay(double h, uint64_t last) const;
   double adapter_heat(const std::string& state, bool touch);
+  double heat_kv(const Node& n) const;  // H_KV
   double keep_priority(const Node& n) const;
+  static Node* find_child(Node& at, std::span<const int32_t> chunk, uint64_t h);
   void remove_leaf(Node* n);
   Root& root_for(const CacheKey& key);
 
