@@ -34,14 +34,15 @@ if [ "${EBB_SKIP_TSAN:-0}" != 1 ]; then
   # ThreadSanitizer. The filter keeps the job to a few minutes on 2 cores.
   echo "== ThreadSanitizer job: elastic restore and weight streaming =="
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEBB_TSAN=ON >/dev/null
-  cmake --build build-tsan -j"$jobs" --target test_elastic test_budget test_swap
+  cmake --build build-tsan -j"$jobs" --target test_elastic test_budget test_swap test_kv_pool
   # The fault and streaming tests: restores with a corrupt swap slot or blob
   # (I/O and decompression threads both marking chunks lost), failed and
-  # re-read streamed reads, weights changed under a stream, KV re-planning.
+  # re-read streamed reads, weights changed under a stream, KV re-planning,
+  # and chunks shared by sessions evicted and restored once (KvPool).
   # The slow exactness sweeps stay in the release job. A chunk a restore
   # loses is marked by an atomic flag on its pool entry (it was a racy
   # read-min-write of KvCache::lost_from_ from both restore threads).
-  tsan_filter='BudgetStreaming|BudgetKv|SwapFileTest|CompressedStackTest|ElasticTest\.(Corrupt|FailedStreamed|StreamedLayer|OverTheMemoryLimit)'
+  tsan_filter='BudgetStreaming|BudgetKv|SwapFileTest|CompressedStackTest|ElasticTest\.(Corrupt|FailedStreamed|StreamedLayer|OverTheMemoryLimit)|KvPool'
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R "$tsan_filter"
 fi
