@@ -309,7 +309,10 @@ TEST(ChatTerminal, CtrlCStopsTheAnswerAndKeepsTheConversation) {
   EXPECT_GE(t[0].prompt, added) << c.out().substr(m);
   EXPECT_LE(t[0].prompt, added + 1) << c.out().substr(m);
 
-  ASSERT_TRUE(c.wait_for("> ", m)) << c.out();
+  // The prompt after the turn's summary lines: a "> " inside the answer's
+  // text would send the Ctrl-C while the turn is still ending, where it is
+  // (rightly) taken as stopping that answer and then forgotten.
+  ASSERT_TRUE(c.wait_for("\n> ", c.out().find("[prompt ", m))) << c.out().substr(m);
   m = c.mark();
   c.send("\x03");  // Ctrl-C at the prompt exits, cleanly: no signal, status 1 as one turn failed
   EXPECT_EQ(c.wait_exit(), 1) << c.out().substr(m);
