@@ -1,0 +1,286 @@
+// LoRA products (kernels/lora.h): every supported target against the scalar
+// reference, within a tolerance relative to the sum of the magnitudes of the
+// terms (random data) and bit for bit (small integers, where every sum is
+// exact); the scalar reference against a double-precision product. Padding
+// of strided rows holds NaN (never read) or sentinels (never written), and
+// columns outside [c0, c1) must stay as they were.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cctype>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/lora.h"
+
+namespace ebb {
+namespace {
+
+const int64_t kRanks[] = {1, 4, 5, 8, 16, 64};  // 5: a block of four rows and one left over
+const int64_t kWidths[] = {1, 7, 33, 260, 896, 1000};
+const int64_t kRows[] = {1, 5};
+const int64_t kPads[] = {0, 3};  // stride - width
+const float kScales[] = {0.5f, -0.7f};
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kSentinel = 12345.0f;
+
+std::vector<float> uniform(size_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& e : v) e = d(rng);
+  return v;
+}
+
+// Nonzero integers in [-m, m], so a dropped or doubled term always shows.
+std::vector<float> small_ints(size_t n, int m, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> d(1, m);
+  std::vector<float> v(n);
+  for (auto& e : v) e = static_cast<float>(rng() & 1 ? d(rng) : -d(rng));
+  return v;
+}
+
+// Rows of `width` values out of v, at `stride`, the rest of each row `pad`.
+std::vector<float> strided(const std::vector<float>& v, int64_t n, int64_t width, int64_t stride, float pad) {
+  std::vector<float> out(n * stride, pad);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < width; ++k) out[i * stride + k] = v[i * width + k];
+  return out;
+}
+
+// One shape of the down product.
+struct DownShape {
+  int64_t r, n_in, n, x_stride;
+  std::string str() const {
+    return "r=" + std::to_string(r) + " n_in=" + std::to_string(n_in) + " n=" + std::to_string(n) +
+           " x_stride=" + std::to_string(x_stride);
+  }
+};
+std::vector<DownShape> down_shapes() {
+  std::vector<DownShape> v;
+  for (int64_t r : kRanks)
+    for (int64_t n_in : kWidths)
+      for (int64_t n : kRows)
+        for (int64_t pad : kPads) v.push_back({r, n_in, n, n_in + pad});
+  return v;
+}
+
+// One shape of the up product, with its column range.
+struct UpShape {
+  int64_t r, n_out, n, y_stride, c0, c1;
+  float s;
+  std::string str() const {
+    return "r=" + std::to_string(r) + " n_out=" + std::to_string(n_out) + " n=" + std::to_string(n) +
+           " y_stride=" + std::to_string(y_stride) + " c=[" + std::to_string(c0) + "," + std::to_string(c1) +
+           ") s=" + std::to_string(s);
+  }
+};
+std::vector<UpShape> up_shapes() {
+  std::vector<UpShape> v;
+  for (int64_t r : kRanks)
+    for (int64_t n_out : kWidths)
+      for (int64_t n : kRows)
+        for (int64_t pad : kPads)
+          for (float s : kScales) {
+            v.push_back({r, n_out, n, n_out + pad, 0, n_out, s});
+            // Unaligned bounds on both sides, and an empty range.
+            const int64_t c0 = n_out / 3 | 1, c1 = n_out - n_out / 4 - (n_out > 4 ? 1 : 0);
+            if (c0 < c1) v.push_back({r, n_out, n, n_out + pad, c0, c1, s});
+            v.push_back({r, n_out, n, n_out + pad, n_out / 2, n_out / 2, s});
+          }
+  return v;
+}
+
+// The inputs of one up product: bt [r, n_out], t [n, r], y [n, y_stride]
+// (padding and columns outside the range are sentinels as well as values).
+struct UpData {
+  std::vector<float> bt, t, y;
+};
+UpData up_data(const UpShape& sh, bool ints, uint32_t seed) {
+  UpData d;
+  d.bt = ints ? small_ints(sh.r * sh.n_out, 4, seed) : uniform(sh.r * sh.n_out, -1, 1, seed);
+  d.t = ints ? small_ints(sh.n * sh.r, 8, seed + 1) : uniform(sh.n * sh.r, -1, 1, seed + 1);
+  const auto y = ints ? small_ints(sh.n * sh.n_out, 16, seed + 2) : uniform(sh.n * sh.n_out, -1, 1, seed + 2);
+  d.y = strided(y, sh.n, sh.n_out, sh.y_stride, kSentinel);
+  return d;
+}
+
+void run_down(Isa isa, const DownShape& sh, const std::vector<float>& a, const std::vector<float>& x,
+              std::vector<float>& t) {
+  t.assign(sh.n * sh.r, kNaN);
+  lora_kernels(isa).down(a.data(), x.data(), sh.x_stride, sh.n, sh.r, sh.n_in, t.data());
+}
+
+void run_up(Isa isa, const UpShape& sh, const UpData& d, std::vector<float>& y) {
+  y = d.y;
+  lora_kernels(isa).up(d.bt.data(), d.t.data(), sh.s, sh.n, sh.r, sh.n_out, sh.c0, sh.c1, y.data(), sh.y_stride);
+}
+
+// Σ_k |a[j, k] · x[i, k]|: the scale of the rounding errors of t[i, j].
+double down_magnitude(const DownShape& sh, const std::vector<float>& a, const std::vector<float>& x, int64_t i,
+                      int64_t j) {
+  double m = 0;
+  for (int64_t k = 0; k < sh.n_in; ++k) m += std::fabs(double(a[j * sh.n_in + k]) * x[i * sh.x_stride + k]);
+  return m;
+}
+
+// |y0| + |s| Σ_j |t[i, j] · bt[j, c]|: the scale of the rounding errors of y[i, c].
+double up_magnitude(const UpShape& sh, const UpData& d, int64_t i, int64_t c) {
+  double m = 0;
+  for (int64_t j = 0; j < sh.r; ++j) m += std::fabs(double(d.t[i * sh.r + j]) * d.bt[j * sh.n_out + c]);
+  return std::fabs(d.y[i * sh.y_stride + c]) + std::fabs(sh.s) * m;
+}
+
+// Outside [c0, c1) (padding included) y must hold the bits it had.
+void expect_outside_untouched(const UpShape& sh, const UpData& d, const std::vector<float>& y, const std::string& what) {
+  for (int64_t i = 0; i < sh.n; ++i)
+    for (int64_t c = 0; c < sh.y_stride; ++c) {
+      if (c >= sh.c0 && c < sh.c1) continue;
+      const size_t e = i * sh.y_stride + c;
+      ASSERT_EQ(std::memcmp(&y[e], &d.y[e], sizeof(float)), 0) << what << " wrote row " << i << " column " << c;
+    }
+}
+
+std::string param_name(const ::testing::TestParamInfo<Isa>& info) {
+  std::string s(isa_name(info.param));
+  for (char& ch : s)
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+class LoraKernelsTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    isa_ = GetParam();
+    if (!isa_supported(isa_)) GTEST_SKIP() << isa_name(isa_) << " not supported on this machine";
+  }
+  std::string tag(const std::string& shape) const { return std::string(isa_name(isa_)) + " " + shape; }
+  Isa isa_ = Isa::kScalar;
+};
+
+TEST_P(LoraKernelsTest, TableIsComplete) {
+  const LoraKernels& k = lora_kernels(isa_);
+  EXPECT_TRUE(k.down && k.up);
+}
+
+TEST_P(LoraKernelsTest, DownMatchesScalar) {
+  uint32_t seed = 100;
+  for (const DownShape& sh : down_shapes()) {
+    const auto a = uniform(sh.r * sh.n_in, -1, 1, ++seed);
+    const auto x = strided(uniform(sh.n * sh.n_in, -2, 2, ++seed), sh.n, sh.n_in, sh.x_stride, kNaN);
+    std::vector<float> ref, t;
+    run_down(Isa::kScalar, sh, a, x, ref);
+    run_down(isa_, sh, a, x, t);
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t j = 0; j < sh.r; ++j) {
+        const size_t e = i * sh.r + j;
+        ASSERT_LE(std::fabs(double(t[e]) - ref[e]), 1e-5 * down_magnitude(sh, a, x, i, j) + 1e-30)
+            << tag(sh.str()) << " at t[" << i << "," << j << "]: " << t[e] << " vs " << ref[e];
+      }
+  }
+}
+
+TEST_P(LoraKernelsTest, UpMatchesScalar) {
+  uint32_t seed = 200;
+  for (const UpShape& sh : up_shapes()) {
+    const UpData d = up_data(sh, false, seed += 3);
+    std::vector<float> ref, y;
+    run_up(Isa::kScalar, sh, d, ref);
+    run_up(isa_, sh, d, y);
+    expect_outside_untouched(sh, d, y, tag(sh.str()));
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t c = sh.c0; c < sh.c1; ++c) {
+        const size_t e = i * sh.y_stride + c;
+        ASSERT_LE(std::fabs(double(y[e]) - ref[e]), 1e-5 * up_magnitude(sh, d, i, c) + 1e-30)
+            << tag(sh.str()) << " at y[" << i << "," << c << "]: " << y[e] << " vs " << ref[e];
+      }
+  }
+}
+
+// Integers small enough that every product and partial sum is exact in
+// float, and s = 0.5: any order of summation, fused or not, gives the same
+// bits, so every target must equal the scalar result (and the integer sum).
+TEST_P(LoraKernelsTest, ExactIntegersBitForBit) {
+  uint32_t seed = 300;
+  for (const DownShape& sh : down_shapes()) {
+    const auto a = small_ints(sh.r * sh.n_in, 4, ++seed);
+    const auto x = strided(small_ints(sh.n * sh.n_in, 4, ++seed), sh.n, sh.n_in, sh.x_stride, kNaN);
+    std::vector<float> ref, t;
+    run_down(Isa::kScalar, sh, a, x, ref);
+    run_down(isa_, sh, a, x, t);
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t j = 0; j < sh.r; ++j) {
+        int64_t exact = 0;
+        for (int64_t k = 0; k < sh.n_in; ++k)
+          exact += static_cast<int64_t>(a[j * sh.n_in + k]) * static_cast<int64_t>(x[i * sh.x_stride + k]);
+        ASSERT_EQ(ref[i * sh.r + j], static_cast<float>(exact)) << "scalar " << sh.str();
+        ASSERT_EQ(std::memcmp(&t[i * sh.r + j], &ref[i * sh.r + j], sizeof(float)), 0)
+            << tag(sh.str()) << " at t[" << i << "," << j << "]: " << t[i * sh.r + j] << " vs " << ref[i * sh.r + j];
+      }
+  }
+  for (UpShape sh : up_shapes()) {
+    if (sh.s != kScales[0]) continue;  // 0.5
+    const UpData d = up_data(sh, true, seed += 3);
+    std::vector<float> ref, y;
+    run_up(Isa::kScalar, sh, d, ref);
+    run_up(isa_, sh, d, y);
+    expect_outside_untouched(sh, d, y, tag(sh.str()));
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t c = sh.c0; c < sh.c1; ++c) {
+        const size_t e = i * sh.y_stride + c;
+        int64_t exact = 0;
+        for (int64_t j = 0; j < sh.r; ++j)
+          exact += static_cast<int64_t>(d.t[i * sh.r + j]) * static_cast<int64_t>(d.bt[j * sh.n_out + c]);
+        ASSERT_EQ(ref[e], d.y[e] + 0.5f * static_cast<float>(exact)) << "scalar " << sh.str();
+        ASSERT_EQ(std::memcmp(&y[e], &ref[e], sizeof(float)), 0)
+            << tag(sh.str()) << " at y[" << i << "," << c << "]: " << y[e] << " vs " << ref[e];
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, LoraKernelsTest, ::testing::ValuesIn(supported_isas()), param_name);
+
+// ---- the scalar reference against double precision -----------------------------------
+
+TEST(LoraScalarTest, DownMatchesDouble) {
+  uint32_t seed = 400;
+  for (const DownShape& sh : down_shapes()) {
+    const auto a = uniform(sh.r * sh.n_in, -1, 1, ++seed);
+    const auto x = strided(uniform(sh.n * sh.n_in, -2, 2, ++seed), sh.n, sh.n_in, sh.x_stride, kNaN);
+    std::vector<float> t;
+    run_down(Isa::kScalar, sh, a, x, t);
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t j = 0; j < sh.r; ++j) {
+        double want = 0;
+        for (int64_t k = 0; k < sh.n_in; ++k) want += double(a[j * sh.n_in + k]) * x[i * sh.x_stride + k];
+        ASSERT_LE(std::fabs(t[i * sh.r + j] - want), 2e-6 * down_magnitude(sh, a, x, i, j) + 1e-30)
+            << sh.str() << " at t[" << i << "," << j << "]: " << t[i * sh.r + j] << " vs " << want;
+      }
+  }
+}
+
+TEST(LoraScalarTest, UpMatchesDouble) {
+  uint32_t seed = 500;
+  for (const UpShape& sh : up_shapes()) {
+    const UpData d = up_data(sh, false, seed += 3);
+    std::vector<float> y;
+    run_up(Isa::kScalar, sh, d, y);
+    expect_outside_untouched(sh, d, y, "scalar " + sh.str());
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t c = sh.c0; c < sh.c1; ++c) {
+        double sum = 0;
+        for (int64_t j = 0; j < sh.r; ++j) sum += double(d.t[i * sh.r + j]) * d.bt[j * sh.n_out + c];
+        const size_t e = i * sh.y_stride + c;
+        const double want = d.y[e] + double(sh.s) * sum;
+        ASSERT_LE(std::fabs(y[e] - want), 2e-6 * up_magnitude(sh, d, i, c) + 1e-30)
+            << sh.str() << " at y[" << i << "," << c << "]: " << y[e] << " vs " << want;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace ebb
