@@ -43,7 +43,10 @@ static std::string sanitize_utf8(const std::string& s) {
 }
 
 std::vector<GoldenCase> load_golden(const std::string& model_name) {
-  const std::string path = shared_path("golden/models/" + model_name + ".jsonl");
+  return load_golden_file(shared_path("golden/models/" + model_name + ".jsonl"));
+}
+
+std::vector<GoldenCase> load_golden_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot open golden file " + path);
   std::vector<GoldenCase> cases;

@@ -20,6 +20,8 @@ struct GoldenCase {
   std::vector<std::vector<float>> logits;  // [prompt_tokens + greedy_tokens - 1][n_vocab]
 };
 std::vector<GoldenCase> load_golden(const std::string& model_name);
+// A golden file by its path (the LoRA goldens are in shared/golden/lora/).
+std::vector<GoldenCase> load_golden_file(const std::string& path);
 
 // A fresh empty directory under the system temp dir, removed by the caller.
 std::string make_temp_dir(const std::string& prefix);

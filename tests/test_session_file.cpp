@@ -26,9 +26,10 @@
 namespace ebb {
 namespace {
 
-// Byte layout of a version-1 session file (src/runtime/session_file.cpp).
+// Byte layout of a version-2 session file (src/runtime/session_file.cpp):
+// version 1's 56-byte header, then the u64 adapter identity.
 constexpr size_t kOffNLayer = 12, kOffKvHeads = 24, kOffHeadDim = 28, kOffKvType = 36, kOffNTokens = 40,
-                 kOffNProcessed = 48, kHeaderBytes = 56;
+                 kOffNProcessed = 48, kHeaderBytes = 64;
 
 template <class T>
 T get(const std::vector<char>& b, size_t off) {

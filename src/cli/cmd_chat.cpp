@@ -6,6 +6,7 @@
 // re-rendered into the session, so an answer that a stop string ended, or
 // that the template would trim, costs nothing on the next turn.
 #include <filesystem>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -38,7 +39,8 @@ constexpr const char* kHelp =
     "commands: /help, /reset (forget the conversation), /shift (keep the system message and the latest turns\n"
     "          that fit in half the context, run again), /save FILE, /load FILE, /memory,\n"
     "          /evict SIZE|PCT (give memory back, e.g. /evict 50%), /restore,\n"
-    "          /limit SIZE|PCT|off (cap memory: answers stream what does not fit), /quit\n"
+    "          /limit SIZE|PCT|off (cap memory: answers stream what does not fit),\n"
+    "          /lora [load FILE | bind NAME [SCALE] | unbind NAME|all | scale NAME SCALE] (LoRA adapters), /quit\n"
     "          (a message that starts with / is written //; Ctrl-C stops an answer, Ctrl-C at the prompt exits)\n";
 
 // Content that no template alters (no surrounding whitespace, no markers),
@@ -67,6 +69,7 @@ class Chat {
       format_source_ = "--format";
     }
     max_tokens_ = max_tokens_of(a.n_predict);
+    session_.set_adapters(adapter_bindings(a.model));
     reset();
   }
 
@@ -144,6 +147,82 @@ class Chat {
     }
     std::fprintf(stderr, "kept %zu of the conversation's messages (%zu tokens, run again)\n", messages_.size(),
                  toks.size());
+  }
+
+  // /lora                   list the loaded adapters and what this chat binds
+  // /lora load FILE [NAME]  load an adapter (GGUF file or PEFT directory)
+  // /lora bind NAME [SCALE] apply it from the next turn on
+  // /lora unbind NAME | all
+  // /lora scale NAME SCALE
+  void lora(const std::string& arg) {
+    std::vector<std::string> w;
+    for (size_t i = 0; i < arg.size();) {
+      const size_t b = arg.find_first_not_of(" \t", i);
+      if (b == std::string::npos) break;
+      const size_t e = arg.find_first_of(" \t", b);
+      w.push_back(arg.substr(b, e == std::string::npos ? std::string::npos : e - b));
+      i = e == std::string::npos ? arg.size() : e;
+    }
+    std::vector<AdapterBinding> binds = session_.adapter_bindings();
+    auto find = [&](const std::string& name) {
+      return std::find_if(binds.begin(), binds.end(), [&](const AdapterBinding& b) { return b.name == name; });
+    };
+    auto scale_of = [](const std::string& v) {
+      char* end = nullptr;
+      const float s = std::strtof(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !std::isfinite(s)) throw Error("'" + v + "' is not a scale (a number, e.g. 0.5)");
+      return s;
+    };
+    const std::string usage = "usage: /lora, /lora load FILE [NAME], /lora bind NAME [SCALE], /lora unbind NAME|all, "
+                              "/lora scale NAME SCALE";
+    if (w.empty()) {
+      const std::vector<AdapterInfo> list = engine_.adapters().list();
+      if (list.empty()) std::fprintf(stderr, "no adapters loaded (/lora load FILE, or --lora FILE)\n");
+      for (const AdapterInfo& i : list) {
+        auto b = find(i.name);
+        const bool bound = b != binds.end() && (b->version == 0 ? i.published : b->version == i.version);
+        std::fprintf(stderr, "%s %s v%llu%s: %s, rank %lld, %s, %s%s\n", bound ? "*" : " ", i.name.c_str(),
+                     static_cast<unsigned long long>(i.version), i.published ? "" : " (staged)", i.targets.c_str(),
+                     static_cast<long long>(i.rank), format_bytes(i.bytes).c_str(), i.source.c_str(),
+                     bound ? (" | bound at scale " + std::to_string(b->scale)).c_str() : "");
+      }
+      return;
+    }
+    const std::string& op = w[0];
+    if (op == "load" && (w.size() == 2 || w.size() == 3)) {
+      const AdapterInfo i = engine_.adapters().load(w[1], w.size() == 3 ? w[2] : "");
+      std::fprintf(stderr, "loaded %s v%llu (%s, rank %lld, %s); /lora bind %s applies it\n", i.name.c_str(),
+                   static_cast<unsigned long long>(i.version), i.targets.c_str(), static_cast<long long>(i.rank),
+                   format_bytes(i.bytes).c_str(), i.name.c_str());
+      return;
+    }
+    if (op == "bind" && (w.size() == 2 || w.size() == 3)) {
+      const float s = w.size() == 3 ? scale_of(w[2]) : 1.0f;
+      if (auto b = find(w[1]); b != binds.end()) {
+        b->scale = s;
+      } else {
+        binds.push_back({w[1], s});
+      }
+    } else if (op == "unbind" && w.size() == 2) {
+      if (w[1] == "all") {
+        binds.clear();
+      } else {
+        auto b = find(w[1]);
+        if (b == binds.end()) throw Error("'" + w[1] + "' is not bound (/lora lists what is)");
+        binds.erase(b);
+      }
+    } else if (op == "scale" && w.size() == 3) {
+      auto b = find(w[1]);
+      if (b == binds.end()) throw Error("'" + w[1] + "' is not bound (/lora bind " + w[1] + " " + w[2] + " binds it)");
+      b->scale = scale_of(w[2]);
+    } else {
+      throw Error(usage);
+    }
+    session_.set_adapters(binds);  // throws for an adapter that is not loaded
+    std::string set;
+    for (const AdapterBinding& b : binds) set += (set.empty() ? "" : ", ") + b.name + " x" + std::to_string(b.scale);
+    std::fprintf(stderr, "adapters: %s; the conversation's KV is recomputed under them at the next turn\n",
+                 set.empty() ? "none (the base model)" : set.c_str());
   }
 
   void memory() const {
@@ -492,6 +571,8 @@ int chat(ChatArgs& a) {
           chat.shift();
         } else if (c.name == "/memory") {
           chat.memory();
+        } else if (c.name == "/lora") {
+          chat.lora(c.arg);
         } else if (c.name == "/evict") {
           need_arg("a size: /evict 50% or /evict 200MiB");
           chat.evict(c.arg);

@@ -77,6 +77,7 @@ int run(RunArgs& a) {
   if (prompt.empty()) throw Error("the prompt is empty (give -p TEXT or --file FILE)");
 
   Session session(*engine, session_options(a.model));
+  session.set_adapters(adapter_bindings(a.model));
   if (static_cast<int64_t>(prompt.size()) >= session.n_ctx()) {
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
                 std::to_string(session.n_ctx()) + " (raise --ctx)");

@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
     ebb::cli::add_synth_command(app, &rc);
     ebb::cli::add_bench_command(app, &rc);
     ebb::cli::add_profile_command(app, &rc);
+    ebb::cli::add_adapter_command(app, &rc);
     if (!check_subcommands(app, args)) return kUsageError;
     app.parse(static_cast<int>(cargs.size()), cargs.data());
     if (version) {

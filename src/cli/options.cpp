@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <mutex>
@@ -23,6 +24,12 @@ namespace ebb::cli {
 void add_model_options(CLI::App* app, ModelArgs& a) {
   app->add_option("-m,--model", a.model, "GGUF model file")->required();
   app->add_option("-t,--threads", a.threads, "Compute threads (0: all hardware threads)")->capture_default_str();
+  app->add_option("--lora", a.lora,
+                  "LoRA adapter to apply at scale 1 (repeatable): a GGUF adapter file (llama.cpp's format) or a PEFT "
+                  "directory (adapter_config.json + adapter_model.safetensors)");
+  app->add_option("--lora-scaled", a.lora_scaled, "LoRA adapter and its scale, as in llama.cpp (repeatable): --lora-scaled FILE SCALE")
+      ->expected(2)
+      ->allow_extra_args(false);
   app->add_option("--isa", a.isa, "Force a kernel target: scalar, avx2, avx512, neon, or ref-engine (scalar, rounding in the order of the engine the golden logits come from; slow, for validation) (default: best available)");
   app->add_option("-c,--ctx,--ctx-size", a.ctx, "Context size in tokens (0: min(training context, 4096))")
       ->capture_default_str();
@@ -268,6 +275,8 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
     throw Error("the system refused memory or threads while loading " + a.model + " (" + err.what() +
                 "): lower --threads, free memory, or use --memory-budget SIZE");
   }
+  for (const std::string& f : a.lora) e->adapters().load(f);
+  for (size_t i = 0; i + 1 < a.lora_scaled.size(); i += 2) e->adapters().load(a.lora_scaled[i]);
   if (load_seconds) *load_seconds = clock.seconds();
   apply_memory_limit(*e, a, weights);
   return e;
@@ -275,6 +284,30 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
 
 DeviceProfile load_profile_option(const std::string& path) {
   return path.empty() ? load_profile_or_defaults(default_profile_path()) : DeviceProfile::load(path);
+}
+
+std::vector<AdapterBinding> adapter_bindings(const ModelArgs& a) {
+  std::vector<AdapterBinding> b;
+  for (const std::string& f : a.lora) b.push_back({adapter_name_of(f), 1.0f});
+  if (a.lora_scaled.size() % 2 != 0) throw UsageError("--lora-scaled takes two values: FILE SCALE");
+  for (size_t i = 0; i + 1 < a.lora_scaled.size(); i += 2) {
+    const std::string& v = a.lora_scaled[i + 1];
+    char* end = nullptr;
+    const float scale = std::strtof(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !std::isfinite(scale)) {
+      throw UsageError("--lora-scaled " + a.lora_scaled[i] + " " + v + ": the scale must be a number");
+    }
+    b.push_back({adapter_name_of(a.lora_scaled[i]), scale});
+  }
+  // One file named twice: the last scale counts.
+  for (size_t i = 0; i < b.size(); ++i)
+    for (size_t j = i + 1; j < b.size(); ++j)
+      if (b[i].name == b[j].name) {
+        b.erase(b.begin() + static_cast<std::ptrdiff_t>(i));
+        --i;
+        break;
+      }
+  return b;
 }
 
 SessionOptions session_options(const ModelArgs& a) {
@@ -313,6 +346,7 @@ MemoryView memory_view(const Engine& e) {
   m.weights = f.weights() + f.globals;
   m.kv = f.kv();
   m.scratch = f.scratch;
+  m.adapters = f.adapters;
   m.total = f.total();
   if (e.budget_source()) {
     // Budget mode keeps its resident layers and globals in buffers of its
@@ -333,14 +367,16 @@ std::string summary_line(const Engine& e, const GenerateStats& st, double load_s
   const MemoryView m = memory_view(e);
   char load[64] = "";
   if (load_seconds >= 0) std::snprintf(load, sizeof load, "load %.2f s | ", load_seconds);
-  char buf[640];
+  char adapters[64] = "";
+  if (m.adapters > 0) std::snprintf(adapters, sizeof adapters, ", adapters %s", format_bytes(m.adapters).c_str());
+  char buf[704];
   std::snprintf(buf, sizeof buf,
                 "%sprompt %lld tok %.1f tok/s | gen %lld tok %.1f tok/s | ttft %.1f ms | mem %s (weights %s, kv %s, "
-                "scratch %s) | %s x%d | stop %s | hash %016llx",
+                "scratch %s%s) | %s x%d | stop %s | hash %016llx",
                 load, static_cast<long long>(st.prompt_tokens), st.prefill_tok_s(),
                 static_cast<long long>(st.generated_tokens), st.decode_tok_s(), st.ttft_seconds * 1e3,
                 format_bytes(m.total).c_str(), format_bytes(m.weights).c_str(), format_bytes(m.kv).c_str(),
-                format_bytes(m.scratch).c_str(), std::string(isa_name(e.isa())).c_str(),
+                format_bytes(m.scratch).c_str(), adapters, std::string(isa_name(e.isa())).c_str(),
                 const_cast<Engine&>(e).pool().size(), std::string(stop_reason_name(st.stop)).c_str(),
                 static_cast<unsigned long long>(h));
   return buf;

@@ -46,6 +46,8 @@ struct ModelArgs {
   std::string profile;                // device profile ("": the saved one, else defaults)
   std::string memory_limit;           // elastic memory's limit: SIZE, PCT or off ("": the cgroup's)
   std::string cgroup_root;            // internal (tests): where /proc and /sys are ("": the real ones)
+  std::vector<std::string> lora;         // --lora FILE|DIR (repeatable): applied at scale 1
+  std::vector<std::string> lora_scaled;  // --lora-scaled FILE SCALE (repeatable): pairs of words
 };
 
 void add_model_options(CLI::App* app, ModelArgs& a);
@@ -60,6 +62,9 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds = n
 // values that cannot work), for callers that build engines themselves.
 EngineOptions engine_options(const ModelArgs& a);
 SessionOptions session_options(const ModelArgs& a);
+// The adapter set --lora and --lora-scaled ask for (make_engine has loaded
+// them, each named by its file's stem), for Session::set_adapters.
+std::vector<AdapterBinding> adapter_bindings(const ModelArgs& a);
 
 // Compute threads of a --threads value: 0 gives all hardware threads; a
 // negative count is a UsageError; more than the hardware has prints a
@@ -79,6 +84,7 @@ struct MemoryView {
   uint64_t weights = 0;  // layer weights + globals in RAM
   uint64_t kv = 0;
   uint64_t scratch = 0;
+  uint64_t adapters = 0;  // LoRA adapter tensors
   uint64_t total = 0;
 };
 MemoryView memory_view(const Engine& e);
@@ -96,6 +102,7 @@ void add_inspect_command(CLI::App& app, int* rc);
 void add_synth_command(CLI::App& app, int* rc);
 void add_bench_command(CLI::App& app, int* rc);
 void add_profile_command(CLI::App& app, int* rc);
+void add_adapter_command(CLI::App& app, int* rc);  // cmd_adapter.cpp: ebb adapter inspect/convert
 // The device profile of a --profile option: that file ("": the saved one, or
 // the built-in defaults when none was saved).
 DeviceProfile load_profile_option(const std::string& path);

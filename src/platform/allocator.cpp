@@ -18,6 +18,7 @@ std::string_view mem_category_name(MemCategory c) {
     case MemCategory::kScratch: return "scratch";
     case MemCategory::kIoBuffer: return "io";
     case MemCategory::kCompressed: return "compressed";
+    case MemCategory::kAdapter: return "adapter";
     case MemCategory::kOther: return "other";
     case MemCategory::kCount: break;
   }

@@ -24,6 +24,7 @@ enum class MemCategory : uint8_t {
   kScratch,     // activations and planned work buffers
   kIoBuffer,    // direct-I/O staging
   kCompressed,  // compressed swap stack segments
+  kAdapter,     // LoRA adapter tensors
   kOther,
   kCount,
 };

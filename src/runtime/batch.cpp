@@ -44,7 +44,7 @@ int64_t run_step(Engine& engine, std::span<Session* const> sessions) {
   for (size_t i = 0; i < in.size(); ++i) {
     const Session::StepPart p = in[i]->prepare_step(give[i]);
     ran[i] = static_cast<int64_t>(p.tokens.size());
-    seqs.push_back({p.kv, p.tokens, p.logits, false});
+    seqs.push_back({p.kv, p.tokens, p.logits, false, p.adapters});
   }
   fwd.run_batch(seqs, engine.weight_source());
   int64_t total = 0;

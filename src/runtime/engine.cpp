@@ -78,6 +78,7 @@ Engine::Engine(const EngineOptions& opts)
   fo.max_batch = opts_.prefill_batch;
   fo.max_chunk_size = opts_.kv_chunk_size;
   forward_ = std::make_unique<Forward>(*model_, isa_, pool_, alloc_, fo);
+  adapters_ = std::make_unique<AdapterRegistry>(model_->config(), alloc_);
   kv_pool_ = std::make_unique<KvPool>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, &alloc_);
   fingerprint_ = fingerprint(*model_);
   if (budget_mode) {
@@ -153,6 +154,7 @@ Footprint Engine::footprint() const {
   for (int l = 0; l < nl; ++l) f.kv_per_layer[l] = kv_pool_->layer_bytes(l);
   f.scratch += forward_->scratch_bytes();
   f.io_buffers = static_cast<uint64_t>(ledger_.bytes(MemCategory::kIoBuffer));
+  f.adapters = static_cast<uint64_t>(ledger_.bytes(MemCategory::kAdapter));
   if (elastic_) {
     const ElasticFootprint e = elastic_->footprint();
     f.compressed = e.compressed;

@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
+#include "runtime/adapters.h"
 #include "runtime/forward.h"
 
 namespace ebb {
@@ -53,9 +54,10 @@ struct Footprint {
   uint64_t io_buffers = 0;                  // direct-I/O staging and streaming windows
   uint64_t kv_stored = 0;                   // KV in swap files (not in RAM)
   uint64_t weights_stored = 0;              // dropped weight layers (backed by the GGUF, not in RAM)
+  uint64_t adapters = 0;                    // LoRA adapter tensors (every version still held)
   uint64_t weights() const;
   uint64_t kv() const;
-  uint64_t total() const { return weights() + globals + kv() + scratch + compressed + io_buffers; }
+  uint64_t total() const { return weights() + globals + kv() + scratch + compressed + io_buffers + adapters; }
 };
 
 class Engine {
@@ -79,6 +81,9 @@ class Engine {
   // nullptr when off.
   PrefixCache* prefix_cache() { return prefix_cache_.get(); }
   CacheStore* cache_store() { return cache_store_.get(); }
+  // LoRA adapters: load, stage, publish, unload; sessions bind them.
+  AdapterRegistry& adapters() { return *adapters_; }
+  const AdapterRegistry& adapters() const { return *adapters_; }
   Isa isa() const { return isa_; }
 
   // Where forward passes take their weights: nullptr while every unit is
@@ -116,6 +121,7 @@ class Engine {
   Isa isa_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Forward> forward_;
+  std::unique_ptr<AdapterRegistry> adapters_;
   uint64_t fingerprint_ = 0;
   WeightSource* weight_source_ = nullptr;
   std::unique_ptr<WeightSource> budget_source_;  // budget mode

@@ -19,7 +19,8 @@ Forward::Forward(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc
       ops_(ops_kernels(isa)),
       pool_(pool),
       alloc_(alloc),
-      opts_(opts) {
+      opts_(opts),
+      lk_(lora_kernels(isa)) {
   if (opts_.max_batch < 1) throw Error("prefill batch must be at least 1 token");
   plan_scratch();
   joined_.reserve(static_cast<size_t>(opts_.max_batch));
@@ -29,6 +30,13 @@ void Forward::ensure_chunk_size(int64_t chunk_size) {
   if (chunk_size <= opts_.max_chunk_size) return;
   opts_.max_chunk_size = chunk_size;
   plan_scratch();
+}
+
+void Forward::ensure_lora_rank(int64_t rank) {
+  if (rank <= lora_rank_) return;
+  lora_scratch_.reset();
+  lora_scratch_ = alloc_.allocate(static_cast<size_t>(opts_.max_batch * rank) * sizeof(float), MemCategory::kScratch);
+  lora_rank_ = rank;
 }
 
 void Forward::plan_scratch() {
@@ -117,8 +125,8 @@ void store_rows(KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float
 }  // namespace
 
 void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits,
-                  WeightSource* source) {
-  const StepSeq one{&kv, tokens, logits, all_logits};
+                  WeightSource* source, const AdapterSet* adapters) {
+  const StepSeq one{&kv, tokens, logits, all_logits, adapters};
   run_batch({&one, 1}, source);
 }
 
@@ -145,6 +153,14 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
     n_out += s.all_logits ? ns : 1;
   }
   EBB_CHECK(n <= opts_.max_batch);
+  any_lora_ = false;
+  for (const StepSeq& s : seqs) {
+    if (!s.adapters) continue;
+    for (const ActiveAdapter& a : *s.adapters) {
+      EBB_CHECK_MSG(a.v->lora->max_rank() <= lora_rank_, "adapter rank not planned (Forward::ensure_lora_rank)");
+      any_lora_ = true;
+    }
+  }
   // Several sequences: logits land in a planned block, then go to each
   // sequence's own buffer. One sequence writes straight into its buffer.
   float* head_out = seqs[0].logits;
@@ -175,6 +191,15 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
       for (size_t t = 0; t < s.tokens.size(); ++t, ++r) {
         const MatrixRow e = src.embedding_row(s.tokens[t]);
         dequantize_row(ks_, e.matrix, e.row, x_ + r * d);
+        if (s.adapters) {
+          // token_embd: A's row of the token is the rank-r intermediate.
+          for (const ActiveAdapter& a : *s.adapters) {
+            const LoraPair* p = a.v->lora->find(-1, LoraTarget::kTokenEmbd);
+            if (!p) continue;
+            lk_.up(p->bt_data(), p->a_data() + static_cast<int64_t>(s.tokens[t]) * p->rank, a.scale * p->scale, 1,
+                   p->rank, d, 0, d, x_ + r * d, d);
+          }
+        }
         ops_.rope_angles(pos0 + static_cast<int64_t>(t), c.rope_dim, c.rope_base, c.rope_freq_scale,
                          rope_ + r * c.rope_dim, c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
       }
@@ -184,7 +209,7 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
   for (int l = 0; l < model_.n_layers(); ++l) {
     const LayerWeights w = src.acquire_layer(l);
     attention_block(w, l, seqs, n);
-    ffn_block(w, n);
+    ffn_block(w, l, seqs, n);
     src.release_layer(l);
   }
   for (const StepSeq& s : seqs) s.kv->set_n_tokens(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
@@ -208,6 +233,7 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
     if (r0 >= c.n_vocab) break;
     g = src.acquire_head();
   }
+  apply_lora(seqs, -1, LoraTarget::kOutput, xn_, d, head_out, c.n_vocab, /*out_rows=*/true);
   if (seqs.size() > 1) {
     int64_t o = 0;
     for (const StepSeq& s : seqs) {
@@ -227,6 +253,9 @@ void Forward::attention_block(const LayerWeights& w, int l, std::span<const Step
   const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
   for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.attn_norm, xn_ + t * d, d, c.rms_eps);
   matmul_shared_input({{&w.q, q_, qd}, {&w.k, k_, kvd}, {&w.v, v_, kvd}}, xn_, n);
+  apply_lora(seqs, l, LoraTarget::kQ, xn_, d, q_, qd);
+  apply_lora(seqs, l, LoraTarget::kK, xn_, d, k_, kvd);
+  apply_lora(seqs, l, LoraTarget::kV, xn_, d, v_, kvd);
   add_bias(q_, w.q_bias, n, qd, ops_);
   add_bias(k_, w.k_bias, n, kvd, ops_);
   add_bias(v_, w.v_bias, n, kvd, ops_);
@@ -268,19 +297,61 @@ void Forward::attention_block(const LayerWeights& w, int l, std::span<const Step
     r += ns;
   }
   matmul(w.o, att_, n, xn_, d);
+  apply_lora(seqs, l, LoraTarget::kO, att_, qd, xn_, d);
   for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
 }
 
 // The feed-forward block (SwiGLU) for all rows: norm, gate/up, SwiGLU, down,
 // residual.
-void Forward::ffn_block(const LayerWeights& w, int64_t n) {
+void Forward::ffn_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n) {
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd;
   for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.ffn_norm, xn_ + t * d, d, c.rms_eps);
   matmul_shared_input({{&w.gate, gate_, c.n_ff}, {&w.up, up_, c.n_ff}}, xn_, n);
+  apply_lora(seqs, l, LoraTarget::kGate, xn_, d, gate_, c.n_ff);
+  apply_lora(seqs, l, LoraTarget::kUp, xn_, d, up_, c.n_ff);
   for (int64_t t = 0; t < n; ++t) ops_.swiglu(gate_ + t * c.n_ff, up_ + t * c.n_ff, gate_ + t * c.n_ff, c.n_ff);
   matmul(w.down, gate_, n, xn_, d);
+  apply_lora(seqs, l, LoraTarget::kDown, gate_, c.n_ff, xn_, d);
   for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
+}
+
+void Forward::apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget target, const float* x,
+                         int64_t x_stride, float* y, int64_t y_stride, bool out_rows) {
+  if (!any_lora_) return;
+  int64_t r0 = 0;
+  for (const StepSeq& s : seqs) {
+    const int64_t ns = static_cast<int64_t>(s.tokens.size());
+    const int64_t rows = out_rows && !s.all_logits ? 1 : ns;
+    if (s.adapters) {
+      for (const ActiveAdapter& a : *s.adapters) {
+        const LoraPair* p = a.v->lora->find(layer, target);
+        if (!p || a.scale == 0.0f) continue;
+        const float* xs = x + r0 * x_stride;  // [rows, x_stride]
+        float* ys = y + r0 * y_stride;        // [rows, y_stride]
+        float* t = lora_scratch_.as<float>();  // [rows, rank]
+        const int64_t rank = p->rank, n_in = p->n_in, n_out = p->n_out;
+        // A x: rows split across threads when there is enough work.
+        if (rows * rank * n_in >= (int64_t{1} << 17) && rows > 1) {
+          pool_.parallel_for(rows, 1, [&](int64_t i0, int64_t i1, int) {
+            lk_.down(p->a_data(), xs + i0 * x_stride, x_stride, i1 - i0, rank, n_in, t + i0 * rank);
+          });
+        } else {
+          lk_.down(p->a_data(), xs, x_stride, rows, rank, n_in, t);
+        }
+        // y += s · B t: columns split across threads.
+        const float scale = a.scale * p->scale;
+        if (rows * rank * n_out >= (int64_t{1} << 16)) {
+          pool_.parallel_for(n_out, 64, [&](int64_t c0, int64_t c1, int) {
+            lk_.up(p->bt_data(), t, scale, rows, rank, n_out, c0, c1, ys, y_stride);
+          });
+        } else {
+          lk_.up(p->bt_data(), t, scale, rows, rank, n_out, 0, n_out, ys, y_stride);
+        }
+      }
+    }
+    r0 += rows;
+  }
 }
 
 }  // namespace ebb

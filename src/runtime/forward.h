@@ -9,12 +9,14 @@
 #include <vector>
 
 #include "kernels/cpu.h"
+#include "kernels/lora.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/model.h"
 #include "model/weight_source.h"
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
+#include "runtime/adapters.h"
 
 namespace ebb {
 
@@ -32,6 +34,9 @@ struct StepSeq {
   std::span<const int32_t> tokens;
   float* logits = nullptr;          // [n_out, n_vocab]: n_out = tokens.size() when all_logits, else 1
   bool all_logits = false;
+  // The adapters this sequence's rows apply at every projection they
+  // adapt (nullptr or empty: the base model alone).
+  const AdapterSet* adapters = nullptr;
 };
 
 class Forward {
@@ -47,7 +52,7 @@ class Forward {
   //           else 1 (the last token's logits).
   // Weights come from `source` (nullptr: the model's resident units).
   void run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits,
-           WeightSource* source = nullptr);
+           WeightSource* source = nullptr, const AdapterSet* adapters = nullptr);
 
   // One step over several sequences (batched decode, prefill micro-batches
   // of different sessions): every weight matrix is read once for all their
@@ -61,16 +66,25 @@ class Forward {
   // Re-plans scratch for a larger KV chunk size (called when a session is
   // created, never during generation).
   void ensure_chunk_size(int64_t chunk_size);
+  // Re-plans the adapters' rank-r intermediate for a larger rank (called
+  // when a session binds adapters, never during generation).
+  void ensure_lora_rank(int64_t rank);
 
   int64_t max_batch() const { return opts_.max_batch; }
-  uint64_t scratch_bytes() const { return scratch_.size(); }
+  uint64_t scratch_bytes() const { return scratch_.size() + head_scratch_.size() + lora_scratch_.size(); }
   Isa isa() const { return isa_; }
 
  private:
   void plan_scratch();
   // The named blocks of one layer over the step's n rows.
   void attention_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n);
-  void ffn_block(const LayerWeights& w, int64_t n);
+  void ffn_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n);
+  // The one place adapters attach: adds Σ_i s_i · B_i (A_i x) of (layer,
+  // target) to the rows of every sequence that binds adapters.
+  //   x: [rows, x_stride]  y: [rows, y_stride], rows in step order; for the
+  //   output head out_rows: rows are the gathered logits rows.
+  void apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget target, const float* x, int64_t x_stride,
+                  float* y, int64_t y_stride, bool out_rows = false);
   void matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride);
   // Products sharing the input x (gate/up; q/k/v): one pool dispatch and one
   // activation conversion for a single token (matmul_multi).
@@ -108,6 +122,10 @@ class Forward {
   std::vector<int32_t> joined_;  // [B] a multi-sequence step's tokens, for the weight source
   float* attn_scratch_ = nullptr;
   void* mm_scratch_ = nullptr;
+  const LoraKernels& lk_;
+  Buffer lora_scratch_;  // [B, max rank] the adapters' A x
+  int64_t lora_rank_ = 0;
+  bool any_lora_ = false;  // some sequence of the current step binds adapters
 };
 
 }  // namespace ebb

@@ -41,6 +41,30 @@ void Session::append_pending(TokenId t) {
   tokens_.push_back(t);
 }
 
+void Session::set_adapters(std::vector<AdapterBinding> bindings) {
+  engine_.adapters().resolve(bindings);  // throws on an unknown name or version
+  bindings_ = std::move(bindings);
+}
+
+void Session::begin_turn() {
+  AdapterSet set = engine_.adapters().resolve(bindings_);
+  int64_t rank = 0;
+  for (const ActiveAdapter& a : set) rank = std::max(rank, a.v->lora->max_rank());
+  engine_.forward().ensure_lora_rank(rank);
+  std::vector<AdapterKey> keys = adapter_keys(set);
+  if (keys != kv_adapters_ && kv_->n_tokens() > 0) {
+    // The KV was computed under other adapters (or versions, or scales):
+    // stale. The tokens stay; their KV is recomputed or found in the prefix
+    // cache under the new key.
+    make_resident();
+    kv_->truncate(0);
+    have_logits_ = false;
+    recorded_chunks_ = 0;
+  }
+  kv_adapters_ = std::move(keys);
+  active_ = std::move(set);
+}
+
 void Session::append(std::span<const TokenId> new_tokens) {
   const int64_t n_vocab = engine_.config().n_vocab;
   const int64_t total = static_cast<int64_t>(tokens_.size() + new_tokens.size());
@@ -53,6 +77,7 @@ void Session::append(std::span<const TokenId> new_tokens) {
       throw Error("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
     }
   }
+  begin_turn();  // may throw (an adapter unloaded): nothing has changed yet
   tokens_.insert(tokens_.end(), new_tokens.begin(), new_tokens.end());
 }
 
@@ -62,6 +87,7 @@ CacheKey Session::cache_key() const {
   k.chunk_size = kv_->options().chunk_size;
   k.kv_type = kv_->options().type;
   k.f16_accumulator = kv_->options().f16_accumulator;
+  k.adapters = kv_adapters_;
   return k;
 }
 
@@ -103,7 +129,7 @@ Session::StepPart Session::prepare_step(int64_t n) {
   if (em && em->restore_pending()) em->begin_restore();
   const int64_t pos = kv_->n_tokens();
   kv_->reserve(pos + n);
-  return {kv_.get(), {tokens_.data() + pos, static_cast<size_t>(n)}, logits_.as<float>()};
+  return {kv_.get(), {tokens_.data() + pos, static_cast<size_t>(n)}, logits_.as<float>(), &active_};
 }
 
 void Session::finish_step(int64_t n) {
@@ -139,7 +165,7 @@ int64_t Session::step(int64_t max_tokens) {
   const StepPart p = prepare_step(n);
   const int64_t ran = static_cast<int64_t>(p.tokens.size());
   const Stopwatch sw;
-  engine_.forward().run(p.tokens, *p.kv, p.logits, false, engine_.weight_source());
+  engine_.forward().run(p.tokens, *p.kv, p.logits, false, engine_.weight_source(), p.adapters);
   note_cost(ran, sw.seconds());
   finish_step(ran);
   return ran;
@@ -160,6 +186,7 @@ void Session::fork_from(const Session& other, int64_t n) {
   make_resident();
   kv_->share_from(*other.kv_, n);
   tokens_.assign(other.tokens_.begin(), other.tokens_.begin() + n);
+  kv_adapters_ = other.kv_adapters_;  // the KV was computed under the other's adapters
   have_logits_ = false;
   recorded_chunks_ = 0;
 }
@@ -218,13 +245,13 @@ void Session::run_to_end(std::vector<float>* all_logits, int64_t rows_from, cons
     if (all_logits && pos + n > rows_from) {
       // Rows before rows_from (recomputed ones) are not the caller's.
       scratch_rows_.resize(static_cast<size_t>(n * n_vocab));
-      fwd.run(p.tokens, *p.kv, scratch_rows_.data(), true, engine_.weight_source());
+      fwd.run(p.tokens, *p.kv, scratch_rows_.data(), true, engine_.weight_source(), p.adapters);
       for (int64_t t = std::max(pos, rows_from); t < pos + n; ++t)
         std::memcpy(all_logits->data() + (t - rows_from) * n_vocab, scratch_rows_.data() + (t - pos) * n_vocab,
                     n_vocab * sizeof(float));
       std::memcpy(logits_.as<float>(), scratch_rows_.data() + (n - 1) * n_vocab, n_vocab * sizeof(float));
     } else {
-      fwd.run(p.tokens, *p.kv, p.logits, false, engine_.weight_source());
+      fwd.run(p.tokens, *p.kv, p.logits, false, engine_.weight_source(), p.adapters);
     }
     note_cost(n, sw.seconds());
     finish_step(n);

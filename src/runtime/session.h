@@ -21,6 +21,7 @@
 #include "memory/prefix_cache.h"
 #include "model/tokenizer.h"
 #include "platform/allocator.h"
+#include "runtime/adapters.h"
 
 namespace ebb {
 
@@ -87,6 +88,7 @@ class Session {
     KvCache* kv;
     std::span<const TokenId> tokens;
     float* logits;  // [n_vocab]: the last token's logits
+    const AdapterSet* adapters;  // the turn's pinned adapter versions (empty: base)
   };
   StepPart prepare_step(int64_t n);
   void finish_step(int64_t n);
@@ -106,6 +108,19 @@ class Session {
   int64_t reused_tokens() const { return reused_tokens_; }
   // The prefix-cache key of this session's KV.
   CacheKey cache_key() const;
+
+  // Adapters (LoRA): the set this conversation applies, by name with a
+  // scale and optionally a version (0: whichever is published). It is
+  // resolved to pinned versions at the start of each turn (the next
+  // append()): a turn finishes on the versions it started with, and when
+  // the resolved set differs from the one the KV was computed with, that KV
+  // is stale and is recomputed from the tokens (or taken from the prefix
+  // cache under the new key). Throws ebb::Error naming an adapter the
+  // engine does not have (the binding is unchanged then).
+  void set_adapters(std::vector<AdapterBinding> bindings);
+  const std::vector<AdapterBinding>& adapter_bindings() const { return bindings_; }
+  // The versions the current (or last) turn runs with.
+  const AdapterSet& adapters() const { return active_; }
   int64_t n_ctx() const { return opts_.n_ctx; }
   std::span<const float> last_logits() const;
 
@@ -142,6 +157,9 @@ class Session {
   void reuse_prefix();
   void record_prefix();
   void note_cost(int64_t n, double seconds);
+  // Pins the bound adapters' versions for a new turn; drops the KV when it
+  // was computed under another set.
+  void begin_turn();
 
   Engine& engine_;
   SessionOptions opts_;
@@ -155,6 +173,9 @@ class Session {
   int64_t tokens_run_ = 0, reused_tokens_ = 0;
   int64_t recorded_chunks_ = 0;  // full chunks already recorded in the prefix cache
   bool all_rows_wanted_ = false;  // feed() with all_logits is running
+  std::vector<AdapterBinding> bindings_;
+  AdapterSet active_;             // pinned for the current turn
+  std::vector<AdapterKey> kv_adapters_;  // the set the KV in kv_ was computed with
 };
 
 }  // namespace ebb

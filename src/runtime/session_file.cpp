@@ -3,9 +3,14 @@
 // any chunk size). Layout (little-endian):
 //   magic "EBBSESS\0", u32 version, u64 model fingerprint, u32 n_layer,
 //   u32 n_kv_heads, u32 head_dim, u32 n_vocab, u32 kv type, u64 n_tokens,
-//   u64 n_processed, i32 tokens[n_tokens],
+//   u64 n_processed, (version 2:) u64 adapter identity, i32 tokens[n_tokens],
 //   per layer: K rows [n_processed, kv_dim], V rows [n_processed, kv_dim],
 //   u64 FNV-1a checksum of everything before it.
+//
+// The adapter identity (FNV-1a over each adapter's name, digest and scale;
+// 0 for the base model, and for version 1 files) says which adapters the KV
+// was computed with: loaded into a session bound to others, the tokens are
+// kept and the KV is recomputed.
 //
 // Saving writes NAME.tmp and renames it into place; every failure removes
 // NAME.tmp (a full disk stays as full as it was). Loading opens without
@@ -31,7 +36,7 @@ namespace ebb {
 namespace {
 
 constexpr char kMagic[8] = {'E', 'B', 'B', 'S', 'E', 'S', 'S', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 struct Header {
   char magic[8];
@@ -131,6 +136,8 @@ void Session::save(const std::string& path) const {
     h.n_tokens = tokens_.size();
     h.n_processed = static_cast<uint64_t>(kv_->n_tokens());
     w.write(&h, sizeof(h));
+    const uint64_t ad = adapter_identity(kv_adapters_);
+    w.write(&ad, sizeof(ad));
     w.write(tokens_.data(), tokens_.size() * sizeof(TokenId));
     auto& kv = const_cast<KvCache&>(*kv_);
     for (int64_t l = 0; l < c.n_layer; ++l) {
@@ -164,8 +171,8 @@ void Session::load(const std::string& path) {
   Header h{};
   read(&h, sizeof(h), "header");
   if (std::memcmp(h.magic, kMagic, 8) != 0) throw Error(path + ": not an ebb session file (bad magic)");
-  if (h.version != kVersion) {
-    throw Error(path + ": session file version " + std::to_string(h.version) + " is not supported (expected " +
+  if (h.version != kVersion && h.version != 1) {
+    throw Error(path + ": session file version " + std::to_string(h.version) + " is not supported (expected 1 to " +
                 std::to_string(kVersion) + ")");
   }
   if (h.fingerprint != engine_.model_fingerprint() || h.n_layer != c.n_layer || h.n_kv_heads != c.n_head_kv ||
@@ -180,6 +187,8 @@ void Session::load(const std::string& path) {
     throw Error(path + ": session holds " + std::to_string(h.n_tokens) + " tokens; this session's context is " +
                 std::to_string(opts_.n_ctx) + " (raise --ctx)");
   }
+  uint64_t file_adapters = 0;
+  if (h.version >= 2) read(&file_adapters, sizeof(file_adapters), "header");
   std::vector<TokenId> toks(h.n_tokens);
   read(toks.data(), toks.size() * sizeof(TokenId), "tokens");
   for (TokenId t : toks) {
@@ -218,10 +227,16 @@ void Session::load(const std::string& path) {
       }
     }
   }
+  // The adapters this session is bound to now: KV made under others is
+  // stale (the tokens are what matters; their KV is recomputed).
+  std::vector<AdapterKey> now = adapter_keys(engine_.adapters().resolve(bindings_));
+  if (adapter_identity(now) != file_adapters) kv->truncate(0);
   kv_ = std::move(kv);
+  kv_adapters_ = std::move(now);
   opts_.kv_type = ko.type;
   tokens_ = std::move(toks);
   have_logits_ = false;
+  recorded_chunks_ = 0;
 }
 
 }  // namespace ebb

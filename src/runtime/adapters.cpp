@@ -1,0 +1,167 @@
+#include "runtime/adapters.h"
+
+#include <algorithm>
+
+#include "platform/error.h"
+#include "platform/hash.h"
+
+namespace ebb {
+
+std::vector<AdapterKey> adapter_keys(const AdapterSet& set) {
+  std::vector<AdapterKey> keys;
+  keys.reserve(set.size());
+  for (const ActiveAdapter& a : set) keys.push_back({a.v->name, a.v->version, a.v->lora->digest, a.scale});
+  return keys;
+}
+
+uint64_t adapter_identity(const std::vector<AdapterKey>& keys) {
+  if (keys.empty()) return 0;
+  uint64_t h = kFnv1a64Offset;
+  for (const AdapterKey& k : keys) {
+    h = fnv1a64(k.name.data(), k.name.size() + 1, h);  // with the terminating NUL
+    h = fnv1a64(&k.digest, sizeof k.digest, h);
+    h = fnv1a64(&k.scale, sizeof k.scale, h);
+  }
+  return h == 0 ? 1 : h;
+}
+
+std::string adapter_name_of(const std::string& path) {
+  std::string s = path;
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  const size_t slash = s.rfind('/');
+  if (slash != std::string::npos) s = s.substr(slash + 1);
+  if (s.size() > 5 && s.compare(s.size() - 5, 5, ".gguf") == 0) s.resize(s.size() - 5);
+  return s;
+}
+
+namespace {
+
+void check_name(const std::string& name) {
+  if (name.empty() || name.size() > 128) throw Error("adapter name '" + name + "' must have 1 to 128 characters");
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                    c == '_' || c == '.';
+    if (!ok) {
+      throw Error("adapter name '" + name + "' may hold only letters, digits, '-', '_' and '.' (it names KV in "
+                  "the prefix cache and models in the server)");
+    }
+  }
+}
+
+}  // namespace
+
+AdapterInfo AdapterRegistry::info(const AdapterVersion& v, bool published, long users) {
+  AdapterInfo i;
+  i.name = v.name;
+  i.version = v.version;
+  i.digest = v.lora->digest;
+  i.published = published;
+  i.source = v.lora->source;
+  i.format = v.lora->format;
+  i.targets = v.lora->targets_summary();
+  i.rank = v.lora->max_rank();
+  i.alpha = v.lora->alpha;
+  i.bytes = v.lora->bytes();
+  i.users = users;
+  return i;
+}
+
+AdapterInfo AdapterRegistry::load(const std::string& path, std::string name, bool publish) {
+  if (name.empty()) name = adapter_name_of(path);
+  check_name(name);
+  // Read outside the lock: files may be large, and sessions resolve meanwhile.
+  std::unique_ptr<LoraAdapter> lora = load_lora(path, config_, alloc_);
+  std::lock_guard<std::mutex> lock(mu_);
+  return add_locked(name, std::move(lora), publish);
+}
+
+AdapterInfo AdapterRegistry::add(const std::string& name, std::unique_ptr<LoraAdapter> lora, bool publish) {
+  check_name(name);
+  EBB_CHECK(lora != nullptr);
+  std::lock_guard<std::mutex> lock(mu_);
+  return add_locked(name, std::move(lora), publish);
+}
+
+AdapterInfo AdapterRegistry::add_locked(const std::string& name, std::unique_ptr<LoraAdapter> lora, bool publish) {
+  Entry& e = entries_[name];
+  for (const auto& [ver, v] : e.versions) {
+    if (v->lora->digest == lora->digest) {  // the same bytes: the same version
+      if (publish) e.published = ver;
+      return info(*v, e.published == ver, v.use_count() - 1);
+    }
+  }
+  auto v = std::make_shared<AdapterVersion>();
+  v->name = name;
+  v->version = e.next++;
+  v->lora = std::shared_ptr<const LoraAdapter>(std::move(lora));
+  e.versions.emplace(v->version, v);
+  // The first version of a name is its default even when staged: a name
+  // without a default could not be bound by name.
+  if (publish || e.published == 0) e.published = v->version;
+  return info(*v, e.published == v->version, 0);
+}
+
+void AdapterRegistry::publish(const std::string& name, uint64_t version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw Error("no adapter named '" + name + "' is loaded");
+  if (!it->second.versions.count(version)) {
+    throw Error("adapter '" + name + "' has no version " + std::to_string(version));
+  }
+  it->second.published = version;
+}
+
+void AdapterRegistry::unload(const std::string& name, uint64_t version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw Error("no adapter named '" + name + "' is loaded");
+  Entry& e = it->second;
+  if (version == 0) {
+    entries_.erase(it);
+    return;
+  }
+  if (!e.versions.count(version)) throw Error("adapter '" + name + "' has no version " + std::to_string(version));
+  if (e.versions.size() == 1) {
+    entries_.erase(it);
+    return;
+  }
+  if (e.published == version) {
+    throw Error("version " + std::to_string(version) + " of adapter '" + name +
+                "' is the published one: publish another version first, or unload the adapter");
+  }
+  e.versions.erase(version);
+}
+
+AdapterSet AdapterRegistry::resolve(std::span<const AdapterBinding> bindings) const {
+  AdapterSet set;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const AdapterBinding& b : bindings) {
+    auto it = entries_.find(b.name);
+    if (it == entries_.end()) throw Error("no adapter named '" + b.name + "' is loaded");
+    const Entry& e = it->second;
+    const uint64_t ver = b.version ? b.version : e.published;
+    auto v = e.versions.find(ver);
+    if (v == e.versions.end()) throw Error("adapter '" + b.name + "' has no version " + std::to_string(ver));
+    set.push_back({v->second, b.scale});
+  }
+  std::sort(set.begin(), set.end(), [](const ActiveAdapter& x, const ActiveAdapter& y) { return x.v->name < y.v->name; });
+  for (size_t i = 1; i < set.size(); ++i) {
+    if (set[i].v->name == set[i - 1].v->name) throw Error("adapter '" + set[i].v->name + "' is bound twice");
+  }
+  return set;
+}
+
+std::vector<AdapterInfo> AdapterRegistry::list() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<AdapterInfo> out;
+  for (const auto& [name, e] : entries_)
+    for (const auto& [ver, v] : e.versions) out.push_back(info(*v, e.published == ver, v.use_count() - 1));
+  return out;
+}
+
+bool AdapterRegistry::empty() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.empty();
+}
+
+}  // namespace ebb

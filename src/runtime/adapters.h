@@ -1,0 +1,122 @@
+// The engine's LoRA adapters (DESIGN.md "Adapters"; LOCAL §2.2, §5.1): each
+// adapter is a name with immutable versions. A version holds the adapter's
+// tensors and the digest of its bytes, so a reload of changed bytes under
+// the same name is a new version and never reuses the old version's KV.
+//
+//   load/add ─► a new version, published (the default) or staged
+//   staged   ─► used only by sessions that ask for it by version number
+//   publish  ─► becomes the default atomically; turns already running keep
+//               the version they started with (they hold it)
+//   unload   ─► no new turn can bind it; the tensors go when the last turn
+//               that holds them ends
+//
+// A session binds an adapter set (names, scales, optional versions) and
+// resolves it at the start of each turn to pinned versions (AdapterSet);
+// the prefix cache keys KV by exactly those versions and scales.
+//
+// Thread-safe: the server and the trainer may load, stage and publish
+// while sessions resolve.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "memory/prefix_cache.h"
+#include "model/lora.h"
+
+namespace ebb {
+
+struct AdapterVersion {
+  std::string name;
+  uint64_t version = 0;
+  std::shared_ptr<const LoraAdapter> lora;
+};
+
+// What a session asks for. version 0: the published version.
+struct AdapterBinding {
+  std::string name;
+  float scale = 1.0f;
+  uint64_t version = 0;
+};
+
+// One resolved adapter of a step: a pinned version and its user scale.
+struct ActiveAdapter {
+  std::shared_ptr<const AdapterVersion> v;
+  float scale = 1.0f;
+};
+// Sorted by name; empty: the base model alone.
+using AdapterSet = std::vector<ActiveAdapter>;
+
+// The prefix-cache key part of a resolved set.
+std::vector<AdapterKey> adapter_keys(const AdapterSet& set);
+// A process-independent identity of keys (names, digests, scales; not the
+// version numbers, which each process counts anew); 0 for none.
+uint64_t adapter_identity(const std::vector<AdapterKey>& keys);
+
+// The name an adapter file gets by default: its file (or directory) name
+// without ".gguf".
+std::string adapter_name_of(const std::string& path);
+
+struct AdapterInfo {
+  std::string name;
+  uint64_t version = 0;
+  uint64_t digest = 0;
+  bool published = false;  // the default version of its name
+  std::string source;
+  std::string format;
+  std::string targets;  // "q k v o gate up down"
+  int64_t rank = 0;     // largest rank of its pairs
+  float alpha = 0;
+  uint64_t bytes = 0;
+  long users = 0;       // turns and sessions holding this version now
+};
+
+class AdapterRegistry {
+ public:
+  AdapterRegistry(const ModelConfig& config, Allocator& alloc) : config_(config), alloc_(alloc) {}
+  AdapterRegistry(const AdapterRegistry&) = delete;
+  AdapterRegistry& operator=(const AdapterRegistry&) = delete;
+
+  // Reads an adapter file or PEFT directory (load_lora) as a new version of
+  // `name` ("" : the file's stem) and returns that version. A file whose
+  // digest equals an existing version of the name returns that version.
+  // publish: it becomes the default now; else it is staged.
+  // Throws ebb::Error naming the file and what is wrong.
+  AdapterInfo load(const std::string& path, std::string name = "", bool publish = true);
+  // Adds tensors made in memory (a training commit) as a new version.
+  AdapterInfo add(const std::string& name, std::unique_ptr<LoraAdapter> lora, bool publish);
+  // Makes a staged version the default. Throws when it does not exist.
+  void publish(const std::string& name, uint64_t version);
+  // Removes a name (every version) or one staged version; turns holding a
+  // version finish on it. Throws when it does not exist, or when the
+  // version is the published one while others remain (publish another first).
+  void unload(const std::string& name, uint64_t version = 0);
+
+  // Pins the versions a binding asks for. Throws ebb::Error naming an
+  // unknown adapter or version.
+  AdapterSet resolve(std::span<const AdapterBinding> bindings) const;
+
+  std::vector<AdapterInfo> list() const;
+  bool empty() const;
+
+ private:
+  struct Entry {
+    std::map<uint64_t, std::shared_ptr<const AdapterVersion>> versions;
+    uint64_t published = 0;
+    uint64_t next = 1;
+  };
+  AdapterInfo add_locked(const std::string& name, std::unique_ptr<LoraAdapter> lora, bool publish);
+  static AdapterInfo info(const AdapterVersion& v, bool published, long users);
+
+  const ModelConfig& config_;
+  Allocator& alloc_;
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace ebb
