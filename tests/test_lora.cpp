@@ -463,5 +463,106 @@ TEST(Lora, BadAdaptersAreRefusedWithAMessage) {
   EXPECT_TRUE(engine->adapters().empty());
 }
 
+// The CLI: --lora and --lora-scaled on ebb run, /lora in ebb chat.
+TEST(LoraCli, RunAppliesAdaptersAndScaleZeroIsTheBase) {
+  const std::string m = " -m " + test::model_path("stories260K.gguf") + " -p 'Once upon a time' -n 16 --temp 0 ";
+  const std::string ad = lora_path("stories260K.lora-r4.gguf");
+  const test::CliResult base = test::run_cli("run" + m);
+  ASSERT_EQ(base.status, 0) << base.err;
+  const test::CliResult with = test::run_cli("run" + m + "--lora " + ad);
+  ASSERT_EQ(with.status, 0) << with.err;
+  EXPECT_NE(with.err.find("adapters "), std::string::npos) << with.err;  // the summary's memory
+  const test::CliResult zero = test::run_cli("run" + m + "--lora-scaled " + ad + " 0");
+  ASSERT_EQ(zero.status, 0) << zero.err;
+  EXPECT_EQ(zero.out, base.out);
+  const test::CliResult strong = test::run_cli("run" + m + "--lora-scaled " + ad + " 8");
+  ASSERT_EQ(strong.status, 0) << strong.err;
+  EXPECT_NE(strong.out, base.out);  // a strong adapter changes the story
+  const test::CliResult missing = test::run_cli("run" + m + "--lora /nonexistent/a.gguf");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("'/nonexistent/a.gguf' does not exist"), std::string::npos) << missing.err;
+  const test::CliResult bad_scale = test::run_cli("run" + m + "--lora-scaled " + ad + " lots");
+  EXPECT_EQ(bad_scale.status, 2) << bad_scale.err;
+  EXPECT_NE(bad_scale.err.find("the scale must be a number"), std::string::npos) << bad_scale.err;
+}
+
+TEST(LoraCli, ChatBindsUnbindsAndScales) {
+  const std::string ad = lora_path("stories260K.lora-r4.gguf");
+  const test::CliResult r = test::run_cli(
+      "chat -m " + test::model_path("stories260K.gguf") + " -n 4 --temp 0 --threads 1",
+      "/lora\n/lora load " + ad + "\n/lora\n/lora bind stories260K.lora-r4 0.5\nLily\n/lora scale stories260K.lora-r4 2\n"
+      "/lora bind nosuch\n/lora unbind all\n/lora frobnicate\n/quit\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("no adapters loaded"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("loaded stories260K.lora-r4 v1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("  stories260K.lora-r4 v1: q k v o gate up down, rank 4"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("adapters: stories260K.lora-r4 x0.5"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("adapters: stories260K.lora-r4 x2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no adapter named 'nosuch' is loaded"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("adapters: none (the base model)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("usage: /lora"), std::string::npos) << r.err;
+}
+
+// For F32 weights, merging s · k · B A into W gives the same logits as
+// applying the adapter beside W (a check independent of the goldens).
+TEST(Lora, MergedIntoF32WeightsGivesTheSameLogits) {
+  const std::string model = test::model_path("stories260K.gguf");  // F32 weights
+  auto engine = make_engine("stories260K");
+  const std::string name = engine->adapters().load(lora_path("stories260K.lora-r4.gguf")).name;
+  const std::vector<TokenId> p = prompt_tokens(*engine, 40);
+  Session s(*engine);
+  s.set_adapters({{name, 0.8f}});
+  std::vector<float> want;
+  s.feed(p, &want);
+
+  auto file = GgufFile::open(model);
+  Ledger ledger;
+  Allocator alloc(&ledger);
+  auto lora = load_lora_gguf(lora_path("stories260K.lora-r4.gguf"), engine->config(), alloc);
+  GgufWriter w;
+  for (const auto& [k, v] : file->metadata())
+    if (k != "general.alignment") w.set(k, v);
+  w.alignment = file->alignment();
+  for (const GgufTensorInfo& t : file->tensors()) w.add_tensor(t.name, t.dims, t.type);
+  test::TempDir dir;
+  w.write(dir.file("merged.gguf"), [&](size_t i, uint8_t* dst) {
+    const GgufTensorInfo& t = file->tensors()[i];
+    file->read(t.file_offset, dst, t.n_bytes);
+    for (const LoraPair& pr : lora->pairs) {
+      if (lora_base_tensor_name(pr.layer, pr.target) != t.name) continue;
+      ASSERT_EQ(t.type, DType::kF32);
+      auto* W = reinterpret_cast<float*>(dst);  // [n_out rows, n_in]
+      const float sc = 0.8f * pr.scale;
+      for (int64_t o = 0; o < pr.n_out; ++o)
+        for (int64_t k = 0; k < pr.n_in; ++k) {
+          double d = 0;
+          for (int64_t j = 0; j < pr.rank; ++j) d += double(pr.bt_data()[j * pr.n_out + o]) * pr.a_data()[j * pr.n_in + k];
+          W[o * pr.n_in + k] += static_cast<float>(sc * d);
+        }
+    }
+  });
+  EngineOptions o;
+  o.model_path = dir.file("merged.gguf");
+  o.n_threads = 2;
+  Engine merged(o);
+  Session m(merged);
+  std::vector<float> got;
+  m.feed(p, &got);
+  ASSERT_EQ(got.size(), want.size());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  EXPECT_LT(err / norm, 1e-9);
+  // ... and differs from the base model by far more.
+  Session b(*engine);
+  std::vector<float> base;
+  b.feed(p, &base);
+  double db = 0;
+  for (size_t i = 0; i < base.size(); ++i) db += (double(base[i]) - want[i]) * (double(base[i]) - want[i]);
+  EXPECT_GT(db / norm, 1e-6);
+}
+
 }  // namespace
 }  // namespace ebb

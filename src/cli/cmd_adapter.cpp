@@ -10,6 +10,8 @@
 //       q/k row order and the digest need the base model).
 //   convert PEFT_DIR -m BASE.gguf -o OUT.gguf   a PEFT checkpoint to
 //       llama.cpp's GGUF adapter format (F32), which llama.cpp loads too.
+//   synth -m BASE.gguf -o OUT.gguf [--rank R] [--type f16|f32] ...   an
+//       adapter with random weights (benchmarks, tests).
 #include <sys/stat.h>
 
 #include <cinttypes>
@@ -39,6 +41,17 @@ namespace {
 struct InspectArgs {
   std::string path;
   std::string base;
+};
+
+struct SynthArgs {
+  std::string base;
+  std::string out;
+  int64_t rank = 16;
+  float alpha = 32;
+  std::string targets = "q,k,v,o,gate,up,down";
+  std::string type = "f16";
+  float b_std = 0.02f;
+  uint64_t seed = 1;
 };
 
 struct ConvertArgs {
@@ -309,10 +322,47 @@ int convert(const ConvertArgs& a) {
   return 0;
 }
 
+int synth(const SynthArgs& a) {
+  const ModelConfig config = read_model_config(*GgufFile::open(a.base));
+  LoraInitOptions o;
+  o.rank = a.rank;
+  o.alpha = a.alpha;
+  o.b_std = a.b_std;
+  o.seed = a.seed;
+  static const std::map<std::string, LoraTarget> kNames = {
+      {"q", LoraTarget::kQ},       {"k", LoraTarget::kK},   {"v", LoraTarget::kV},       {"o", LoraTarget::kO},
+      {"gate", LoraTarget::kGate}, {"up", LoraTarget::kUp}, {"down", LoraTarget::kDown}};
+  for (size_t i = 0; i <= a.targets.size();) {
+    const size_t comma = std::min(a.targets.find(',', i), a.targets.size());
+    const std::string t = a.targets.substr(i, comma - i);
+    auto it = kNames.find(t);
+    if (it == kNames.end()) throw UsageError("--targets: '" + t + "' is not one of q, k, v, o, gate, up, down");
+    o.targets.push_back(it->second);
+    i = comma + 1;
+  }
+  DType type;
+  if (a.type == "f16") {
+    type = DType::kF16;
+  } else if (a.type == "f32") {
+    type = DType::kF32;
+  } else {
+    throw UsageError("--type '" + a.type + "' is not one of f16, f32");
+  }
+  Ledger ledger;
+  Allocator alloc(&ledger);
+  const std::unique_ptr<LoraAdapter> ad = init_lora(config, o, alloc);
+  ad->arch = config.arch_name;
+  write_lora_gguf(*ad, a.out, type);
+  std::printf("wrote %s: %zu pairs (%s), rank %lld, alpha %g, %s, for %s (%s): random weights\n", a.out.c_str(),
+              ad->pairs.size(), ad->targets_summary().c_str(), static_cast<long long>(a.rank), a.alpha,
+              std::string(dtype_name(type)).c_str(), a.base.c_str(), config.arch_name.c_str());
+  return 0;
+}
+
 }  // namespace
 
 void add_adapter_command(CLI::App& app, int* rc) {
-  CLI::App* adapter = app.add_subcommand("adapter", "LoRA adapters: inspect (what one holds), convert (PEFT to GGUF)");
+  CLI::App* adapter = app.add_subcommand("adapter", "LoRA adapters: inspect (what one holds), convert (PEFT to GGUF), synth (random weights)");
   // Without a subcommand main names them (CLI11 would only say one is required).
 
   auto ia = std::make_shared<InspectArgs>();
@@ -330,6 +380,20 @@ void add_adapter_command(CLI::App& app, int* rc) {
   convert_cmd->add_option("-m,--base", ca->base, "Base model (GGUF) the adapter was trained on")->required();
   convert_cmd->add_option("-o,--output", ca->out, "GGUF adapter file to write")->required();
   convert_cmd->callback([ca, rc] { *rc = convert(*ca); });
+
+  auto sa = std::make_shared<SynthArgs>();
+  CLI::App* synth_cmd = adapter->add_subcommand(
+      "synth", "Write a LoRA adapter with random weights for a base model (for benchmarks and tests)");
+  synth_cmd->add_option("-m,--base", sa->base, "Base model (GGUF)")->required();
+  synth_cmd->add_option("-o,--output", sa->out, "GGUF adapter file to write")->required();
+  synth_cmd->add_option("-r,--rank", sa->rank, "Rank")->capture_default_str();
+  synth_cmd->add_option("--alpha", sa->alpha, "adapter.lora.alpha (the scale is alpha / rank)")->capture_default_str();
+  synth_cmd->add_option("--targets", sa->targets, "Projections, comma-separated")->capture_default_str();
+  synth_cmd->add_option("--type", sa->type, "Tensor type: f16 or f32")->capture_default_str();
+  synth_cmd->add_option("--b-std", sa->b_std, "Standard deviation of B (0: B = 0, as training starts)")
+      ->capture_default_str();
+  synth_cmd->add_option("--seed", sa->seed, "Random seed")->capture_default_str();
+  synth_cmd->callback([sa, rc] { *rc = synth(*sa); });
 }
 
 }  // namespace ebb::cli

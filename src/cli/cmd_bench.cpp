@@ -1,5 +1,6 @@
 // ebb bench: benchmarks. `bench` is a group; each benchmark is a
 // sub-subcommand (speed, kvcodec, budget, ttft, batch, prefix).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -137,11 +138,93 @@ int run_speed(SpeedArgs& a) {
       std::fprintf(stderr, "bench speed: rep %lld/%lld\n", static_cast<long long>(rep), static_cast<long long>(reps));
     }
   };
-  const SpeedResult r = bench_speed(*engine, o);
+  const std::vector<AdapterBinding> adapters = adapter_bindings(a.model);
+  if (adapters.empty()) {
+    const SpeedResult r = bench_speed(*engine, o);
+    if (a.json) {
+      std::printf("%s\n", to_json(a, *engine, r).dump(2).c_str());
+    } else {
+      print_table(a, *engine, r);
+    }
+    std::fflush(stdout);
+    return 0;
+  }
+  // With --lora: the base and the adapters in alternating rounds of the same
+  // run (the machine is shared and noisy), each round's reps pooled.
+  const int rounds = 3;
+  SpeedResult base, lora, first_bw;
+  auto pool_reps = [](SpeedResult& into, const SpeedResult& r) {
+    const std::vector<double> p = into.prefill_tok_s_reps, d = into.decode_tok_s_reps;
+    const double bw = into.mem_bw_gbps;
+    into = r;
+    into.prefill_tok_s_reps.insert(into.prefill_tok_s_reps.begin(), p.begin(), p.end());
+    into.decode_tok_s_reps.insert(into.decode_tok_s_reps.begin(), d.begin(), d.end());
+    if (r.mem_bw_gbps == 0) into.mem_bw_gbps = bw;
+  };
+  for (int round = 0; round < rounds; ++round) {
+    SpeedOptions ob = o, ol = o;
+    ol.adapters = adapters;
+    if (round > 0) ob.membw_bytes = ol.membw_bytes = 0;
+    ol.membw_bytes = 0;
+    std::fprintf(stderr, "bench speed: round %d/%d, base model\n", round + 1, rounds);
+    pool_reps(base, bench_speed(*engine, ob));
+    if (round == 0) first_bw = base;
+    std::fprintf(stderr, "bench speed: round %d/%d, with adapters\n", round + 1, rounds);
+    pool_reps(lora, bench_speed(*engine, ol));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  for (SpeedResult* r : {&base, &lora}) {
+    r->prefill_tok_s = median(r->prefill_tok_s_reps);
+    r->decode_tok_s = median(r->decode_tok_s_reps);
+    r->reps = static_cast<int64_t>(r->decode_tok_s_reps.size());
+    r->mem_bw_gbps = first_bw.mem_bw_gbps;
+    r->mem_bw_gbps_reps = first_bw.mem_bw_gbps_reps;
+    r->mem_bw_bytes = first_bw.mem_bw_bytes;
+    r->achieved_gbps = r->model_bytes * r->decode_tok_s / 1e9;
+    if (r->mem_bw_gbps > 0) {
+      r->achieved_fraction = r->achieved_gbps / r->mem_bw_gbps;
+      r->decode_roofline_tok_s = r->mem_bw_gbps * 1e9 / static_cast<double>(r->model_bytes);
+      r->prefill_roofline_tok_s = r->decode_roofline_tok_s * static_cast<double>(r->prefill_batch);
+    }
+  }
+  // What an adapter adds to each decoded token: its A and B (F32), read once per token.
+  uint64_t adapter_bytes = 0;
+  std::string names;
+  for (const AdapterInfo& i : engine->adapters().list()) {
+    adapter_bytes += i.bytes;
+    names += (names.empty() ? "" : ", ") + i.name + " (rank " + std::to_string(i.rank) + ", " + i.targets + ")";
+  }
+  // The bound: decode streams the weights and the adapter, so it can run at
+  // best model / (model + adapter) of the base speed.
+  const double bound = static_cast<double>(base.model_bytes) / static_cast<double>(base.model_bytes + adapter_bytes);
+  const double prefill_ratio = base.prefill_tok_s > 0 ? lora.prefill_tok_s / base.prefill_tok_s : 0;
+  const double decode_ratio = base.decode_tok_s > 0 ? lora.decode_tok_s / base.decode_tok_s : 0;
   if (a.json) {
-    std::printf("%s\n", to_json(a, *engine, r).dump(2).c_str());
+    nlohmann::json j;
+    j["base"] = to_json(a, *engine, base);
+    j["lora"] = to_json(a, *engine, lora);
+    j["adapters"] = names;
+    j["adapter_bytes_per_token"] = adapter_bytes;
+    j["prefill_ratio"] = prefill_ratio;
+    j["decode_ratio"] = decode_ratio;
+    j["decode_ratio_bound"] = bound;
+    j["rounds"] = rounds;
+    std::printf("%s\n", j.dump(2).c_str());
   } else {
-    print_table(a, *engine, r);
+    print_table(a, *engine, base);
+    std::printf("\n  with adapters: %s\n", names.c_str());
+    std::printf("  %-24s %12s %12s %8s   %s\n", "metric", "base", "lora", "ratio", "bound");
+    std::printf("  %-24s %12.1f %12.1f %7.3fx   %s\n", "prefill tok/s", base.prefill_tok_s, lora.prefill_tok_s,
+                prefill_ratio, "-");
+    std::printf("  %-24s %12.1f %12.1f %7.3fx   %.3fx = model / (model + adapter) bytes per token\n", "decode tok/s",
+                base.decode_tok_s, lora.decode_tok_s, decode_ratio, bound);
+    std::printf("  %-24s %12.3f %12.3f\n", "MB read / token", base.model_bytes / 1e6,
+                (base.model_bytes + adapter_bytes) / 1e6);
+    std::printf("  %-24s %d rounds of base then lora, %lld reps each: medians over the pooled reps\n", "run", rounds,
+                static_cast<long long>(o.reps));
   }
   std::fflush(stdout);
   return 0;

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/tensor.h"
 #include "model/config.h"
 #include "platform/allocator.h"
 
@@ -103,8 +104,22 @@ std::unique_ptr<LoraAdapter> load_lora_peft(const std::string& dir, const ModelC
 // Writes an adapter in llama.cpp's GGUF adapter format (F32 tensors,
 // adapter.lora.alpha chosen so that alpha / rank is each pair's scale; a
 // file whose pairs have different scale·rank products cannot be written and
-// throws). Throws ebb::Error naming the path on an I/O failure.
-void write_lora_gguf(const LoraAdapter& adapter, const std::string& path);
+// throws, and so does scale 0, which the format cannot hold: alpha 0 means
+// scale 1 there). `type`: F32 or F16 tensors. Throws ebb::Error naming the
+// path on an I/O failure.
+void write_lora_gguf(const LoraAdapter& adapter, const std::string& path, DType type = DType::kF32);
+
+// Random A (normal, std 1/sqrt(n_in)) and B (normal, std `b_std`; 0 gives
+// LoRA's usual B = 0 start) for the given targets of every layer: the
+// adapter `ebb adapter synth` writes and training starts from.
+struct LoraInitOptions {
+  int64_t rank = 8;
+  float alpha = 16;
+  std::vector<LoraTarget> targets;  // empty: q k v o gate up down
+  float b_std = 0.0f;
+  uint64_t seed = 1;
+};
+std::unique_ptr<LoraAdapter> init_lora(const ModelConfig& config, const LoraInitOptions& opts, Allocator& alloc);
 
 // The (n_in, n_out) a model expects for a target (n_in of kTokenEmbd is
 // n_vocab, its n_out n_embd).

@@ -6,11 +6,13 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <random>
 
 #include "kernels/matmul.h"
 #include "model/gguf.h"
 #include "model/lora_internal.h"
 #include "platform/error.h"
+#include "platform/fp16.h"
 #include "platform/hash.h"
 
 namespace ebb {
@@ -226,8 +228,11 @@ std::unique_ptr<LoraAdapter> load_lora_gguf(const std::string& path, const Model
   return ad;
 }
 
-void write_lora_gguf(const LoraAdapter& ad, const std::string& path) {
+void write_lora_gguf(const LoraAdapter& ad, const std::string& path, DType type) {
   if (ad.pairs.empty()) throw Error("cannot write '" + path + "': the adapter has no tensors");
+  if (type != DType::kF32 && type != DType::kF16) {
+    throw Error("cannot write '" + path + "': adapters are written as F32 or F16, not " + std::string(dtype_name(type)));
+  }
   // One alpha for the file: alpha / rank must give every pair's scale.
   const float alpha = ad.pairs[0].scale * static_cast<float>(ad.pairs[0].rank);
   for (const LoraPair& p : ad.pairs) {
@@ -237,6 +242,10 @@ void write_lora_gguf(const LoraAdapter& ad, const std::string& path) {
                   "alphas (" + std::to_string(alpha) + " for '" + lora_base_tensor_name(ad.pairs[0].layer, ad.pairs[0].target) +
                   "', " + std::to_string(a) + " for '" + lora_base_tensor_name(p.layer, p.target) + "')");
     }
+  }
+  if (alpha == 0.0f) {
+    throw Error("cannot write '" + path + "' in llama.cpp's adapter format: its scale is 0 (alpha 0 means scale 1 "
+                "there)");
   }
   GgufWriter w;
   w.set_string("general.type", "adapter");
@@ -252,22 +261,68 @@ void write_lora_gguf(const LoraAdapter& ad, const std::string& path) {
     const std::string base = lora_base_tensor_name(p.layer, p.target);
     const bool embd = p.target == LoraTarget::kTokenEmbd;
     w.add_tensor(base + ".lora_a", embd ? std::vector<int64_t>{p.rank, p.n_in} : std::vector<int64_t>{p.n_in, p.rank},
-                 DType::kF32);
+                 type);
     outs.push_back({&p, true});
-    w.add_tensor(base + ".lora_b", {p.rank, p.n_out}, DType::kF32);
+    w.add_tensor(base + ".lora_b", {p.rank, p.n_out}, type);
     outs.push_back({&p, false});
   }
+  std::vector<float> rows;
   w.write(path, [&](size_t i, uint8_t* dst) {
     const LoraPair& p = *outs[i].p;
     if (outs[i].is_a) {
-      std::memcpy(dst, p.a.data(), p.a.size());
-      return;
+      rows.assign(p.a_data(), p.a_data() + p.a.size() / sizeof(float));
+    } else {
+      rows.resize(static_cast<size_t>(p.n_out * p.rank));  // [n_out, rank]
+      const float* bt = p.bt_data();
+      for (int64_t o = 0; o < p.n_out; ++o)
+        for (int64_t j = 0; j < p.rank; ++j) rows[static_cast<size_t>(o * p.rank + j)] = bt[j * p.n_out + o];
     }
-    auto* b = reinterpret_cast<float*>(dst);  // [n_out, rank]
-    const float* bt = p.bt_data();
-    for (int64_t o = 0; o < p.n_out; ++o)
-      for (int64_t j = 0; j < p.rank; ++j) b[o * p.rank + j] = bt[j * p.n_out + o];
+    if (type == DType::kF32) {
+      std::memcpy(dst, rows.data(), rows.size() * sizeof(float));
+    } else {
+      auto* h = reinterpret_cast<uint16_t*>(dst);
+      for (size_t k = 0; k < rows.size(); ++k) h[k] = fp32_to_fp16(rows[k]);
+    }
   });
+}
+
+std::unique_ptr<LoraAdapter> init_lora(const ModelConfig& config, const LoraInitOptions& o, Allocator& alloc) {
+  if (o.rank < 1 || o.rank > 65536) throw Error("LoRA rank must be 1 to 65536, got " + std::to_string(o.rank));
+  std::vector<LoraTarget> targets = o.targets;
+  if (targets.empty())
+    for (int t = 0; t < kLoraLayerTargets; ++t) targets.push_back(static_cast<LoraTarget>(t));
+  auto ad = std::make_unique<LoraAdapter>();
+  ad->source = "(initialised)";
+  ad->format = "gguf";
+  ad->arch = config.arch_name;
+  ad->alpha = o.alpha;
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  uint64_t h = fnv1a64(&o.alpha, sizeof o.alpha);
+  for (int layer = 0; layer < config.n_layer; ++layer) {
+    for (LoraTarget t : targets) {
+      if (static_cast<int>(t) >= kLoraLayerTargets) throw Error("init_lora: only layer projections can be initialised");
+      LoraPair p;
+      p.layer = layer;
+      p.target = t;
+      p.rank = o.rank;
+      lora_expected_shape(config, t, &p.n_in, &p.n_out);
+      p.scale = o.alpha / static_cast<float>(o.rank);
+      p.a = alloc.allocate(static_cast<size_t>(p.rank * p.n_in) * sizeof(float), MemCategory::kAdapter);
+      p.bt = alloc.allocate(static_cast<size_t>(p.rank * p.n_out) * sizeof(float), MemCategory::kAdapter);
+      const float a_std = 1.0f / std::sqrt(static_cast<float>(p.n_in));
+      float* a = p.a.as<float>();
+      for (int64_t i = 0; i < p.rank * p.n_in; ++i) a[i] = a_std * normal(rng);
+      float* bt = p.bt.as<float>();
+      for (int64_t i = 0; i < p.rank * p.n_out; ++i) bt[i] = o.b_std == 0 ? 0.0f : o.b_std * normal(rng);
+      h = fnv1a64(a, p.a.size(), h);
+      h = fnv1a64(bt, p.bt.size(), h);
+      ad->pairs.push_back(std::move(p));
+    }
+  }
+  ad->digest = h;
+  ad->index(static_cast<int>(config.n_layer));
+  return ad;
 }
 
 }  // namespace ebb

@@ -109,6 +109,7 @@ SpeedResult bench_speed(Engine& engine, const SpeedOptions& opts) {
   for (int64_t rep = 0; rep <= opts.reps; ++rep) {  // rep 0: warm-up, not counted
     if (opts.progress) opts.progress(rep, opts.reps);
     Session session(engine, so);
+    session.set_adapters(opts.adapters);
 
     const double t0 = now_seconds();
     std::span<const float> logits = session.feed(prompt);

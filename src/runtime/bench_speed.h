@@ -30,6 +30,8 @@ struct SpeedOptions {
   DType kv_type = DType::kF16;
   size_t membw_bytes = size_t{256} << 20;  // memory-bandwidth probe buffer; 0: skip the probe
   int membw_reps = 5;
+  // Adapters every rep's session binds (empty: the base model).
+  std::vector<AdapterBinding> adapters;
   // Called before each rep: (rep, reps); rep 0 is the warm-up, 1..reps timed.
   std::function<void(int64_t rep, int64_t reps)> progress;
 };
