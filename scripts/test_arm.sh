@@ -64,8 +64,9 @@ export build
 # neon target: it runs natively in the CTest suite.
 status=0
 printf '%s\n' "max test_quant -QuantModels.*" "max test_quant_lowbit" "max test_matmul" "max test_ops" \
-  "max test_lora_kernels" "max test_thread_pool" "cortex-a53 test_matmul" "cortex-a53 test_ops" \
-  "cortex-a53 test_quant_lowbit" "cortex-a53 test_lora_kernels" |
+  "max test_lora_kernels" "max test_train_ops" "max test_train_lora" "max test_thread_pool" "cortex-a53 test_matmul" "cortex-a53 test_ops" \
+  "cortex-a53 test_quant_lowbit" "cortex-a53 test_lora_kernels" "cortex-a53 test_train_ops" \
+  "cortex-a53 test_train_lora" |
   xargs -P "$jobs" -L 1 bash -c 'run_one "$0" "$1" "$2"' || status=1
 echo "test_arm: $((SECONDS - start)) s in all"
 exit $status

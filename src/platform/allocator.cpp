@@ -19,6 +19,9 @@ std::string_view mem_category_name(MemCategory c) {
     case MemCategory::kIoBuffer: return "io";
     case MemCategory::kCompressed: return "compressed";
     case MemCategory::kAdapter: return "adapter";
+    case MemCategory::kTrainActivations: return "train_activations";
+    case MemCategory::kTrainGrads: return "train_grads";
+    case MemCategory::kTrainOptimizer: return "train_optimizer";
     case MemCategory::kOther: return "other";
     case MemCategory::kCount: break;
   }

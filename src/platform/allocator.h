@@ -25,6 +25,9 @@ enum class MemCategory : uint8_t {
   kIoBuffer,    // direct-I/O staging
   kCompressed,  // compressed swap stack segments
   kAdapter,     // LoRA adapter tensors
+  kTrainActivations,  // training: saved activations and work buffers
+  kTrainGrads,        // training: gradients
+  kTrainOptimizer,    // training: parameters' private copy and optimizer moments
   kOther,
   kCount,
 };

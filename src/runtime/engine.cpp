@@ -155,6 +155,9 @@ Footprint Engine::footprint() const {
   f.scratch += forward_->scratch_bytes();
   f.io_buffers = static_cast<uint64_t>(ledger_.bytes(MemCategory::kIoBuffer));
   f.adapters = static_cast<uint64_t>(ledger_.bytes(MemCategory::kAdapter));
+  f.training = static_cast<uint64_t>(ledger_.bytes(MemCategory::kTrainActivations) +
+                                     ledger_.bytes(MemCategory::kTrainGrads) +
+                                     ledger_.bytes(MemCategory::kTrainOptimizer));
   if (elastic_) {
     const ElasticFootprint e = elastic_->footprint();
     f.compressed = e.compressed;

@@ -55,9 +55,12 @@ struct Footprint {
   uint64_t kv_stored = 0;                   // KV in swap files (not in RAM)
   uint64_t weights_stored = 0;              // dropped weight layers (backed by the GGUF, not in RAM)
   uint64_t adapters = 0;                    // LoRA adapter tensors (every version still held)
+  uint64_t training = 0;                    // a trainer's activations, gradients and optimizer state
   uint64_t weights() const;
   uint64_t kv() const;
-  uint64_t total() const { return weights() + globals + kv() + scratch + compressed + io_buffers + adapters; }
+  uint64_t total() const {
+    return weights() + globals + kv() + scratch + compressed + io_buffers + adapters + training;
+  }
 };
 
 class Engine {

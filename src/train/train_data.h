@@ -1,0 +1,31 @@
+// Training samples from a JSONL file, one sample a line, any of:
+//   {"text": "..."}                                   every token weighs 1
+//   {"prompt": "...", "completion": "..."}            the completion's tokens weigh 1, the prompt's 0
+//   {"messages": [{"role": "...", "content": "..."}]}  rendered with the chat
+//       template; the assistant messages' tokens weigh 1, the rest 0
+//   {"tokens": [ids], "weights": [w per token]}       as given
+// and optionally "weight": W (a reward or an advantage) multiplying every
+// weight of the line. Lines longer than max_tokens are cut (the cut is
+// reported through `notes`). Errors name the file, the line and the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "train/trainer.h"
+
+namespace ebb {
+
+struct TrainDataOptions {
+  int64_t max_tokens = 1024;
+  ChatFormat format = ChatFormat::kPlain;
+  bool add_bos = true;
+};
+
+std::vector<TrainSample> load_train_data(const std::string& path, const Tokenizer& tok, const TrainDataOptions& opts,
+                                         std::vector<std::string>* notes = nullptr);
+
+}  // namespace ebb

@@ -1,0 +1,420 @@
+#include "train/train_pass.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model/weight_source.h"
+#include "platform/error.h"
+
+namespace ebb {
+
+void LoraGrads::zero() {
+  for (Buffer& b : da) std::memset(b.data(), 0, b.size());
+  for (Buffer& b : dbt) std::memset(b.data(), 0, b.size());
+}
+
+LoraGrads make_grads(const LoraAdapter& adapter, Allocator& alloc) {
+  LoraGrads g;
+  for (const LoraPair& p : adapter.pairs) {
+    g.da.push_back(alloc.allocate(p.a.size(), MemCategory::kTrainGrads));
+    g.dbt.push_back(alloc.allocate(p.bt.size(), MemCategory::kTrainGrads));
+  }
+  g.zero();
+  return g;
+}
+
+// What the backward of one layer reads (F32, rows of the sample).
+struct TrainPass::LayerActs {
+  Buffer xn;    // [T, d]   attention norm's output
+  Buffer qraw;  // [T, qd]  q projection (+ bias), before the Q norm and RoPE
+  Buffer kraw;  // [T, kvd]
+  Buffer q;     // [T, qd]  after the Q norm and RoPE
+  Buffer k;     // [T, kvd]
+  Buffer v;     // [T, kvd]
+  Buffer o;     // [T, qd]  attention output
+  Buffer lse;   // [T, n_head]
+  Buffer x2;    // [T, d]   after the attention residual
+  Buffer xn2;   // [T, d]   FFN norm's output
+  Buffer g, u;  // [T, ff]
+  Buffer h;     // [T, ff]  swiglu(g, u)
+  Buffer t[kLoraLayerTargets];  // [T, rank] each pair's A x
+};
+
+namespace {
+
+float* f(const Buffer& b) { return b.as<float>(); }
+
+Buffer alloc_f(Allocator& a, int64_t n) {
+  Buffer b = a.allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float), MemCategory::kTrainActivations);
+  return b;
+}
+
+}  // namespace
+
+TrainPass::TrainPass(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc, TrainPassOptions opts)
+    : model_(model),
+      cfg_(model.config()),
+      isa_(isa),
+      ks_(kernel_set(isa)),
+      ops_(ops_kernels(isa)),
+      lk_(lora_kernels(isa)),
+      tk_(train_ops_kernels(isa)),
+      pool_(pool),
+      alloc_(alloc),
+      opts_(opts) {
+  if (opts_.head_rows < 1 || opts_.matmul_rows < 1) throw Error("training: head_rows and matmul_rows must be >= 1");
+  size_t mm = 0;
+  auto consider = [&](const WeightUnit& u) {
+    for (const TensorSlot& s : u.slots())
+      if (s.dims.size() == 2) mm = std::max(mm, matmul_scratch_bytes(s.type, s.dims[0], opts_.matmul_rows));
+  };
+  for (int l = 0; l < model_.n_layers(); ++l) consider(model_.layer_unit(l));
+  consider(model_.globals_unit());
+  mm_scratch_ = alloc_.allocate(mm, MemCategory::kTrainActivations);
+  head_ = alloc_f(alloc_, opts_.head_rows * cfg_.n_vocab);
+}
+
+TrainPass::~TrainPass() = default;
+
+uint64_t TrainPass::activation_bytes(int64_t T, int64_t max_rank) const {
+  const ModelConfig& c = cfg_;
+  const int64_t per_layer = T * (3 * c.n_embd + 3 * c.q_dim() + 3 * c.kv_dim() + c.n_head + 3 * c.n_ff) +
+                            kLoraLayerTargets * T * max_rank;
+  const int64_t layers = opts_.recompute ? 1 : c.n_layer;
+  const int64_t inputs = (c.n_layer + 1) * T * c.n_embd;
+  const int64_t work = T * (3 * c.n_embd + 2 * c.q_dim() + 3 * c.kv_dim() + 3 * c.n_ff + max_rank) + T + 2 * T * c.rope_dim;
+  return static_cast<uint64_t>(per_layer * layers + inputs + work) * sizeof(float);
+}
+
+void TrainPass::release() {
+  acts_.clear();
+  inputs_.clear();
+  rope_.reset();
+  rope_back_.reset();
+  work_.reset();
+  T_ = 0;
+}
+
+void TrainPass::allocate_acts(int64_t T, int64_t max_rank) {
+  const ModelConfig& c = cfg_;
+  release();
+  T_ = T;
+  const int64_t layers = opts_.recompute ? 1 : c.n_layer;
+  acts_.resize(static_cast<size_t>(layers));
+  for (LayerActs& a : acts_) {
+    a.xn = alloc_f(alloc_, T * c.n_embd);
+    a.qraw = alloc_f(alloc_, T * c.q_dim());
+    a.kraw = alloc_f(alloc_, T * c.kv_dim());
+    a.q = alloc_f(alloc_, T * c.q_dim());
+    a.k = alloc_f(alloc_, T * c.kv_dim());
+    a.v = alloc_f(alloc_, T * c.kv_dim());
+    a.o = alloc_f(alloc_, T * c.q_dim());
+    a.lse = alloc_f(alloc_, T * c.n_head);
+    a.x2 = alloc_f(alloc_, T * c.n_embd);
+    a.xn2 = alloc_f(alloc_, T * c.n_embd);
+    a.g = alloc_f(alloc_, T * c.n_ff);
+    a.u = alloc_f(alloc_, T * c.n_ff);
+    a.h = alloc_f(alloc_, T * c.n_ff);
+    for (Buffer& t : a.t) t = alloc_f(alloc_, T * std::max<int64_t>(max_rank, 1));
+  }
+  for (int64_t l = 0; l <= c.n_layer; ++l) inputs_.push_back(alloc_f(alloc_, T * c.n_embd));
+  // matmul_t's scratch for the largest product of a T-row sample.
+  {
+    ResidentWeights src(model_);
+    size_t mt = matmul_t_scratch_floats(src.acquire_head().output, std::min(T, opts_.head_rows), pool_.size());
+    for (int l = 0; l < model_.n_layers(); ++l) {
+      const LayerWeights w = src.acquire_layer(l);
+      for (const WeightView* v : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down})
+        mt = std::max(mt, matmul_t_scratch_floats(*v, T, pool_.size()));
+    }
+    if (mt_scratch_.size() < mt * sizeof(float)) {
+      mt_scratch_.reset();
+      mt_scratch_ = alloc_.allocate(mt * sizeof(float), MemCategory::kTrainActivations);
+    }
+  }
+  rope_ = alloc_f(alloc_, T * c.rope_dim);
+  rope_back_ = alloc_f(alloc_, T * c.rope_dim);
+  const int64_t work = T * (3 * c.n_embd + 2 * c.q_dim() + 3 * c.kv_dim() + 3 * c.n_ff + max_rank) + T;
+  work_ = alloc_f(alloc_, work);
+}
+
+void TrainPass::project(const WeightView& w, const float* x, int64_t x_stride, float* y, int64_t y_stride) {
+  for (int64_t r0 = 0; r0 < T_; r0 += opts_.matmul_rows) {
+    MatmulArgs a;
+    a.w = &w;
+    a.x = x + r0 * x_stride;
+    a.x_stride = x_stride;
+    a.n_tokens = std::min(opts_.matmul_rows, T_ - r0);
+    a.y = y + r0 * y_stride;
+    a.y_stride = y_stride;
+    a.scratch = mm_scratch_.data();
+    matmul(ks_, a, pool_);
+  }
+}
+
+namespace {
+
+void add_rows(float* y, const float* b, int64_t T, int64_t n, const OpsKernels& ops) {
+  if (!b) return;
+  for (int64_t t = 0; t < T; ++t) ops.add(y + t * n, b, n);
+}
+
+}  // namespace
+
+void TrainPass::layer_forward(int l, const LoraAdapter& ad, LayerActs& a, const float* x_in, float* x_out) {
+  const ModelConfig& c = cfg_;
+  const int64_t T = T_, d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
+  ResidentWeights src(model_);
+  const LayerWeights w = src.acquire_layer(l);
+  // y += s B (A x), keeping A x in a.t[target].
+  auto lora = [&](LoraTarget tg, const float* x, int64_t n_in, float* y, int64_t n_out) {
+    const LoraPair* p = ad.find(l, tg);
+    if (!p) return;
+    float* t = f(a.t[static_cast<int>(tg)]);
+    lk_.down(p->a_data(), x, n_in, T, p->rank, n_in, t);
+    lk_.up(p->bt_data(), t, p->scale, T, p->rank, n_out, 0, n_out, y, n_out);
+  };
+  for (int64_t t = 0; t < T; ++t) ops_.rmsnorm(x_in + t * d, w.attn_norm, f(a.xn) + t * d, d, c.rms_eps);
+  project(w.q, f(a.xn), d, f(a.qraw), qd);
+  lora(LoraTarget::kQ, f(a.xn), d, f(a.qraw), qd);
+  project(w.k, f(a.xn), d, f(a.kraw), kvd);
+  lora(LoraTarget::kK, f(a.xn), d, f(a.kraw), kvd);
+  project(w.v, f(a.xn), d, f(a.v), kvd);
+  lora(LoraTarget::kV, f(a.xn), d, f(a.v), kvd);
+  add_rows(f(a.qraw), w.q_bias, T, qd, ops_);
+  add_rows(f(a.kraw), w.k_bias, T, kvd, ops_);
+  add_rows(f(a.v), w.v_bias, T, kvd, ops_);
+  std::memcpy(f(a.q), f(a.qraw), static_cast<size_t>(T * qd) * sizeof(float));
+  std::memcpy(f(a.k), f(a.kraw), static_cast<size_t>(T * kvd) * sizeof(float));
+  for (int64_t t = 0; t < T; ++t) {
+    float* qt = f(a.q) + t * qd;
+    float* kt = f(a.k) + t * kvd;
+    if (w.q_norm) {
+      for (int64_t h = 0; h < c.n_head; ++h) ops_.rmsnorm(qt + h * c.head_dim, w.q_norm, qt + h * c.head_dim, c.head_dim, c.rms_eps);
+      for (int64_t h = 0; h < c.n_head_kv; ++h)
+        ops_.rmsnorm(kt + h * c.head_dim, w.k_norm, kt + h * c.head_dim, c.head_dim, c.rms_eps);
+    }
+    ops_.rope(qt, c.n_head, c.head_dim, c.rope_dim, f(rope_) + t * c.rope_dim, c.rope_style);
+    ops_.rope(kt, c.n_head_kv, c.head_dim, c.rope_dim, f(rope_) + t * c.rope_dim, c.rope_style);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  tk_.attention_forward(f(a.q), f(a.k), f(a.v), T, c.n_head, c.n_head_kv, c.head_dim, scale, f(a.o), f(a.lse));
+  project(w.o, f(a.o), qd, f(a.x2), d);
+  lora(LoraTarget::kO, f(a.o), qd, f(a.x2), d);
+  for (int64_t i = 0; i < T * d; ++i) f(a.x2)[i] += x_in[i];
+  for (int64_t t = 0; t < T; ++t) ops_.rmsnorm(f(a.x2) + t * d, w.ffn_norm, f(a.xn2) + t * d, d, c.rms_eps);
+  project(w.gate, f(a.xn2), d, f(a.g), ff);
+  lora(LoraTarget::kGate, f(a.xn2), d, f(a.g), ff);
+  project(w.up, f(a.xn2), d, f(a.u), ff);
+  lora(LoraTarget::kUp, f(a.xn2), d, f(a.u), ff);
+  for (int64_t t = 0; t < T; ++t) ops_.swiglu(f(a.g) + t * ff, f(a.u) + t * ff, f(a.h) + t * ff, ff);
+  project(w.down, f(a.h), ff, x_out, d);
+  lora(LoraTarget::kDown, f(a.h), ff, x_out, d);
+  for (int64_t i = 0; i < T * d; ++i) x_out[i] += f(a.x2)[i];
+}
+
+double TrainPass::forward(std::span<const int32_t> tokens, std::span<const float> weights, const LoraAdapter& ad) {
+  const ModelConfig& c = cfg_;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  if (T < 2) throw Error("a training sample needs at least 2 tokens (it has " + std::to_string(T) + ")");
+  if (weights.size() != tokens.size()) {
+    throw Error("a training sample has " + std::to_string(tokens.size()) + " tokens and " +
+                std::to_string(weights.size()) + " weights; they must be as many");
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= c.n_vocab) {
+      throw Error("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(c.n_vocab) + ")");
+    }
+  }
+  for (const LoraPair& p : ad.pairs) {
+    if (static_cast<int>(p.target) >= kLoraLayerTargets) {
+      throw Error("training: '" + lora_base_tensor_name(p.layer, p.target) +
+                  "' cannot be trained (only q, k, v, o, gate, up and down)");
+    }
+  }
+  allocate_acts(T, ad.max_rank());
+  tokens_.assign(tokens.begin(), tokens.end());
+  weights_.assign(weights.begin(), weights.end());
+  const int64_t d = c.n_embd;
+  ResidentWeights src(model_);
+  // Embeddings and RoPE tables: (cos, sin) per position, and (cos, -sin)
+  // for the backward (the transposed rotation).
+  for (int64_t t = 0; t < T; ++t) {
+    const MatrixRow e = src.embedding_row(tokens[t]);
+    dequantize_row(ks_, e.matrix, e.row, f(inputs_[0]) + t * d);
+    float* cs = f(rope_) + t * c.rope_dim;
+    ops_.rope_angles(t, c.rope_dim, c.rope_base, c.rope_freq_scale, cs,
+                     c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+    float* cb = f(rope_back_) + t * c.rope_dim;
+    for (int64_t i = 0; i < c.rope_dim; i += 2) {
+      cb[i] = cs[i];
+      cb[i + 1] = -cs[i + 1];
+    }
+  }
+  for (int l = 0; l < model_.n_layers(); ++l) {
+    LayerActs& a = acts_[opts_.recompute ? 0 : static_cast<size_t>(l)];
+    layer_forward(l, ad, a, f(inputs_[l]), f(inputs_[l + 1]));
+  }
+  // The head, a block of rows at a time: logits, the loss and its gradient,
+  // and the gradient back through the head, kept in the work buffer's first
+  // [T, d] (dxf, for loss scale 1).
+  const GlobalWeights g = src.acquire_head();
+  EBB_CHECK_MSG(g.output.rows == c.n_vocab, "training needs the whole output head resident");
+  float* xf = f(work_);          // [T, d] the final norm's output (the first block of work)
+  float* dxf = xf + T * d;       // [T, d]
+  std::memset(dxf, 0, static_cast<size_t>(T * d) * sizeof(float));
+  const float* x_last = f(inputs_[static_cast<size_t>(c.n_layer)]);
+  for (int64_t t = 0; t < T; ++t) ops_.rmsnorm(x_last + t * d, g.output_norm, xf + t * d, d, c.rms_eps);
+  double loss = 0;
+  for (int64_t r0 = 0; r0 < T; r0 += opts_.head_rows) {
+    const int64_t n = std::min(opts_.head_rows, T - r0);
+    for (int64_t i = 0; i < n; i += opts_.matmul_rows) {
+      MatmulArgs m;
+      m.w = &g.output;
+      m.x = xf + (r0 + i) * d;
+      m.x_stride = d;
+      m.n_tokens = std::min(opts_.matmul_rows, n - i);
+      m.y = f(head_) + i * c.n_vocab;
+      m.y_stride = c.n_vocab;
+      m.scratch = mm_scratch_.data();
+      matmul(ks_, m, pool_);
+    }
+    bool any = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = r0 + i;  // predicts token pos + 1
+      const bool has = pos + 1 < T && weights_[static_cast<size_t>(pos + 1)] != 0.0f;
+      float* z = f(head_) + i * c.n_vocab;
+      if (!has) {
+        std::memset(z, 0, static_cast<size_t>(c.n_vocab) * sizeof(float));
+        continue;
+      }
+      loss += tk_.cross_entropy(z, c.n_vocab, tokens_[static_cast<size_t>(pos + 1)], weights_[static_cast<size_t>(pos + 1)]);
+      any = true;
+    }
+    if (any) matmul_t(ks_, g.output, f(head_), n, dxf + r0 * d, f(mt_scratch_), pool_);
+  }
+  return loss;
+}
+
+void TrainPass::layer_backward(int l, const LoraAdapter& ad, float s, LayerActs& a, float* dx, bool want_dx,
+                               LoraGrads& grads) {
+  const ModelConfig& c = cfg_;
+  const int64_t T = T_, d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
+  ResidentWeights src(model_);
+  const LayerWeights w = src.acquire_layer(l);
+  const float* x_in = f(inputs_[static_cast<size_t>(l)]);
+  // Temporaries, after the head's [2T, d] at the start of work_.
+  float* p = f(work_) + 2 * T * d;
+  auto take = [&](int64_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  float* dh = take(T * ff);
+  float* dg = take(T * ff);
+  float* du = take(T * ff);
+  float* dxn = take(T * d);  // also dxn2
+  float* dq = take(T * qd);
+  float* dqraw = take(T * qd);
+  float* dk = take(T * kvd);
+  float* dkraw = take(T * kvd);
+  float* dv = take(T * kvd);
+  float* dt = take(T * std::max<int64_t>(ad.max_rank(), 1));
+  float* scratch = take(T);
+  (void)scratch;
+  auto zero = [](float* x, int64_t n) { std::memset(x, 0, static_cast<size_t>(n) * sizeof(float)); };
+  // LoRA backward of a pair, if the layer has one for the target.
+  auto lora = [&](LoraTarget tg, const float* x, int64_t n_in, const float* dy, int64_t n_out, float* dxo) {
+    const LoraPair* pr = ad.find(l, tg);
+    if (!pr) return;
+    const size_t i = static_cast<size_t>(pr - ad.pairs.data());
+    tk_.lora_backward(x, f(a.t[static_cast<int>(tg)]), dy, pr->a_data(), pr->bt_data(), pr->scale * s, T, pr->rank,
+                      n_in, n_out, f(grads.da[i]), f(grads.dbt[i]), dt, dxo);
+  };
+  // dx holds d(loss)/d(x_out) (already times s for the base path: see backward()).
+  // FFN: x_out = x2 + down(h).
+  zero(dh, T * ff);
+  matmul_t(ks_, w.down, dx, T, dh, f(mt_scratch_), pool_);
+  lora(LoraTarget::kDown, f(a.h), ff, dx, d, dh);
+  tk_.swiglu_backward(f(a.g), f(a.u), dh, dg, du, T * ff);
+  zero(dxn, T * d);
+  matmul_t(ks_, w.gate, dg, T, dxn, f(mt_scratch_), pool_);
+  matmul_t(ks_, w.up, du, T, dxn, f(mt_scratch_), pool_);
+  lora(LoraTarget::kGate, f(a.xn2), d, dg, ff, dxn);
+  lora(LoraTarget::kUp, f(a.xn2), d, du, ff, dxn);
+  // dx becomes d/d(x2): the residual plus the FFN norm's backward.
+  for (int64_t t = 0; t < T; ++t) tk_.rmsnorm_backward(f(a.x2) + t * d, w.ffn_norm, dxn + t * d, dx + t * d, d, c.rms_eps);
+  // Attention: x2 = x_in + o_proj(attention(...)).
+  float* dout = dqraw;  // [T, qd], reused below once consumed
+  zero(dout, T * qd);
+  matmul_t(ks_, w.o, dx, T, dout, f(mt_scratch_), pool_);
+  lora(LoraTarget::kO, f(a.o), qd, dx, d, dout);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  tk_.attention_backward(f(a.q), f(a.k), f(a.v), f(a.o), dout, f(a.lse), T, c.n_head, c.n_head_kv, c.head_dim, scale,
+                         dq, dk, dv, dh /* [T * ff] floats, free now */);
+  // RoPE, then the Q/K norms, backward.
+  for (int64_t t = 0; t < T; ++t) {
+    ops_.rope(dq + t * qd, c.n_head, c.head_dim, c.rope_dim, f(rope_back_) + t * c.rope_dim, c.rope_style);
+    ops_.rope(dk + t * kvd, c.n_head_kv, c.head_dim, c.rope_dim, f(rope_back_) + t * c.rope_dim, c.rope_style);
+  }
+  if (w.q_norm) {
+    zero(dqraw, T * qd);
+    zero(dkraw, T * kvd);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        const int64_t o = t * qd + h * c.head_dim;
+        tk_.rmsnorm_backward(f(a.qraw) + o, w.q_norm, dq + o, dqraw + o, c.head_dim, c.rms_eps);
+      }
+      for (int64_t h = 0; h < c.n_head_kv; ++h) {
+        const int64_t o = t * kvd + h * c.head_dim;
+        tk_.rmsnorm_backward(f(a.kraw) + o, w.k_norm, dk + o, dkraw + o, c.head_dim, c.rms_eps);
+      }
+    }
+  } else {
+    std::memcpy(dqraw, dq, static_cast<size_t>(T * qd) * sizeof(float));
+    std::memcpy(dkraw, dk, static_cast<size_t>(T * kvd) * sizeof(float));
+  }
+  float* dxn_or_null = want_dx ? dxn : nullptr;
+  if (want_dx) {
+    zero(dxn, T * d);
+    matmul_t(ks_, w.q, dqraw, T, dxn, f(mt_scratch_), pool_);
+    matmul_t(ks_, w.k, dkraw, T, dxn, f(mt_scratch_), pool_);
+    matmul_t(ks_, w.v, dv, T, dxn, f(mt_scratch_), pool_);
+  }
+  lora(LoraTarget::kQ, f(a.xn), d, dqraw, qd, dxn_or_null);
+  lora(LoraTarget::kK, f(a.xn), d, dkraw, kvd, dxn_or_null);
+  lora(LoraTarget::kV, f(a.xn), d, dv, kvd, dxn_or_null);
+  if (want_dx) {
+    for (int64_t t = 0; t < T; ++t) tk_.rmsnorm_backward(x_in + t * d, w.attn_norm, dxn + t * d, dx + t * d, d, c.rms_eps);
+  }
+}
+
+void TrainPass::backward(const LoraAdapter& ad, float loss_scale, LoraGrads& grads) {
+  EBB_CHECK_MSG(T_ > 0, "TrainPass::backward without a forward");
+  const ModelConfig& c = cfg_;
+  const int64_t T = T_, d = c.n_embd;
+  ResidentWeights src(model_);
+  const GlobalWeights g = src.acquire_head();
+  // The gradient at the last layer's output: the loss scale applied once
+  // here, so every gradient below is d(loss_scale · loss).
+  const float* dxf = f(work_) + T * d;
+  std::vector<float> dx(static_cast<size_t>(T * d), 0.0f);
+  std::vector<float> scaled(static_cast<size_t>(d));
+  const float* x_last = f(inputs_[static_cast<size_t>(c.n_layer)]);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < d; ++i) scaled[static_cast<size_t>(i)] = loss_scale * dxf[t * d + i];
+    tk_.rmsnorm_backward(x_last + t * d, g.output_norm, scaled.data(), dx.data() + t * d, d, c.rms_eps);
+  }
+  std::vector<float> discard;
+  for (int l = model_.n_layers() - 1; l >= 0; --l) {
+    LayerActs& a = acts_[opts_.recompute ? 0 : static_cast<size_t>(l)];
+    if (opts_.recompute) {
+      discard.resize(static_cast<size_t>(T * d));
+      layer_forward(l, ad, a, f(inputs_[static_cast<size_t>(l)]), discard.data());
+    }
+    layer_backward(l, ad, 1.0f, a, dx.data(), /*want_dx=*/l > 0, grads);
+  }
+}
+
+}  // namespace ebb

@@ -1,0 +1,101 @@
+// One sample's forward and backward pass for LoRA training over a frozen
+// base model (DESIGN.md "Trainer"; LOCAL §2.2, §4.2). The base weights are
+// read, never written, in whatever format they are stored; only the LoRA
+// pairs of the trainable adapter get gradients.
+//
+// The forward runs the whole sample causally (positions 0..T-1, F32
+// activations, attention over the sample itself) and keeps, per layer,
+// what the backward needs; with `recompute` only each layer's input is kept
+// and the layer's forward runs again just before its backward
+// (checkpointing: activation memory of one layer instead of all).
+//
+// The loss of a sample is Σ_i w_i · CE_i over its positions i >= 1, where
+// CE_i is the cross-entropy of token i given tokens [0, i) and w_i its
+// weight (1 on a supervised answer's tokens, 0 on the prompt's, an
+// advantage for REINFORCE). The logits are made and consumed a block of
+// rows at a time, never [T, n_vocab] at once.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/lora.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "kernels/train_ops.h"
+#include "model/lora.h"
+#include "model/model.h"
+#include "platform/allocator.h"
+#include "platform/thread_pool.h"
+
+namespace ebb {
+
+// A trainable adapter's gradients, pair by pair of the adapter (same shapes
+// as a and bt).
+struct LoraGrads {
+  std::vector<Buffer> da;   // [rank, n_in]
+  std::vector<Buffer> dbt;  // [rank, n_out]
+  void zero();
+};
+LoraGrads make_grads(const LoraAdapter& adapter, Allocator& alloc);
+
+struct TrainPassOptions {
+  bool recompute = false;     // checkpointing: keep only each layer's input
+  int64_t head_rows = 16;     // logits rows made at once (block of [head_rows, n_vocab])
+  int64_t matmul_rows = 64;   // rows per forward product (bounds its scratch)
+};
+
+class TrainPass {
+ public:
+  // The adapter's pairs must target layer projections (q k v o gate up down)
+  // of `model`, whose weights must be resident.
+  TrainPass(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc, TrainPassOptions opts = {});
+  TrainPass(const TrainPass&) = delete;
+  TrainPass& operator=(const TrainPass&) = delete;
+  ~TrainPass();
+
+  // Forward of one sample: keeps the activations for backward(). Returns
+  // the weighted loss Σ w_i CE_i (not normalised).
+  //   tokens, weights: [T] (weights[0] is not used: token 0 has no prediction)
+  double forward(std::span<const int32_t> tokens, std::span<const float> weights, const LoraAdapter& adapter);
+  // Backward of the last forward: grads += d(loss_scale · loss)/d(params).
+  void backward(const LoraAdapter& adapter, float loss_scale, LoraGrads& grads);
+  // Frees the activations (between samples they are not needed).
+  void release();
+
+  // Bytes the activations of a sample of T tokens take (what forward() allocates).
+  uint64_t activation_bytes(int64_t T, int64_t max_rank) const;
+
+ private:
+  struct LayerActs;
+  void layer_forward(int l, const LoraAdapter& ad, LayerActs& a, const float* x_in, float* x_out);
+  void layer_backward(int l, const LoraAdapter& ad, float s, LayerActs& a, float* dx, bool want_dx, LoraGrads& g);
+  void project(const WeightView& w, const float* x, int64_t x_stride, float* y, int64_t y_stride);
+  void allocate_acts(int64_t T, int64_t max_rank);
+
+  const Model& model_;
+  const ModelConfig& cfg_;
+  Isa isa_;
+  const KernelSet& ks_;
+  const OpsKernels& ops_;
+  const LoraKernels& lk_;
+  const TrainOpsKernels& tk_;
+  ThreadPool& pool_;
+  Allocator& alloc_;
+  TrainPassOptions opts_;
+
+  int64_t T_ = 0;
+  std::vector<int32_t> tokens_;
+  std::vector<float> weights_;
+  std::vector<LayerActs> acts_;   // one per layer (or one, reused, with recompute)
+  std::vector<Buffer> inputs_;    // [n_layer + 1][T, n_embd]: each layer's input, then the final one
+  Buffer rope_;                   // [T, rope_dim] (cos, sin) pairs
+  Buffer rope_back_;              // [T, rope_dim] (cos, -sin): the transposed rotation
+  Buffer mm_scratch_;             // forward products
+  Buffer mt_scratch_;             // matmul_t
+  Buffer work_;                   // backward temporaries
+  Buffer head_;                   // [head_rows, n_vocab] logits, then their gradient
+};
+
+}  // namespace ebb

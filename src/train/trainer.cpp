@@ -1,0 +1,453 @@
+#include "train/trainer.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "platform/error.h"
+#include "platform/hash.h"
+#include "platform/timer.h"
+
+namespace ebb {
+
+const char* phase_name(PhaseKind k) {
+  switch (k) {
+    case PhaseKind::kForward: return "forward";
+    case PhaseKind::kBackward: return "backward";
+    case PhaseKind::kCommit: return "commit";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr double kEmaAlpha = 0.2;  // LOCAL §7.1
+
+std::unique_ptr<LoraAdapter> copy_adapter(const LoraAdapter& src, Allocator& alloc, MemCategory cat, int n_layers) {
+  auto ad = std::make_unique<LoraAdapter>();
+  ad->source = src.source;
+  ad->format = src.format;
+  ad->arch = src.arch;
+  ad->alpha = src.alpha;
+  ad->digest = src.digest;
+  for (const LoraPair& p : src.pairs) {
+    LoraPair q;
+    q.layer = p.layer;
+    q.target = p.target;
+    q.rank = p.rank;
+    q.n_in = p.n_in;
+    q.n_out = p.n_out;
+    q.scale = p.scale;
+    q.a = alloc.allocate(p.a.size(), cat);
+    q.bt = alloc.allocate(p.bt.size(), cat);
+    std::memcpy(q.a.data(), p.a.data(), p.a.size());
+    std::memcpy(q.bt.data(), p.bt.data(), p.bt.size());
+    ad->pairs.push_back(std::move(q));
+  }
+  ad->index(n_layers);
+  return ad;
+}
+
+uint64_t digest_of(const LoraAdapter& ad) {
+  uint64_t h = fnv1a64(&ad.alpha, sizeof ad.alpha);
+  for (const LoraPair& p : ad.pairs) {
+    const int32_t id[2] = {p.layer, static_cast<int32_t>(p.target)};
+    h = fnv1a64(id, sizeof id, h);
+    h = fnv1a64(&p.scale, sizeof p.scale, h);
+    h = fnv1a64(p.a.data(), p.a.size(), h);
+    h = fnv1a64(p.bt.data(), p.bt.size(), h);
+  }
+  return h;
+}
+
+uint64_t samples_digest(const std::vector<TrainSample>& s) {
+  uint64_t h = kFnv1a64Offset;
+  for (const TrainSample& x : s) {
+    const uint64_t n = x.tokens.size();
+    h = fnv1a64(&n, sizeof n, h);
+    h = fnv1a64(x.tokens.data(), x.tokens.size() * sizeof(int32_t), h);
+    h = fnv1a64(x.weights.data(), x.weights.size() * sizeof(float), h);
+  }
+  return h;
+}
+
+std::unique_ptr<LoraAdapter> make_params(Engine& e, const TrainerOptions& o, const LoraAdapter* start) {
+  const int nl = static_cast<int>(e.config().n_layer);
+  if (start) {
+    for (const LoraPair& p : start->pairs) {
+      if (static_cast<int>(p.target) >= kLoraLayerTargets) {
+        throw Error("training: the adapter to continue adapts '" + lora_base_tensor_name(p.layer, p.target) +
+                    "', which ebb does not train (only q, k, v, o, gate, up and down)");
+      }
+    }
+    return copy_adapter(*start, e.allocator(), MemCategory::kTrainOptimizer, nl);
+  }
+  std::unique_ptr<LoraAdapter> init = init_lora(e.config(), o.init, e.allocator());
+  return copy_adapter(*init, e.allocator(), MemCategory::kTrainOptimizer, nl);
+}
+
+}  // namespace
+
+Trainer::Trainer(Engine& engine, std::vector<TrainSample> samples, TrainerOptions opts, const LoraAdapter* start)
+    : engine_(engine),
+      samples_(std::move(samples)),
+      opts_(opts),
+      alloc_(engine.allocator().ledger()),
+      params_(make_params(engine, opts_, start)),
+      grads_(make_grads(*params_, alloc_)),
+      optimizer_(*params_, opts_.adamw, alloc_) {
+  if (samples_.empty()) throw Error("training needs at least one sample");
+  if (opts_.batch < 1) throw Error("training: batch must be at least 1 sample, got " + std::to_string(opts_.batch));
+  const ModelConfig& c = engine_.config();
+  for (size_t i = 0; i < samples_.size(); ++i) {
+    const TrainSample& s = samples_[i];
+    if (s.tokens.size() < 2 || s.weights.size() != s.tokens.size()) {
+      throw Error("training sample " + std::to_string(i) + ": it needs at least 2 tokens and one weight per token (" +
+                  std::to_string(s.tokens.size()) + " tokens, " + std::to_string(s.weights.size()) + " weights)");
+    }
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= c.n_vocab) {
+        throw Error("training sample " + std::to_string(i) + ": token id " + std::to_string(t) +
+                    " is outside the vocabulary [0, " + std::to_string(c.n_vocab) + ")");
+      }
+    }
+    for (float w : s.weights) {
+      if (!std::isfinite(w)) throw Error("training sample " + std::to_string(i) + ": a weight is not finite");
+    }
+  }
+  if (engine_.budget_source()) {
+    throw Error("training needs the base model's weights resident; this engine runs in budget mode (weights "
+                "streamed)");
+  }
+  TrainPassOptions po;
+  po.recompute = opts_.recompute == TrainerOptions::Recompute::kAlways;
+  pass_ = std::make_unique<TrainPass>(engine_.model(), engine_.isa(), engine_.pool(), alloc_, po);
+  pass_recompute_ = po.recompute;
+  samples_digest_ = samples_digest(samples_);
+  track_peak();
+}
+
+Trainer::~Trainer() = default;
+
+uint64_t Trainer::bytes_now() const {
+  const Ledger& l = *alloc_.ledger();
+  return static_cast<uint64_t>(l.bytes(MemCategory::kTrainActivations) + l.bytes(MemCategory::kTrainGrads) +
+                               l.bytes(MemCategory::kTrainOptimizer));
+}
+
+void Trainer::track_peak() { peak_ = std::max(peak_, bytes_now()); }
+
+size_t Trainer::sample_at(int64_t cursor) const {
+  // Epoch e visits the samples in a permutation seeded by (data_seed, e).
+  const int64_t n = static_cast<int64_t>(samples_.size());
+  const int64_t epoch = cursor / n, i = cursor % n;
+  std::vector<size_t> order(samples_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::mt19937_64 rng(opts_.data_seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(epoch));
+  for (size_t k = order.size(); k > 1; --k) std::swap(order[k - 1], order[rng() % k]);
+  return order[static_cast<size_t>(i)];
+}
+
+void Trainer::begin_step() {
+  step_loss_ = 0;
+  step_weight_ = 0;
+  for (int64_t b = 0; b < opts_.batch; ++b) {
+    const TrainSample& s = samples_[sample_at(cursor_ + b)];
+    for (size_t i = 1; i < s.weights.size(); ++i) step_weight_ += s.weights[i] != 0.0f ? 1.0 : 0.0;
+  }
+  grads_.zero();
+}
+
+PhaseEstimate Trainer::next_phase() const {
+  PhaseEstimate e;
+  const int64_t n = 2 * opts_.batch;
+  e.kind = phase_ >= n ? PhaseKind::kCommit : phase_ % 2 == 0 ? PhaseKind::kForward : PhaseKind::kBackward;
+  e.seconds = est_[static_cast<int>(e.kind)];
+  if (e.kind == PhaseKind::kForward) {
+    const TrainSample& s = samples_[sample_at(cursor_ + phase_ / 2)];
+    e.bytes = pass_->activation_bytes(static_cast<int64_t>(s.tokens.size()), params_->max_rank());
+  }
+  return e;
+}
+
+PhaseResult Trainer::run_phase() {
+  PhaseResult r;
+  const PhaseEstimate next = next_phase();
+  r.kind = next.kind;
+  r.step = step();
+  if (phase_ == 0) begin_step();
+  const Stopwatch sw;
+  if (next.kind == PhaseKind::kForward) {
+    const TrainSample& s = samples_[sample_at(cursor_ + phase_ / 2)];
+    const int64_t T = static_cast<int64_t>(s.tokens.size());
+    // Checkpointing when keeping every layer's activations would not fit.
+    bool recompute = opts_.recompute == TrainerOptions::Recompute::kAlways;
+    const uint64_t limit = opts_.memory_limit;
+    if (opts_.recompute == TrainerOptions::Recompute::kAuto && limit > 0) {
+      const uint64_t used = engine_.footprint().total();
+      recompute = used + next.bytes > limit;
+      if (recompute) {
+        TrainPassOptions rc;
+        rc.recompute = true;
+        TrainPass probe(engine_.model(), engine_.isa(), engine_.pool(), alloc_, rc);
+        const uint64_t need = probe.activation_bytes(T, params_->max_rank());
+        if (used + need > limit) {
+          throw Error("training: a sample of " + std::to_string(T) + " tokens needs " + std::to_string(need >> 20) +
+                      " MiB of activations even recomputed layer by layer, and the engine holds " +
+                      std::to_string(used >> 20) + " MiB of its " + std::to_string(limit >> 20) +
+                      " MiB limit: shorten the samples or raise the limit");
+        }
+      }
+    }
+    if (recompute != pass_recompute_) {
+      TrainPassOptions po;
+      po.recompute = recompute;
+      pass_.reset();
+      pass_ = std::make_unique<TrainPass>(engine_.model(), engine_.isa(), engine_.pool(), alloc_, po);
+      pass_recompute_ = recompute;
+    }
+    step_loss_ += pass_->forward(s.tokens, s.weights, *params_);
+    r.tokens = T;
+    track_peak();
+  } else if (next.kind == PhaseKind::kBackward) {
+    const float scale = step_weight_ > 0 ? static_cast<float>(1.0 / step_weight_) : 0.0f;
+    pass_->backward(*params_, scale, grads_);
+    track_peak();
+    pass_->release();
+  } else {
+    r.lr = optimizer_.lr_at(optimizer_.step());
+    r.grad_norm = optimizer_.update(*params_, grads_);
+    params_->digest = digest_of(*params_);
+    last_loss_ = step_weight_ > 0 ? step_loss_ / step_weight_ : 0.0;
+    r.loss = last_loss_;
+    r.step_done = true;
+    cursor_ += opts_.batch;
+  }
+  r.seconds = sw.seconds();
+  double& est = est_[static_cast<int>(next.kind)];
+  est = est == 0 ? r.seconds : kEmaAlpha * r.seconds + (1 - kEmaAlpha) * est;
+  phase_ = r.step_done ? 0 : phase_ + 1;
+  return r;
+}
+
+int64_t Trainer::run_steps(int64_t steps, const std::function<void(const PhaseResult&)>& on_phase) {
+  int64_t done = 0;
+  while (done < steps && !stop_.load()) {
+    const PhaseResult r = run_phase();
+    if (on_phase) on_phase(r);
+    if (r.step_done) ++done;
+  }
+  return done;
+}
+
+void Trainer::discard_step() {
+  pass_->release();
+  grads_.zero();
+  phase_ = 0;
+  step_loss_ = step_weight_ = 0;
+}
+
+std::unique_ptr<LoraAdapter> Trainer::snapshot() const {
+  auto ad = copy_adapter(*params_, engine_.allocator(), MemCategory::kAdapter, static_cast<int>(engine_.config().n_layer));
+  ad->source = "(trained, step " + std::to_string(step()) + ")";
+  ad->digest = digest_of(*ad);
+  return ad;
+}
+
+AdapterInfo Trainer::stage(const std::string& name, bool publish) {
+  return engine_.adapters().add(name, snapshot(), publish);
+}
+
+// ---- checkpoints -----------------------------------------------------------
+//
+// trainer.ebbt (little-endian): magic "EBBTRAIN", u32 version 1, u64 step,
+// u64 cursor, u64 samples digest, u64 data seed, f32 alpha, the AdamW options
+// (lr, beta1, beta2, eps, weight decay, clip: f32; warm-up, total: i64;
+// min lr ratio: f32), i64 batch, u32 n_pairs;
+// per pair: i32 layer, u32 target, i64 rank, i64 n_in, i64 n_out, f32 scale,
+// A [rank * n_in], B^T [rank * n_out], m_a, v_a, m_b, v_b (F32);
+// u64 FNV-1a of everything before it. Written as NAME.tmp, then renamed.
+
+namespace {
+
+constexpr char kMagic[8] = {'E', 'B', 'B', 'T', 'R', 'A', 'I', 'N'};
+
+struct Writer {
+  std::FILE* f;
+  std::string path;
+  uint64_t h = kFnv1a64Offset;
+  void put(const void* p, size_t n) {
+    h = fnv1a64(p, n, h);
+    if (std::fwrite(p, 1, n, f) != n) throw Error(path + ": write failed (disk full?)");
+  }
+  template <class T>
+  void val(const T& v) {
+    put(&v, sizeof v);
+  }
+};
+
+struct Reader {
+  std::FILE* f;
+  std::string path;
+  uint64_t h = kFnv1a64Offset;
+  void get(void* p, size_t n, const char* what) {
+    if (std::fread(p, 1, n, f) != n) throw Error(path + ": truncated in " + what);
+    h = fnv1a64(p, n, h);
+  }
+  template <class T>
+  T val(const char* what) {
+    T v{};
+    get(&v, sizeof v, what);
+    return v;
+  }
+};
+
+}  // namespace
+
+void Trainer::save_checkpoint(const std::string& dir) const {
+  if (phase_ != 0) throw Error("a checkpoint is taken between steps (this step is in its phase " + std::to_string(phase_) + ")");
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw Error(dir + ": cannot create: " + std::strerror(errno));
+  write_lora_gguf(*params_, dir + "/adapter.gguf");
+  const std::string path = dir + "/trainer.ebbt", tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw Error(tmp + ": cannot create: " + std::strerror(errno));
+  try {
+    Writer w{f, path};
+    w.put(kMagic, 8);
+    w.val<uint32_t>(1);
+    w.val<uint64_t>(static_cast<uint64_t>(step()));
+    w.val<uint64_t>(static_cast<uint64_t>(cursor_));
+    w.val<uint64_t>(samples_digest_);
+    w.val<uint64_t>(opts_.data_seed);
+    w.val<float>(params_->alpha);
+    const AdamWOptions& ao = optimizer_.options();
+    w.val<float>(ao.lr);
+    w.val<float>(ao.beta1);
+    w.val<float>(ao.beta2);
+    w.val<float>(ao.eps);
+    w.val<float>(ao.weight_decay);
+    w.val<float>(ao.grad_clip);
+    w.val<int64_t>(ao.warmup_steps);
+    w.val<int64_t>(ao.total_steps);
+    w.val<float>(ao.min_lr_ratio);
+    w.val<int64_t>(opts_.batch);
+    w.val<uint32_t>(static_cast<uint32_t>(params_->pairs.size()));
+    const std::vector<Buffer>& mom = optimizer_.moments();
+    for (size_t i = 0; i < params_->pairs.size(); ++i) {
+      const LoraPair& p = params_->pairs[i];
+      w.val<int32_t>(p.layer);
+      w.val<uint32_t>(static_cast<uint32_t>(p.target));
+      w.val<int64_t>(p.rank);
+      w.val<int64_t>(p.n_in);
+      w.val<int64_t>(p.n_out);
+      w.val<float>(p.scale);
+      w.put(p.a.data(), p.a.size());
+      w.put(p.bt.data(), p.bt.size());
+      for (int k = 0; k < 4; ++k) w.put(mom[i * 4 + static_cast<size_t>(k)].data(), mom[i * 4 + static_cast<size_t>(k)].size());
+    }
+    const uint64_t d = w.h;
+    if (std::fwrite(&d, 1, sizeof d, f) != sizeof d || std::fflush(f) != 0) throw Error(path + ": write failed (disk full?)");
+    if (std::fclose(std::exchange(f, nullptr)) != 0) throw Error(path + ": write failed on close (disk full?)");
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(path + ": cannot rename into place: " + std::strerror(errno));
+  } catch (...) {
+    if (f) std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+std::unique_ptr<Trainer> Trainer::resume(Engine& engine, std::vector<TrainSample> samples, const std::string& dir,
+                                         const TrainerOptions* override_opts) {
+  const std::string path = dir + "/trainer.ebbt";
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw Error(path + ": cannot open: " + std::strerror(errno));
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  Reader r{f, path};
+  char magic[8];
+  r.get(magic, 8, "header");
+  if (std::memcmp(magic, kMagic, 8) != 0) throw Error(path + ": not an ebb trainer checkpoint (bad magic)");
+  const uint32_t version = r.val<uint32_t>("header");
+  if (version != 1) throw Error(path + ": checkpoint version " + std::to_string(version) + " is not supported (expected 1)");
+  const uint64_t step = r.val<uint64_t>("header"), cursor = r.val<uint64_t>("header");
+  const uint64_t sdigest = r.val<uint64_t>("header"), data_seed = r.val<uint64_t>("header");
+  const float alpha = r.val<float>("header");
+  TrainerOptions o = override_opts ? *override_opts : TrainerOptions{};
+  o.adamw.lr = r.val<float>("options");
+  o.adamw.beta1 = r.val<float>("options");
+  o.adamw.beta2 = r.val<float>("options");
+  o.adamw.eps = r.val<float>("options");
+  o.adamw.weight_decay = r.val<float>("options");
+  o.adamw.grad_clip = r.val<float>("options");
+  o.adamw.warmup_steps = r.val<int64_t>("options");
+  o.adamw.total_steps = r.val<int64_t>("options");
+  o.adamw.min_lr_ratio = r.val<float>("options");
+  o.batch = r.val<int64_t>("options");
+  const uint32_t n_pairs = r.val<uint32_t>("header");
+  const ModelConfig& c = engine.config();
+  if (n_pairs == 0 || n_pairs > static_cast<uint32_t>(c.n_layer * kLoraLayerTargets)) {
+    throw Error(path + ": " + std::to_string(n_pairs) + " pairs is impossible for this model");
+  }
+  LoraAdapter start;
+  start.source = dir;
+  start.format = "gguf";
+  start.arch = c.arch_name;
+  start.alpha = alpha;
+  std::vector<std::vector<float>> moments;
+  for (uint32_t i = 0; i < n_pairs; ++i) {
+    LoraPair p;
+    p.layer = r.val<int32_t>("pairs");
+    const uint32_t t = r.val<uint32_t>("pairs");
+    p.rank = r.val<int64_t>("pairs");
+    p.n_in = r.val<int64_t>("pairs");
+    p.n_out = r.val<int64_t>("pairs");
+    p.scale = r.val<float>("pairs");
+    if (t >= static_cast<uint32_t>(kLoraLayerTargets) || p.layer < 0 || p.layer >= c.n_layer) {
+      throw Error(path + ": pair " + std::to_string(i) + " targets layer " + std::to_string(p.layer) +
+                  " target " + std::to_string(t) + ", which this model does not have");
+    }
+    p.target = static_cast<LoraTarget>(t);
+    int64_t n_in = 0, n_out = 0;
+    lora_expected_shape(c, p.target, &n_in, &n_out);
+    if (p.n_in != n_in || p.n_out != n_out || p.rank < 1 || p.rank > 65536) {
+      throw Error(path + ": pair '" + lora_base_tensor_name(p.layer, p.target) + "' has shape rank " +
+                  std::to_string(p.rank) + " x [" + std::to_string(p.n_in) + ", " + std::to_string(p.n_out) +
+                  "], this model expects [" + std::to_string(n_in) + ", " + std::to_string(n_out) + "]");
+    }
+    p.a = engine.allocator().allocate(static_cast<size_t>(p.rank * p.n_in) * sizeof(float), MemCategory::kTrainOptimizer);
+    p.bt = engine.allocator().allocate(static_cast<size_t>(p.rank * p.n_out) * sizeof(float), MemCategory::kTrainOptimizer);
+    r.get(p.a.data(), p.a.size(), "parameters");
+    r.get(p.bt.data(), p.bt.size(), "parameters");
+    for (const size_t bytes : {p.a.size(), p.a.size(), p.bt.size(), p.bt.size()}) {
+      moments.emplace_back(bytes / sizeof(float));
+      r.get(moments.back().data(), bytes, "optimizer moments");
+    }
+    start.pairs.push_back(std::move(p));
+  }
+  const uint64_t expect = r.h;
+  uint64_t stored = 0;
+  if (std::fread(&stored, 1, sizeof stored, f) != sizeof stored) throw Error(path + ": truncated in checksum");
+  if (stored != expect) throw Error(path + ": checksum mismatch (the checkpoint is corrupt)");
+  start.index(static_cast<int>(c.n_layer));
+  if (samples_digest(samples) != sdigest) {
+    throw Error(path + ": the checkpoint was taken with other training samples; resume with the same data");
+  }
+  o.data_seed = data_seed;
+  auto t = std::make_unique<Trainer>(engine, std::move(samples), o, &start);
+  std::vector<Buffer>& mom = t->optimizer_.moments();
+  for (size_t i = 0; i < mom.size(); ++i) std::memcpy(mom[i].data(), moments[i].data(), mom[i].size());
+  t->optimizer_.set_step(static_cast<int64_t>(step));
+  t->cursor_ = static_cast<int64_t>(cursor);
+  t->params_->digest = digest_of(*t->params_);
+  return t;
+}
+
+}  // namespace ebb

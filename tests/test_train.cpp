@@ -1,0 +1,379 @@
+// LoRA training over a frozen base: gradients against finite differences
+// (llama, qwen3; F32, F16 and quantized bases), real learning, phases that
+// stop and resume bit-exactly, checkpoints, and staged versions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+#include "platform/error.h"
+#include "platform/fp16.h"
+#include "runtime/engine.h"
+#include "runtime/session.h"
+#include "support.h"
+#include "train/train_pass.h"
+#include "train/trainer.h"
+
+namespace ebb {
+namespace {
+
+std::unique_ptr<Engine> make_engine(const std::string& model, int threads = 2) {
+  EngineOptions o;
+  o.model_path = test::model_path(model + ".gguf");
+  o.n_threads = threads;
+  return std::make_unique<Engine>(o);
+}
+
+TrainSample sample_of(const Engine& e, int n, uint32_t seed, float w = 1.0f) {
+  TrainSample s;
+  uint32_t x = seed * 2654435761u + 7;
+  for (int i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    s.tokens.push_back(static_cast<int32_t>(1 + (x >> 8) % static_cast<uint32_t>(e.config().n_vocab - 1)));
+    s.weights.push_back(w);
+  }
+  return s;
+}
+
+double loss_of(TrainPass& pass, const TrainSample& s, const LoraAdapter& ad) {
+  const double l = pass.forward(s.tokens, s.weights, ad);
+  pass.release();
+  return l;
+}
+
+// A copy of a model file with its F16 matrices widened to F32: on F32
+// weights the forward is a smooth function of the adapter (no activation is
+// rounded to F16 or 8 bits on the way), so finite differences can check the
+// backward to a tight bound.
+std::string widen_to_f32(const std::string& model, const test::TempDir& dir) {
+  auto file = GgufFile::open(test::model_path(model + ".gguf"));
+  GgufWriter w;
+  for (const auto& [k, v] : file->metadata())
+    if (k != "general.alignment" && k != "general.file_type") w.set(k, v);
+  for (const GgufTensorInfo& t : file->tensors()) {
+    EXPECT_TRUE(t.type == DType::kF16 || t.type == DType::kF32) << t.name;
+    w.add_tensor(t.name, t.dims, DType::kF32);
+  }
+  const std::string out = dir.file(model + "-f32.gguf");
+  std::vector<uint8_t> raw;
+  w.write(out, [&](size_t i, uint8_t* dst) {
+    const GgufTensorInfo& t = file->tensors()[i];
+    raw.resize(t.n_bytes);
+    file->read(t.file_offset, raw.data(), t.n_bytes);
+    auto* o = reinterpret_cast<float*>(dst);
+    if (t.type == DType::kF32) {
+      std::memcpy(o, raw.data(), t.n_bytes);
+    } else {
+      const auto* h = reinterpret_cast<const uint16_t*>(raw.data());
+      for (uint64_t k = 0; k < t.n_elements; ++k) o[k] = fp16_to_fp32(h[k]);
+    }
+  });
+  return out;
+}
+
+struct GradCase {
+  std::string model;  // F32 weights (stories260K) or an F16 file widened to F32
+  bool widen;
+};
+
+class TrainGradients : public testing::TestWithParam<GradCase> {};
+
+// The derivative of forward()'s loss along a random direction of all the
+// adapter's parameters equals backward()'s gradient dotted with it (central
+// differences), for each of the seven targets alone and all together.
+// Weights mix 1, 0 and a negative advantage. (On F16 or quantized bases the
+// forward rounds activations, so finite differences there measure the
+// rounding; matmul_t, the one part that differs, is checked against double
+// for every format in test_train_lora.)
+TEST_P(TrainGradients, MatchFiniteDifferencesAlongRandomDirections) {
+  test::TempDir dir;
+  EngineOptions eo;
+  eo.model_path = GetParam().widen ? widen_to_f32(GetParam().model, dir) : test::model_path(GetParam().model + ".gguf");
+  eo.n_threads = 2;
+  Engine engine(eo);
+  TrainSample s = sample_of(engine, 12, 1);
+  s.weights[3] = 0.0f;
+  s.weights[7] = -0.5f;
+  TrainPass pass(engine.model(), engine.isa(), engine.pool(), engine.allocator());
+  for (int target = -1; target < kLoraLayerTargets; ++target) {
+    LoraInitOptions io;
+    io.rank = 3;
+    io.alpha = 6;
+    io.b_std = 0.05f;  // B != 0, so A has a gradient
+    io.seed = 3;
+    if (target >= 0) io.targets = {static_cast<LoraTarget>(target)};
+    auto ad = init_lora(engine.config(), io, engine.allocator());
+    LoraGrads g = make_grads(*ad, engine.allocator());
+    pass.forward(s.tokens, s.weights, *ad);
+    pass.backward(*ad, 1.0f, g);
+    pass.release();
+    std::mt19937 rng(11 + target);
+    std::normal_distribution<float> normal;
+    std::vector<std::vector<float>> u;
+    double gu = 0;
+    for (size_t i = 0; i < ad->pairs.size(); ++i) {
+      for (int h = 0; h < 2; ++h) {
+        const Buffer& gb = h ? g.dbt[i] : g.da[i];
+        std::vector<float> d(gb.size() / sizeof(float));
+        for (size_t k = 0; k < d.size(); ++k) {
+          d[k] = normal(rng);
+          gu += double(gb.as<const float>()[k]) * d[k];
+        }
+        u.push_back(std::move(d));
+      }
+    }
+    auto shift = [&](float by) {
+      size_t q = 0;
+      for (LoraPair& p : ad->pairs) {
+        for (Buffer* b : {&p.a, &p.bt}) {
+          float* x = b->as<float>();
+          for (size_t k = 0; k < u[q].size(); ++k) x[k] += by * u[q][k];
+          ++q;
+        }
+      }
+    };
+    const float eps = 1e-3f;
+    shift(eps);
+    const double lp = loss_of(pass, s, *ad);
+    shift(-2 * eps);
+    const double lm = loss_of(pass, s, *ad);
+    shift(eps);
+    const double fd = (lp - lm) / (2.0 * eps);
+    EXPECT_NEAR(fd, gu, 5e-3 * std::fabs(gu) + 1e-2)
+        << GetParam().model << ", target " << (target < 0 ? "all" : std::string(lora_target_name(static_cast<LoraTarget>(target))));
+    EXPECT_GT(std::fabs(gu), 1e-2);  // a real gradient, not zero against zero
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Models, TrainGradients,
+                         testing::Values(GradCase{"stories260K", false}, GradCase{"tiny-llama-f16", true},
+                                         GradCase{"tiny-qwen3-f16", true}),
+                         [](const testing::TestParamInfo<GradCase>& p) {
+                           std::string s = p.param.model;
+                           for (char& c : s)
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return s;
+                         });
+
+// On a quantized base (gradients through frozen Q4_K / Q6_K weights as
+// Wᵀ dy from dequantized tiles) training still lowers the loss.
+TEST(Train, LearnsOnAQuantizedBase) {
+  auto engine = make_engine("tiny-qwen3-q4_k_m");
+  TrainerOptions o;
+  o.init.rank = 8;
+  o.adamw.lr = 1e-2f;
+  o.adamw.total_steps = 15;
+  Trainer t(*engine, {sample_of(*engine, 24, 4)}, o);
+  double first = -1, last = 0;
+  t.run_steps(15, [&](const PhaseResult& r) {
+    if (!r.step_done) return;
+    if (first < 0) first = r.loss;
+    last = r.loss;
+  });
+  EXPECT_LT(last, 0.7 * first) << first << " -> " << last;
+}
+
+// Recomputing each layer's activations in the backward (checkpointing)
+// gives the same gradients bit for bit, with less activation memory.
+TEST(Train, RecomputeGivesTheSameGradients) {
+  auto engine = make_engine("tiny-qwen3-f16");
+  LoraInitOptions io;
+  io.rank = 4;
+  io.b_std = 0.02f;
+  auto ad = init_lora(engine->config(), io, engine->allocator());
+  const TrainSample s = sample_of(*engine, 20, 2);
+  LoraGrads keep = make_grads(*ad, engine->allocator()), rec = make_grads(*ad, engine->allocator());
+  TrainPass a(engine->model(), engine->isa(), engine->pool(), engine->allocator());
+  TrainPassOptions ro;
+  ro.recompute = true;
+  TrainPass b(engine->model(), engine->isa(), engine->pool(), engine->allocator(), ro);
+  const double la = a.forward(s.tokens, s.weights, *ad);
+  a.backward(*ad, 0.1f, keep);
+  const double lb = b.forward(s.tokens, s.weights, *ad);
+  b.backward(*ad, 0.1f, rec);
+  EXPECT_EQ(la, lb);
+  for (size_t i = 0; i < keep.da.size(); ++i) {
+    EXPECT_EQ(std::memcmp(keep.da[i].data(), rec.da[i].data(), keep.da[i].size()), 0) << i;
+    EXPECT_EQ(std::memcmp(keep.dbt[i].data(), rec.dbt[i].data(), keep.dbt[i].size()), 0) << i;
+  }
+  EXPECT_LT(b.activation_bytes(20, 4), a.activation_bytes(20, 4));
+}
+
+std::vector<TrainSample> story_samples(const Engine& e) {
+  // Supervised: the prompt's tokens weigh 0, the answer's 1.
+  EncodeOptions eo;
+  eo.add_bos = true;
+  std::vector<TrainSample> v;
+  for (const char* text : {"Once upon a time, there was a red fox named Zed. Zed liked to dance in the rain.",
+                           "One day, a small blue bird sang a song to the moon, and the moon smiled."}) {
+    TrainSample s;
+    s.tokens = e.tokenizer().encode(text, eo);
+    s.weights.assign(s.tokens.size(), 1.0f);
+    for (size_t i = 0; i < 4 && i < s.weights.size(); ++i) s.weights[i] = 0.0f;
+    v.push_back(std::move(s));
+  }
+  return v;
+}
+
+// Training reduces the loss of its data, and the staged adapter, bound in
+// a session, makes the data more likely than the base model does.
+TEST(Train, LearnsItsDataAndStagesAVersion) {
+  auto engine = make_engine("stories260K");
+  std::vector<TrainSample> data = story_samples(*engine);
+  TrainerOptions o;
+  o.init.rank = 8;
+  o.init.alpha = 16;
+  o.adamw.lr = 1e-2f;
+  o.adamw.warmup_steps = 2;
+  o.adamw.total_steps = 40;
+  o.batch = 2;
+  Trainer t(*engine, data, o);
+  double first = -1, last = 0;
+  t.run_steps(40, [&](const PhaseResult& r) {
+    if (!r.step_done) return;
+    if (first < 0) first = r.loss;
+    last = r.loss;
+  });
+  EXPECT_EQ(t.step(), 40);
+  EXPECT_LT(last, 0.5 * first) << "loss " << first << " -> " << last;
+  EXPECT_GT(t.peak_bytes(), 0u);
+  EXPECT_EQ(engine->footprint().training, t.bytes_now());
+
+  const AdapterInfo v = t.stage("stories-fox");
+  EXPECT_FALSE(engine->adapters().list().empty());
+  EXPECT_EQ(v.version, 1u);
+  auto nll = [&](std::vector<AdapterBinding> set) {
+    Session s(*engine);
+    s.set_adapters(std::move(set));
+    std::vector<float> l;
+    s.feed(data[0].tokens, &l);
+    const int64_t V = engine->config().n_vocab;
+    double sum = 0;
+    for (size_t i = 4; i + 1 < data[0].tokens.size(); ++i) {
+      const float* z = l.data() + i * V;
+      double m = z[0];
+      for (int64_t k = 1; k < V; ++k) m = std::max(m, double(z[k]));
+      double e = 0;
+      for (int64_t k = 0; k < V; ++k) e += std::exp(z[k] - m);
+      sum += m + std::log(e) - z[data[0].tokens[i + 1]];
+    }
+    return sum;
+  };
+  EXPECT_LT(nll({{"stories-fox", 1.0f}}), 0.5 * nll({}));
+}
+
+// A step interrupted between phases and continued gives the parameters of
+// an uninterrupted run bit for bit; so does a checkpoint resumed in a new
+// trainer.
+TEST(Train, InterruptedAndResumedRunsAreBitExact) {
+  auto engine = make_engine("tiny-llama-f16");
+  std::vector<TrainSample> data = {sample_of(*engine, 12, 1), sample_of(*engine, 9, 2), sample_of(*engine, 15, 3)};
+  TrainerOptions o;
+  o.init.rank = 4;
+  o.adamw.lr = 5e-3f;
+  o.adamw.warmup_steps = 1;
+  o.adamw.total_steps = 6;
+  o.batch = 2;
+  Trainer straight(*engine, data, o);
+  straight.run_steps(4);
+  auto snap = straight.snapshot();
+
+  Trainer stopped(*engine, data, o);
+  stopped.run_steps(1);
+  test::TempDir dir;
+  stopped.save_checkpoint(dir.path());
+  // Into step 2: forward, backward, forward ... then a stop between phases.
+  std::vector<PhaseKind> kinds;
+  for (int i = 0; i < 3; ++i) kinds.push_back(stopped.run_phase().kind);
+  EXPECT_EQ(kinds, (std::vector<PhaseKind>{PhaseKind::kForward, PhaseKind::kBackward, PhaseKind::kForward}));
+  EXPECT_FALSE(stopped.at_step_boundary());
+  EXPECT_EQ(stopped.step(), 1);  // nothing of step 2 is exposed
+  EXPECT_THROW(stopped.save_checkpoint(dir.file("mid")), Error);
+  stopped.run_steps(3);
+  auto b = stopped.snapshot();
+  ASSERT_EQ(b->pairs.size(), snap->pairs.size());
+  for (size_t i = 0; i < b->pairs.size(); ++i) {
+    EXPECT_EQ(std::memcmp(b->pairs[i].a.data(), snap->pairs[i].a.data(), b->pairs[i].a.size()), 0) << i;
+    EXPECT_EQ(std::memcmp(b->pairs[i].bt.data(), snap->pairs[i].bt.data(), b->pairs[i].bt.size()), 0) << i;
+  }
+  EXPECT_EQ(b->digest, snap->digest);
+
+  std::unique_ptr<Trainer> resumed = Trainer::resume(*engine, data, dir.path());
+  EXPECT_EQ(resumed->step(), 1);
+  resumed->run_steps(3);
+  EXPECT_EQ(resumed->snapshot()->digest, snap->digest);
+
+  // A step discarded midway leaves the parameters as they were.
+  Trainer d(*engine, data, o);
+  d.run_steps(1);
+  const uint64_t before = d.snapshot()->digest;
+  d.run_phase();
+  d.run_phase();
+  d.discard_step();
+  EXPECT_TRUE(d.at_step_boundary());
+  EXPECT_EQ(d.snapshot()->digest, before);
+
+  // The checkpoint's adapter loads in llama.cpp's format, and a corrupt
+  // checkpoint is refused.
+  auto from_gguf = load_lora_gguf(dir.file("adapter.gguf"), engine->config(), engine->allocator());
+  EXPECT_EQ(from_gguf->pairs.size(), snap->pairs.size());
+  {
+    std::FILE* f = std::fopen(dir.file("trainer.ebbt").c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, 200, SEEK_SET);
+    std::fputc(0x5a, f);
+    std::fclose(f);
+  }
+  try {
+    Trainer::resume(*engine, data, dir.path());
+    FAIL() << "a corrupt checkpoint was resumed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
+  }
+}
+
+// Each phase reports its kind; estimates are exponential moving averages
+// of what was measured; the forward's memory estimate is its activations.
+TEST(Train, PhasesCarryEstimates) {
+  auto engine = make_engine("stories260K");
+  TrainerOptions o;
+  o.batch = 2;
+  Trainer t(*engine, {sample_of(*engine, 10, 1), sample_of(*engine, 30, 2)}, o);
+  PhaseEstimate e = t.next_phase();
+  EXPECT_EQ(e.kind, PhaseKind::kForward);
+  EXPECT_EQ(e.seconds, 0.0);
+  EXPECT_GT(e.bytes, 0u);
+  std::vector<PhaseKind> kinds;
+  for (int i = 0; i < 5; ++i) kinds.push_back(t.run_phase().kind);
+  EXPECT_EQ(kinds, (std::vector<PhaseKind>{PhaseKind::kForward, PhaseKind::kBackward, PhaseKind::kForward,
+                                           PhaseKind::kBackward, PhaseKind::kCommit}));
+  e = t.next_phase();
+  EXPECT_GT(e.seconds, 0.0);
+  EXPECT_EQ(t.step(), 1);
+}
+
+TEST(Train, BadInputIsRefusedWithAMessage) {
+  auto engine = make_engine("stories260K");
+  TrainerOptions o;
+  TrainSample bad;
+  bad.tokens = {1, 2, 3};
+  bad.weights = {1, 1};
+  EXPECT_THROW(Trainer(*engine, {bad}, o), Error);
+  bad.weights = {1, 1, 1};
+  bad.tokens[1] = 1 << 20;
+  try {
+    Trainer t(*engine, {bad}, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Trainer(*engine, {}, o), Error);
+  o.adamw.lr = -1;
+  EXPECT_THROW(Trainer(*engine, {sample_of(*engine, 5, 1)}, o), Error);
+}
+
+}  // namespace
+}  // namespace ebb
