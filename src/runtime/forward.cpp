@@ -1,7 +1,9 @@
 #include "runtime/forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "kernels/attention.h"
 #include "memory/kv_cache.h"
@@ -331,6 +333,24 @@ void Forward::apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget ta
         float* ys = y + r0 * y_stride;        // [rows, y_stride]
         float* t = lora_scratch_.as<float>();  // [rows, rank]
         const int64_t rank = p->rank, n_in = p->n_in, n_out = p->n_out;
+        const float scale = a.scale * p->scale;
+        if (rows == 1 && pool_.size() > 1 && rank * (n_in + n_out) >= (int64_t{1} << 14)) {
+          // Decode: A and B stream from memory once per token, so both
+          // products are split over the threads in one dispatch (A's rows,
+          // then, past a barrier, B's columns), to read at every thread's
+          // bandwidth.
+          std::atomic<int> arrived{0};
+          pool_.run([&](int th, int nt) {
+            const int64_t j0 = rank * th / nt, j1 = rank * (th + 1) / nt;
+            if (j1 > j0) lk_.down(p->a_data() + j0 * n_in, xs, x_stride, 1, j1 - j0, n_in, t + j0);
+            arrived.fetch_add(1, std::memory_order_acq_rel);
+            while (arrived.load(std::memory_order_acquire) < nt) std::this_thread::yield();
+            const int64_t blocks = (n_out + 15) / 16;
+            const int64_t c0 = std::min(n_out, blocks * th / nt * 16), c1 = std::min(n_out, blocks * (th + 1) / nt * 16);
+            if (c1 > c0) lk_.up(p->bt_data(), t, scale, 1, rank, n_out, c0, c1, ys, y_stride);
+          });
+          continue;
+        }
         // A x: rows split across threads when there is enough work.
         if (rows * rank * n_in >= (int64_t{1} << 17) && rows > 1) {
           pool_.parallel_for(rows, 1, [&](int64_t i0, int64_t i1, int) {
@@ -340,7 +360,6 @@ void Forward::apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget ta
           lk_.down(p->a_data(), xs, x_stride, rows, rank, n_in, t);
         }
         // y += s · B t: columns split across threads.
-        const float scale = a.scale * p->scale;
         if (rows * rank * n_out >= (int64_t{1} << 16)) {
           pool_.parallel_for(n_out, 64, [&](int64_t c0, int64_t c1, int) {
             lk_.up(p->bt_data(), t, scale, rows, rank, n_out, c0, c1, ys, y_stride);
