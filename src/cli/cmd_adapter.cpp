@@ -329,16 +329,10 @@ int synth(const SynthArgs& a) {
   o.alpha = a.alpha;
   o.b_std = a.b_std;
   o.seed = a.seed;
-  static const std::map<std::string, LoraTarget> kNames = {
-      {"q", LoraTarget::kQ},       {"k", LoraTarget::kK},   {"v", LoraTarget::kV},       {"o", LoraTarget::kO},
-      {"gate", LoraTarget::kGate}, {"up", LoraTarget::kUp}, {"down", LoraTarget::kDown}};
-  for (size_t i = 0; i <= a.targets.size();) {
-    const size_t comma = std::min(a.targets.find(',', i), a.targets.size());
-    const std::string t = a.targets.substr(i, comma - i);
-    auto it = kNames.find(t);
-    if (it == kNames.end()) throw UsageError("--targets: '" + t + "' is not one of q, k, v, o, gate, up, down");
-    o.targets.push_back(it->second);
-    i = comma + 1;
+  try {
+    o.targets = parse_lora_targets(a.targets);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--targets: ") + e.what());
   }
   DType type;
   if (a.type == "f16") {

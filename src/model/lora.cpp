@@ -23,6 +23,24 @@ std::string_view lora_target_name(LoraTarget t) {
   return "?";
 }
 
+std::vector<LoraTarget> parse_lora_targets(std::string_view csv) {
+  static constexpr std::pair<std::string_view, LoraTarget> kNames[] = {
+      {"q", LoraTarget::kQ},       {"k", LoraTarget::kK},   {"v", LoraTarget::kV},       {"o", LoraTarget::kO},
+      {"gate", LoraTarget::kGate}, {"up", LoraTarget::kUp}, {"down", LoraTarget::kDown}};
+  std::vector<LoraTarget> out;
+  for (size_t i = 0; i <= csv.size();) {
+    const size_t comma = std::min(csv.find(',', i), csv.size());
+    const std::string_view w = csv.substr(i, comma - i);
+    const auto* it = std::find_if(std::begin(kNames), std::end(kNames), [&](const auto& n) { return n.first == w; });
+    if (it == std::end(kNames)) {
+      throw Error("'" + std::string(w) + "' is not a LoRA target (q, k, v, o, gate, up, down)");
+    }
+    if (std::find(out.begin(), out.end(), it->second) == out.end()) out.push_back(it->second);
+    i = comma + 1;
+  }
+  return out;
+}
+
 std::string lora_base_tensor_name(int layer, LoraTarget t) {
   const std::string part(lora_target_name(t));
   if (static_cast<int>(t) >= kLoraLayerTargets) return part + ".weight";

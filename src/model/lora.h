@@ -29,6 +29,10 @@ enum class LoraTarget : uint8_t { kQ, kK, kV, kO, kGate, kUp, kDown, kOutput, kT
 inline constexpr int kLoraLayerTargets = 7;  // kQ .. kDown
 inline constexpr int kLoraTargets = 9;
 
+// "q,k,v,o,gate,up,down" (any subset, comma-separated) to targets; throws
+// ebb::Error naming a word that is not one of them.
+std::vector<LoraTarget> parse_lora_targets(std::string_view csv);
+
 // The GGUF name part: "attn_q", "attn_k", "attn_v", "attn_output",
 // "ffn_gate", "ffn_up", "ffn_down", "output", "token_embd".
 std::string_view lora_target_name(LoraTarget t);
