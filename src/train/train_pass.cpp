@@ -50,6 +50,27 @@ Buffer alloc_f(Allocator& a, int64_t n) {
   return b;
 }
 
+
+// Causal attention of the sample, split over the pool by KV head: each
+// thread gathers one KV head's group of query heads into contiguous rows,
+// runs the kernel on them (n_heads = group, n_kv_heads = 1), and scatters the
+// results back. Heads are independent, so this is exact.
+struct HeadSplit {
+  int64_t T, n_head, n_kv, hd, group;
+  int64_t qd() const { return n_head * hd; }
+  int64_t kvd() const { return n_kv * hd; }
+  // floats of one thread's gathered buffers: q, out, dout, dq [T, group, hd],
+  // k, v, dk, dv [T, hd], lse [T, group], scratch [T]
+  int64_t floats() const { return T * (4 * group * hd + 4 * hd + group + 1); }
+};
+
+void gather(const float* src, int64_t T, int64_t stride, int64_t off, int64_t n, float* dst) {
+  for (int64_t t = 0; t < T; ++t) std::memcpy(dst + t * n, src + t * stride + off, static_cast<size_t>(n) * sizeof(float));
+}
+void scatter(const float* src, int64_t T, int64_t stride, int64_t off, int64_t n, float* dst) {
+  for (int64_t t = 0; t < T; ++t) std::memcpy(dst + t * stride + off, src + t * n, static_cast<size_t>(n) * sizeof(float));
+}
+
 }  // namespace
 
 TrainPass::TrainPass(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc, TrainPassOptions opts)
@@ -92,6 +113,7 @@ void TrainPass::release() {
   inputs_.clear();
   rope_.reset();
   rope_back_.reset();
+  attn_.reset();
   work_.reset();
   T_ = 0;
 }
@@ -133,6 +155,7 @@ void TrainPass::allocate_acts(int64_t T, int64_t max_rank) {
       mt_scratch_ = alloc_.allocate(mt * sizeof(float), MemCategory::kTrainActivations);
     }
   }
+  attn_ = alloc_f(alloc_, pool_.size() * HeadSplit{T, c.n_head, c.n_head_kv, c.head_dim, c.n_head / c.n_head_kv}.floats());
   rope_ = alloc_f(alloc_, T * c.rope_dim);
   rope_back_ = alloc_f(alloc_, T * c.rope_dim);
   const int64_t work = T * (3 * c.n_embd + 2 * c.q_dim() + 3 * c.kv_dim() + 3 * c.n_ff + max_rank) + T;
@@ -199,7 +222,20 @@ void TrainPass::layer_forward(int l, const LoraAdapter& ad, LayerActs& a, const 
     ops_.rope(kt, c.n_head_kv, c.head_dim, c.rope_dim, f(rope_) + t * c.rope_dim, c.rope_style);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  tk_.attention_forward(f(a.q), f(a.k), f(a.v), T, c.n_head, c.n_head_kv, c.head_dim, scale, f(a.o), f(a.lse));
+  const HeadSplit hs{T, c.n_head, c.n_head_kv, c.head_dim, c.n_head / c.n_head_kv};
+  pool_.parallel_for(c.n_head_kv, 1, [&](int64_t h0, int64_t h1, int th) {
+    float* b = f(attn_) + th * hs.floats();
+    float *q = b, *o = q + T * hs.group * hs.hd, *k = o + 3 * T * hs.group * hs.hd, *v = k + T * hs.hd,
+          *lse = v + 3 * T * hs.hd;
+    for (int64_t h = h0; h < h1; ++h) {
+      gather(f(a.q), T, hs.qd(), h * hs.group * hs.hd, hs.group * hs.hd, q);
+      gather(f(a.k), T, hs.kvd(), h * hs.hd, hs.hd, k);
+      gather(f(a.v), T, hs.kvd(), h * hs.hd, hs.hd, v);
+      tk_.attention_forward(q, k, v, T, hs.group, 1, hs.hd, scale, o, lse);
+      scatter(o, T, hs.qd(), h * hs.group * hs.hd, hs.group * hs.hd, f(a.o));
+      scatter(lse, T, c.n_head, h * hs.group, hs.group, f(a.lse));
+    }
+  });
   project(w.o, f(a.o), qd, f(a.x2), d);
   lora(LoraTarget::kO, f(a.o), qd, f(a.x2), d);
   for (int64_t i = 0; i < T * d; ++i) f(a.x2)[i] += x_in[i];
@@ -351,8 +387,26 @@ void TrainPass::layer_backward(int l, const LoraAdapter& ad, float s, LayerActs&
   matmul_t(ks_, w.o, dx, T, dout, f(mt_scratch_), pool_);
   lora(LoraTarget::kO, f(a.o), qd, dx, d, dout);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  tk_.attention_backward(f(a.q), f(a.k), f(a.v), f(a.o), dout, f(a.lse), T, c.n_head, c.n_head_kv, c.head_dim, scale,
-                         dq, dk, dv, dh /* [T * ff] floats, free now */);
+  const HeadSplit hs{T, c.n_head, c.n_head_kv, c.head_dim, c.n_head / c.n_head_kv};
+  pool_.parallel_for(c.n_head_kv, 1, [&](int64_t h0, int64_t h1, int th) {
+    float* b = f(attn_) + th * hs.floats();
+    const int64_t gq = T * hs.group * hs.hd, gk = T * hs.hd;
+    float *q = b, *o = q + gq, *dob = o + gq, *dqb = dob + gq, *k = dqb + gq, *v = k + gk, *dkb = v + gk,
+          *dvb = dkb + gk, *lse = dvb + gk, *sc = lse + T * hs.group;
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t qo = h * hs.group * hs.hd, ko = h * hs.hd;
+      gather(f(a.q), T, hs.qd(), qo, hs.group * hs.hd, q);
+      gather(f(a.o), T, hs.qd(), qo, hs.group * hs.hd, o);
+      gather(dout, T, hs.qd(), qo, hs.group * hs.hd, dob);
+      gather(f(a.k), T, hs.kvd(), ko, hs.hd, k);
+      gather(f(a.v), T, hs.kvd(), ko, hs.hd, v);
+      gather(f(a.lse), T, c.n_head, h * hs.group, hs.group, lse);
+      tk_.attention_backward(q, k, v, o, dob, lse, T, hs.group, 1, hs.hd, scale, dqb, dkb, dvb, sc);
+      scatter(dqb, T, hs.qd(), qo, hs.group * hs.hd, dq);
+      scatter(dkb, T, hs.kvd(), ko, hs.hd, dk);
+      scatter(dvb, T, hs.kvd(), ko, hs.hd, dv);
+    }
+  });
   // RoPE, then the Q/K norms, backward.
   for (int64_t t = 0; t < T; ++t) {
     ops_.rope(dq + t * qd, c.n_head, c.head_dim, c.rope_dim, f(rope_back_) + t * c.rope_dim, c.rope_style);

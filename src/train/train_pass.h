@@ -95,6 +95,7 @@ class TrainPass {
   Buffer mm_scratch_;             // forward products
   Buffer mt_scratch_;             // matmul_t
   Buffer work_;                   // backward temporaries
+  Buffer attn_;                   // per thread: one KV head's gathered attention rows
   Buffer head_;                   // [head_rows, n_vocab] logits, then their gradient
 };
 
