@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libcli11-dev
-  liburing-dev libzstd-dev liblz4-dev libedit-dev
+  liburing-dev libzstd-dev liblz4-dev libedit-dev libcpp-httplib-dev nodejs
   g++-aarch64-linux-gnu qemu-user
 )
 missing=()
@@ -18,4 +18,17 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# The official OpenAI client, which test_serve drives `ebb serve` with, in
+# the build tree (EBB_BUILD_DIR, default build/): BUILD/npm/node_modules/openai.
+# npm comes with NodeSource's nodejs; Debian's nodejs needs Debian's npm.
+build_dir="${EBB_BUILD_DIR:-$(cd "$(dirname "$0")/.." && pwd)/build}"
+if ! command -v npm >/dev/null 2>&1; then
+  echo "setup: installing npm" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq npm >/dev/null
+fi
+if [ ! -f "$build_dir/npm/node_modules/openai/package.json" ]; then
+  echo "setup: npm install --prefix $build_dir/npm openai" >&2
+  npm install --silent --no-audit --no-fund --prefix "$build_dir/npm" openai >/dev/null
 fi

@@ -375,5 +375,44 @@ TEST(Train, BadInputIsRefusedWithAMessage) {
   EXPECT_THROW(Trainer(*engine, {sample_of(*engine, 5, 1)}, o), Error);
 }
 
+// ebb train: JSONL in, an adapter llama.cpp's format out, checkpoints that
+// --resume continues, errors that name the line.
+TEST(TrainCli, TrainsWritesAndResumes) {
+  test::TempDir dir;
+  {
+    std::FILE* f = std::fopen(dir.file("data.jsonl").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("{\"text\": \"Once upon a time, there was a red fox named Zed.\"}\n"
+               "{\"prompt\": \"Lily saw\", \"completion\": \" a big red ball in the park.\", \"weight\": 0.5}\n"
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hello there.\"}]}\n",
+               f);
+    std::fclose(f);
+  }
+  const std::string base = "train -m " + test::model_path("stories260K.gguf") + " --data " + dir.file("data.jsonl") +
+                           " --rank 4 --lr 1e-2 --batch-size 3 --threads 2 --checkpoint " + dir.file("ck");
+  const test::CliResult r = test::run_cli(base + " --steps 6 -o " + dir.file("a.gguf"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("step 6/6 | loss "), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("peak training memory"), std::string::npos) << r.err;
+  const test::CliResult run = test::run_cli("run -m " + test::model_path("stories260K.gguf") +
+                                            " -p 'Once upon a time' -n 8 --temp 0 --lora " + dir.file("a.gguf"));
+  EXPECT_EQ(run.status, 0) << run.err;
+  const test::CliResult more = test::run_cli(base + " --steps 8 --resume " + dir.file("ck"));
+  ASSERT_EQ(more.status, 0) << more.err;
+  EXPECT_NE(more.err.find("at step 6"), std::string::npos) << more.err;
+  EXPECT_NE(more.out.find("step 8/8"), std::string::npos) << more.out;
+  EXPECT_EQ(more.out.find("step 6/8"), std::string::npos) << more.out;  // steps 1-6 are not run again
+
+  {
+    std::FILE* f = std::fopen(dir.file("bad.jsonl").c_str(), "w");
+    std::fputs("{\"text\": \"fine\"}\n{not json\n", f);
+    std::fclose(f);
+  }
+  const test::CliResult bad = test::run_cli("train -m " + test::model_path("stories260K.gguf") + " --data " +
+                                            dir.file("bad.jsonl") + " --steps 1");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("bad.jsonl:2: not valid JSON"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace ebb

@@ -110,6 +110,8 @@ int main(int argc, char** argv) {
     ebb::cli::add_bench_command(app, &rc);
     ebb::cli::add_profile_command(app, &rc);
     ebb::cli::add_adapter_command(app, &rc);
+    ebb::cli::add_train_command(app, &rc);
+    ebb::cli::add_serve_command(app, &rc);
     if (!check_subcommands(app, args)) return kUsageError;
     app.parse(static_cast<int>(cargs.size()), cargs.data());
     if (version) {

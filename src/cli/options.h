@@ -103,6 +103,8 @@ void add_synth_command(CLI::App& app, int* rc);
 void add_bench_command(CLI::App& app, int* rc);
 void add_profile_command(CLI::App& app, int* rc);
 void add_adapter_command(CLI::App& app, int* rc);  // cmd_adapter.cpp: ebb adapter inspect/convert
+void add_train_command(CLI::App& app, int* rc);    // cmd_train.cpp: ebb train
+void add_serve_command(CLI::App& app, int* rc);    // cmd_serve.cpp: ebb serve (OpenAI-compatible HTTP)
 // The device profile of a --profile option: that file ("": the saved one, or
 // the built-in defaults when none was saved).
 DeviceProfile load_profile_option(const std::string& path);

@@ -1,0 +1,160 @@
+// ebb serve: an OpenAI-compatible HTTP server on the cooperative scheduler
+// (src/serve/server.h, src/runtime/scheduler.h).
+//
+// Threads: the engine's compute pool, the scheduler's (which alone runs the
+// engine), httplib's listener and workers, and this one, which waits for
+// SIGINT or SIGTERM. Both signals are blocked in every thread (the mask is
+// set before any thread starts, and threads inherit it), so they reach only
+// the sigwait() here: a signal stops taking requests, lets running answers
+// finish for --grace seconds, cancels what is left, and exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "cli/options.h"
+#include "memory/budget_plan.h"
+#include "model/chat_template.h"
+#include "platform/error.h"
+#include "runtime/scheduler.h"
+#include "serve/server.h"
+
+namespace ebb::cli {
+namespace {
+
+struct ServeArgs {
+  ModelArgs model;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;
+  std::string max_body = "4MiB";
+  std::string policy = "foreground-first";
+  std::string format;
+  int max_batch = 8;
+  int max_queue = 64;
+  double grace = 5.0;
+  bool quiet = false;
+};
+
+std::string model_id_of(const std::string& path) {
+  std::string id = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
+  if (id.size() > 5 && id.compare(id.size() - 5, 5, ".gguf") == 0) id.resize(id.size() - 5);
+  return id.empty() ? "model" : id;
+}
+
+int serve(ServeArgs& a) {
+  auto policy = parse_sched_policy(a.policy);
+  if (!policy) throw UsageError("--policy '" + a.policy + "' is not one of foreground-first, round-robin, fifo");
+  if (a.port < 0 || a.port > 65535) throw UsageError("--port " + std::to_string(a.port) + ": must be in [0, 65535]");
+  if (a.max_batch < 1) throw UsageError("--max-batch must be >= 1");
+  if (a.max_queue < 1) throw UsageError("--max-queue must be >= 1");
+  if (a.grace < 0) throw UsageError("--grace must be >= 0");
+  uint64_t max_body = 0;
+  try {
+    max_body = parse_size(a.max_body, 0);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--max-body: ") + e.what());
+  }
+  if (max_body == 0) throw UsageError("--max-body must be at least 1 byte");
+  if (a.api_key.empty()) {
+    if (const char* k = std::getenv("EBB_API_KEY")) a.api_key = k;
+  }
+
+  // Before any thread starts: SIGINT and SIGTERM wait for sigwait() below.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a client that went away is an error on its socket, not the end of the server
+
+  // Conversations reuse their KV across requests through the prefix cache.
+  a.model.prefix_cache = true;
+  std::unique_ptr<Engine> engine = make_engine(a.model);
+  const SessionOptions sopts = session_options(a.model);
+  int64_t n_ctx = 0;
+  {
+    Session probe(*engine, sopts);
+    n_ctx = probe.n_ctx();
+  }
+
+  serve::ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  so.api_key = a.api_key;
+  so.max_body = static_cast<size_t>(max_body);
+  so.model_id = model_id_of(a.model.model);
+  so.session = sopts;
+  so.n_ctx = n_ctx;
+  so.log_requests = !a.quiet;
+  if (a.format.empty()) {
+    so.chat_format = detect_chat_format(engine->model().chat_template(), engine->config().arch_name);
+  } else {
+    auto f = parse_chat_format(a.format);
+    if (!f) throw UsageError("--format '" + a.format + "' is not one of chatml, llama3, llama2, plain");
+    so.chat_format = *f;
+  }
+
+  SchedulerOptions sched_opts;
+  sched_opts.policy = *policy;
+  sched_opts.max_batch = a.max_batch;
+  sched_opts.max_queue = a.max_queue;
+  Scheduler scheduler(engine.get(), sched_opts);  // owns the engine from here on
+  serve::Server server(*engine, scheduler, so);
+  const int port = server.bind();
+
+  std::atomic<bool> listen_failed{false};
+  const pthread_t main_thread = pthread_self();
+  std::thread listener([&] {
+    if (!server.listen()) {
+      listen_failed = true;
+      pthread_kill(main_thread, SIGTERM);
+    }
+  });
+  std::printf("ebb serve: listening on http://%s:%d (model %s, context %lld, chat format %s, policy %s%s)\n",
+              a.host.c_str(), port, so.model_id.c_str(), static_cast<long long>(n_ctx),
+              std::string(chat_format_name(so.chat_format)).c_str(), std::string(sched_policy_name(*policy)).c_str(),
+              a.api_key.empty() ? "" : ", API key required");
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  if (!listen_failed) {
+    std::fprintf(stderr, "ebb serve: %s: finishing running answers (up to %.1f s), then exiting\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", a.grace);
+  }
+  scheduler.shutdown(a.grace);  // new requests get 503; running ones finish or are cancelled
+  server.stop();
+  listener.join();
+  if (listen_failed) throw Error("the HTTP server stopped unexpectedly on " + a.host + ":" + std::to_string(port));
+  std::fprintf(stderr, "ebb serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, int* rc) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* sub = app.add_subcommand("serve", "Serve the model over HTTP: OpenAI-compatible completions, metrics");
+  add_model_options(sub, a->model);
+  sub->add_option("--host", a->host, "Address to listen on (loopback unless you say otherwise)")->capture_default_str();
+  sub->add_option("--port", a->port, "Port to listen on (0: a free one, printed on start)")->capture_default_str();
+  sub->add_option("--api-key", a->api_key,
+                  "Require 'Authorization: Bearer KEY' on every route but /health (default: $EBB_API_KEY, else none)");
+  sub->add_option("--max-body", a->max_body, "Largest request body (bytes, or 64KiB, 4MiB, ...); 413 beyond")
+      ->capture_default_str();
+  sub->add_option("--policy", a->policy, "Scheduling policy: foreground-first, round-robin, fifo")->capture_default_str();
+  sub->add_option("--format", a->format, "Chat template: chatml, llama3, llama2, plain (default: the model's)");
+  sub->add_option("--max-batch", a->max_batch, "Requests decoded together at most")->capture_default_str();
+  sub->add_option("--max-queue", a->max_queue, "Requests waiting at most (503 beyond)")->capture_default_str();
+  sub->add_option("--grace", a->grace, "On SIGINT/SIGTERM, seconds running answers get to finish")->capture_default_str();
+  sub->add_flag("--quiet", a->quiet, "Do not log a line per request on stderr");
+  sub->callback([a, rc] { *rc = serve(*a); });
+}
+
+}  // namespace ebb::cli

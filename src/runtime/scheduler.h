@@ -1,0 +1,312 @@
+// The cooperative scheduler (LOCAL §4): the one place that admits model
+// execution on an engine. One thread, the scheduler's, owns the engine; other
+// threads (an HTTP server's) only submit work and read results.
+//
+// Every unit of work is a task with a descriptor
+//   d(x) = (class, priority, adapter, t̂, m̂, ŷ, utility)
+// whose cost estimates are exponential moving averages (α = 0.2) of what
+// its steps measured (per task, and per kind so that a new task of a known
+// kind starts from its kind's averages).
+//
+//   foreground   user-visible: generation requests (each a Generation on its
+//                own Session) and generic foreground tasks. Admitted in
+//                (priority, arrival) order up to max_batch at a time; the
+//                admitted generations advance together, one batched step per
+//                round (step_generations: every weight read once per step for
+//                all of them), and new requests join between steps.
+//   background   a queue of tasks whose unit of work is a callback
+//                `bool step()` (false when done), e.g. judge calls, cache
+//                prefill, training phases. A task is admissible when
+//                  m̂ + M_reserve <= M_free  and  ŷ + δ <= W_bg
+//                (δ = 0.05 s); it runs one step at a time, so a foreground
+//                arrival takes over at the task's next step boundary.
+//
+// Policies, for the ablation (LOCAL Figure 8):
+//   foreground-first  (default) background runs only when no foreground task
+//                     waits or runs; a running background task yields at its
+//                     next step boundary.
+//   round-robin       rotates over task kinds ("inference" and each
+//                     background kind) one unit at a time, whether or not
+//                     foreground work waits.
+//   fifo              one arrival-ordered queue; an admitted background task
+//                     runs to its end before anything that arrived after it.
+// The admission inequalities hold under every policy (they are about the
+// device's capacity); the policies differ in order only.
+//
+// Each foreground wait (submission to admission) is attributed to the kinds
+// of the units that ran while it waited ("inference" for generation rounds).
+// Cancellation (a client that went away) is honoured between steps.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "memory/prefix_cache.h"
+#include "platform/error.h"
+#include "runtime/adapters.h"
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "runtime/session.h"
+
+namespace ebb {
+
+enum class TaskClass { kForeground, kBackground };
+enum class SchedPolicy { kForegroundFirst, kRoundRobin, kFifo };
+
+std::string_view sched_policy_name(SchedPolicy p);
+// "foreground-first", "round-robin", "fifo"; nullopt otherwise.
+std::optional<SchedPolicy> parse_sched_policy(std::string_view name);
+
+// An exponential moving average: the first value sets it.
+class Ema {
+ public:
+  explicit Ema(double alpha = 0.2) : alpha_(alpha) {}
+  void add(double v) {
+    value_ = set_ ? (1 - alpha_) * value_ + alpha_ * v : v;
+    set_ = true;
+  }
+  bool set() const { return set_; }
+  double value() const { return value_; }
+
+ private:
+  double alpha_;
+  double value_ = 0;
+  bool set_ = false;
+};
+
+// d(x): what the scheduler knows of a task before it runs a step of it.
+struct TaskDescriptor {
+  TaskClass cls = TaskClass::kBackground;
+  std::string kind;             // "judge", "train", "prefill", ...: attribution and round-robin
+  int priority = 0;             // higher first
+  std::string adapter;          // adapter the task runs under ("": base)
+  double est_duration_s = 0;    // t̂: the whole task (0: unknown)
+  uint64_t est_memory = 0;      // m̂: bytes a step needs beyond what is held
+  double next_yield_s = 0;      // ŷ: the next step's non-yielding time (0: unknown)
+  double utility = 0;           // among admissible background tasks, higher first (after priority)
+};
+
+enum class TaskOutcome { kCompleted, kCancelled, kFailed };
+
+// A unit of schedulable work: step() runs one bounded piece of it (at most
+// ŷ seconds without yielding) and returns false when the task is done. It
+// runs on the scheduler thread, and may use the engine.
+struct Task {
+  TaskDescriptor desc;
+  std::function<bool()> step;
+  // Called once on the scheduler thread at the end (error: the step's
+  // exception message when kFailed).
+  std::function<void(TaskOutcome, const std::string& error)> on_done;
+};
+
+using TaskId = uint64_t;
+
+// A submission the scheduler cannot take (its queue is full, or it is
+// shutting down): an HTTP server answers 503.
+class SchedulerBusy : public Error {
+ public:
+  using Error::Error;
+};
+
+// A generation request: a fresh session of the engine (which takes its
+// longest cached prefix from the prefix cache when the engine has one), the
+// prompt, and how to generate.
+struct GenerationRequest {
+  std::vector<TokenId> prompt;
+  GenerateOptions options;
+  SessionOptions session;
+  std::vector<AdapterBinding> adapters;
+  int priority = 0;
+};
+
+struct GenerationEvent {
+  enum class Kind { kText, kDone, kError };
+  Kind kind = Kind::kText;
+  std::string text;          // kText: the next piece
+  GenerateStats stats;       // kDone
+  std::string error;         // kError
+  bool invalid_request = false;  // kError: the request could not run (vs an internal failure)
+};
+
+// One request's results, handed from the scheduler thread to the thread
+// that waits for them. Thread-safe.
+class GenerationStream {
+ public:
+  // The next event, waiting up to timeout_s; nullopt on timeout. After kDone
+  // or kError nothing more comes.
+  std::optional<GenerationEvent> next(double timeout_s);
+  // Asks the scheduler to end the request before its next step (the client
+  // went away); a cancelled request ends with kDone, stop kCancelled.
+  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+  uint64_t id() const { return id_; }
+
+ private:
+  friend class Scheduler;
+  void push(GenerationEvent e);
+
+  uint64_t id_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<GenerationEvent> events_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+  SchedPolicy policy = SchedPolicy::kForegroundFirst;
+  int max_batch = 8;                      // foreground tasks running together at most
+  int max_queue = 64;                     // waiting foreground submissions at most
+  int max_background = 256;               // waiting background tasks at most
+  uint64_t memory_reserve = 64ull << 20;  // M_reserve
+  double background_window_s = 0.5;       // W_bg: the longest a foreground arrival may wait for a step
+  double margin_s = 0.05;                 // δ
+  double ema_alpha = 0.2;
+  // M_free. Default: the system's available memory (MemAvailable), bounded
+  // by the process's cgroup limit less its usage.
+  std::function<uint64_t()> free_memory;
+  // Bytes in use, read before and after each background step to measure
+  // its memory (m̂). Default: the engine's ledger (none without an engine).
+  std::function<uint64_t()> used_memory;
+  // How often the scheduler thread refreshes the engine snapshot (footprint,
+  // prefix cache) that metrics() returns.
+  double snapshot_interval_s = 0.25;
+};
+
+struct SchedulerMetrics {
+  // Foreground.
+  int64_t fg_submitted = 0, fg_completed = 0, fg_cancelled = 0, fg_failed = 0, fg_rejected = 0;
+  int64_t fg_waiting = 0, fg_running = 0;
+  int64_t prompt_tokens = 0;     // prompt tokens of finished requests
+  int64_t cached_tokens = 0;     // of which taken from the prefix cache
+  int64_t generated_tokens = 0;  // tokens generated (running requests included)
+  int64_t rounds = 0;            // foreground rounds (batched steps)
+  double fg_busy_s = 0;
+  double decode_tok_s = 0;       // generated tokens per second of foreground rounds (EMA over rounds)
+  // Foreground queue wait (submission to admission).
+  int64_t wait_count = 0;
+  double wait_sum_s = 0, wait_max_s = 0, wait_p50_s = 0, wait_p95_s = 0, wait_p99_s = 0;
+  std::map<std::string, double> wait_behind_s;  // by the kind of unit that ran meanwhile
+  // Background.
+  int64_t bg_submitted = 0, bg_completed = 0, bg_cancelled = 0, bg_failed = 0, bg_rejected = 0;
+  int64_t bg_waiting = 0, bg_steps = 0;
+  int64_t bg_deferred_memory = 0, bg_deferred_window = 0;  // times a task was held back by each rule
+  double bg_busy_s = 0;
+  // The engine at the last snapshot (empty without an engine).
+  bool has_engine = false;
+  Footprint footprint;
+  PrefixCacheStats prefix_cache;
+  bool prefix_cache_on = false;
+};
+
+class Scheduler {
+ public:
+  // engine: the engine generation requests run on (nullptr: generic tasks
+  // only). The scheduler thread starts here and owns the engine from now
+  // on: other threads must not run it.
+  explicit Scheduler(Engine* engine, SchedulerOptions opts = {});
+  ~Scheduler();  // shutdown(0)
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Thread-safe. Throws SchedulerBusy when the foreground queue is full or
+  // the scheduler is shutting down; ebb::Error without an engine.
+  std::shared_ptr<GenerationStream> submit_generation(GenerationRequest req);
+  // Thread-safe. A task of class kForeground goes to the foreground queue
+  // (and runs one step per round), else to the background queue. Throws
+  // SchedulerBusy when that queue is full or the scheduler is shutting down.
+  TaskId submit(Task task);
+  TaskId submit_background(Task task) {
+    task.desc.cls = TaskClass::kBackground;
+    return submit(std::move(task));
+  }
+  // Ends a waiting or running task before its next step (on_done kCancelled).
+  void cancel(TaskId id);
+
+  // True while a foreground submission waits for admission: a long step
+  // may check it to yield early.
+  bool foreground_waiting() const { return fg_waiting_.load(std::memory_order_relaxed) > 0; }
+
+  // Background admission's inputs may change while tasks wait.
+  void set_background_window(double seconds);
+
+  SchedulerMetrics metrics() const;
+  const SchedulerOptions& options() const { return opts_; }
+  // The descriptor of a waiting or running task, with its current estimates.
+  std::optional<TaskDescriptor> descriptor(TaskId id) const;
+
+  // Stops taking work and cancels everything waiting; running generations
+  // get up to grace_s to finish, then are cancelled, and a running
+  // background task stops at its next step boundary. Returns when the
+  // scheduler thread has ended. Idempotent.
+  void shutdown(double grace_s = 0);
+
+ private:
+  struct FgItem;
+  struct BgItem;
+  struct Running;
+  struct Unit;
+  struct KindCost {
+    Ema step_s, memory, duration_s;
+  };
+
+  void loop();
+  Unit pick_locked(uint64_t free_mem);
+  bool admissible_locked(BgItem& b, uint64_t free_mem, bool count);
+  void reap_cancelled_locked(std::vector<std::function<void()>>& after);
+  void run_foreground_round(std::vector<std::unique_ptr<FgItem>> admitted);
+  void run_background_step(BgItem& b);
+  void start_generation(FgItem& item);
+  void finish_running(size_t i, TaskOutcome outcome, const std::string& error);
+  void attribute_wait_locked(const std::string& kind, double seconds);
+  void record_wait_locked(double seconds);
+  void refresh_snapshot(bool force);
+  uint64_t free_memory() const;
+  uint64_t used_memory() const;
+  KindCost& kind_cost_locked(const std::string& kind);
+  void apply_kind_estimates_locked(TaskDescriptor& d);
+
+  Engine* engine_;
+  SchedulerOptions opts_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<FgItem>> fg_queue_;
+  std::vector<std::unique_ptr<BgItem>> bg_queue_;
+  std::map<std::string, KindCost> kind_costs_;
+  uint64_t next_seq_ = 1;
+  double window_s_;
+  bool stopping_ = false;
+  double stop_deadline_ = 0;
+  std::atomic<int64_t> fg_waiting_{0};
+  SchedulerMetrics m_;
+  std::vector<double> recent_waits_;  // ring of the latest waits, for the percentiles
+  size_t recent_next_ = 0;
+  // Round-robin's rotation over kinds, and FIFO's admitted background task.
+  std::vector<std::string> rr_kinds_;
+  size_t rr_next_ = 0;
+  BgItem* fifo_active_ = nullptr;
+  std::set<TaskId> cancelled_running_;  // cancel(id) of tasks that may be running
+
+  // The scheduler thread's own: what runs now.
+  std::vector<std::unique_ptr<Running>> running_;
+  double last_snapshot_ = -1e9;
+  bool snapshot_dirty_ = true;
+  Ema decode_rate_;
+  int64_t made_before_ = 0;
+
+  std::thread thread_;  // last: starts after everything above exists
+};
+
+}  // namespace ebb

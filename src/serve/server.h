@@ -1,0 +1,69 @@
+// ebb serve's HTTP frontend: OpenAI-compatible routes over the cooperative
+// scheduler (runtime/scheduler.h). Requests are read, rendered and tokenized
+// on the HTTP threads; the scheduler thread runs them; results come back
+// through each request's GenerationStream.
+//
+//   POST /v1/chat/completions, /v1/completions   (openai.h; "stream": SSE)
+//   GET  /v1/models                              the base model, and ID:NAME per adapter
+//   GET  /health                                 open even with an API key
+//   GET  /metrics                                Prometheus text
+//   POST /tokenize {"content", "add_special"?}   -> {"tokens"}
+//   POST /detokenize {"tokens"}                  -> {"content"}
+//
+// Errors are OpenAI's {"error": {message, type, param, code}}: 400 a bad
+// request, 401 a missing or wrong API key, 404 an unknown route or model,
+// 413 a body over max_body, 503 a full queue or a shutdown, 500 an internal
+// error (with its message).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/chat_template.h"
+#include "runtime/engine.h"
+#include "runtime/scheduler.h"
+#include "runtime/session.h"
+
+namespace ebb::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                 // 0: any free port (bind() says which)
+  std::string api_key;             // "": no authentication
+  size_t max_body = 4u << 20;      // request bodies at most (413 beyond)
+  std::string model_id;            // the base model's id in /v1/models and responses
+  SessionOptions session;          // each request's session (its cache namespace is the default one)
+  ChatFormat chat_format = ChatFormat::kPlain;
+  int64_t n_ctx = 0;               // the sessions' context (prompts must be shorter)
+  int http_threads = 0;            // 0: max(8, 2 x the scheduler's batch) + 4
+  bool log_requests = true;        // one line per completion on stderr
+};
+
+class Server {
+ public:
+  // engine: read-only here (tokenizer, template, adapters' list); only the
+  // scheduler runs it.
+  Server(Engine& engine, Scheduler& scheduler, ServerOptions opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the listening socket; returns the port. Throws ebb::Error naming
+  // the address when it cannot.
+  int bind();
+  // Serves until stop() (from another thread). False when the server could
+  // not run.
+  bool listen();
+  // Waits up to drain_s for the responses in flight to be written (a
+  // request still waiting for the scheduler waits with them: shut the
+  // scheduler down first), then stops accepting; listen() returns soon after.
+  void stop(double drain_s = 5.0);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ebb::serve

@@ -1,0 +1,398 @@
+// The cooperative scheduler (runtime/scheduler.h) with fake tasks: order
+// under each policy, the background admission rule (memory and window),
+// interruption at step boundaries, cancellation between steps, wait
+// attribution, bounded queues; and generation requests on a tiny model.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "runtime/scheduler.h"
+#include "support.h"
+
+namespace ebb {
+namespace {
+
+using namespace std::chrono_literals;
+
+// What ran, in order.
+class Recorder {
+ public:
+  void add(const std::string& s) {
+    std::lock_guard lock(mu_);
+    log_.push_back(s);
+  }
+  std::vector<std::string> log() const {
+    std::lock_guard lock(mu_);
+    return log_;
+  }
+  size_t size() const {
+    std::lock_guard lock(mu_);
+    return log_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> log_;
+};
+
+template <class Pred>
+bool wait_until(Pred p, std::chrono::milliseconds limit = 5000ms) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!p()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+// A task of `steps` steps, each recording `name` and sleeping `each`.
+Task fake(TaskClass cls, const std::string& kind, const std::string& name, int steps, Recorder& rec,
+          std::chrono::milliseconds each = 0ms, std::function<void(int)> at_step = nullptr) {
+  Task t;
+  t.desc.cls = cls;
+  t.desc.kind = kind;
+  auto left = std::make_shared<int>(steps);
+  auto n = std::make_shared<int>(0);
+  t.step = [&rec, name, left, n, each, at_step] {
+    rec.add(name);
+    if (each.count() > 0) std::this_thread::sleep_for(each);
+    if (at_step) at_step(++*n);
+    return --*left > 0;
+  };
+  return t;
+}
+
+// A foreground task that holds the scheduler until released, so a test can
+// queue everything before anything else runs.
+struct Gate {
+  std::promise<void> open;
+  std::shared_future<void> opened = open.get_future().share();
+  std::atomic<bool> entered{false};
+  Task task(Recorder& rec) {
+    Task t;
+    t.desc.cls = TaskClass::kForeground;
+    t.desc.kind = "gate";
+    t.step = [this, &rec] {
+      entered = true;
+      rec.add("gate");
+      opened.wait_for(5s);
+      return false;
+    };
+    return t;
+  }
+};
+
+SchedulerOptions fake_options(SchedPolicy p) {
+  SchedulerOptions o;
+  o.policy = p;
+  o.free_memory = [] { return uint64_t{1} << 40; };
+  o.used_memory = [] { return uint64_t{0}; };
+  return o;
+}
+
+std::vector<std::string> run_order(SchedPolicy p, const std::vector<std::pair<std::string, TaskClass>>& tasks,
+                                   int steps = 1) {
+  Recorder rec;
+  Gate gate;
+  {
+    Scheduler s(nullptr, fake_options(p));
+    s.submit(gate.task(rec));
+    EXPECT_TRUE(wait_until([&] { return gate.entered.load(); }));
+    for (const auto& [name, cls] : tasks) s.submit(fake(cls, cls == TaskClass::kForeground ? "fg" : name, name, steps, rec));
+    gate.open.set_value();
+    EXPECT_TRUE(wait_until([&] { return rec.size() == 1 + tasks.size() * static_cast<size_t>(steps); }));
+  }
+  return rec.log();
+}
+
+constexpr TaskClass kFg = TaskClass::kForeground;
+constexpr TaskClass kBg = TaskClass::kBackground;
+
+TEST(Scheduler, ForegroundFirstAdmitsForegroundBeforeBackground) {
+  const auto order = run_order(SchedPolicy::kForegroundFirst, {{"B1", kBg}, {"F1", kFg}, {"B2", kBg}, {"F2", kFg}});
+  EXPECT_EQ(order, (std::vector<std::string>{"gate", "F1", "F2", "B1", "B2"}));
+}
+
+TEST(Scheduler, FifoRunsInArrivalOrder) {
+  const auto order = run_order(SchedPolicy::kFifo, {{"B1", kBg}, {"F1", kFg}, {"B2", kBg}, {"F2", kFg}});
+  EXPECT_EQ(order, (std::vector<std::string>{"gate", "B1", "F1", "B2", "F2"}));
+}
+
+TEST(Scheduler, RoundRobinAlternatesTaskKinds) {
+  // Three steps each: foreground-first runs all foreground steps first;
+  // round-robin takes one unit of each kind in turn.
+  const auto rr = run_order(SchedPolicy::kRoundRobin, {{"judge", kBg}, {"F", kFg}}, 3);
+  EXPECT_EQ(rr, (std::vector<std::string>{"gate", "judge", "F", "judge", "F", "judge", "F"}));
+  const auto ff = run_order(SchedPolicy::kForegroundFirst, {{"judge", kBg}, {"F", kFg}}, 3);
+  EXPECT_EQ(ff, (std::vector<std::string>{"gate", "F", "F", "F", "judge", "judge", "judge"}));
+}
+
+TEST(Scheduler, ForegroundTakesOverAtTheNextStepBoundary) {
+  for (SchedPolicy p : {SchedPolicy::kForegroundFirst, SchedPolicy::kFifo}) {
+    Recorder rec;
+    {
+      Scheduler s(nullptr, fake_options(p));
+      // The training task's second step submits a foreground request.
+      s.submit_background(fake(kBg, "train", "T", 5, rec, 0ms, [&](int step) {
+        if (step == 2) s.submit(fake(kFg, "fg", "F", 1, rec));
+      }));
+      ASSERT_TRUE(wait_until([&] { return rec.size() == 6; }));
+    }
+    const std::vector<std::string> want =
+        p == SchedPolicy::kForegroundFirst ? std::vector<std::string>{"T", "T", "F", "T", "T", "T"}
+                                           : std::vector<std::string>{"T", "T", "T", "T", "T", "F"};
+    EXPECT_EQ(rec.log(), want) << sched_policy_name(p);
+  }
+}
+
+TEST(Scheduler, BackgroundNeedsMemoryAndReserve) {
+  std::atomic<uint64_t> free{100ull << 20};
+  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+  o.memory_reserve = 10ull << 20;
+  o.free_memory = [&free] { return free.load(); };
+  Recorder rec;
+  Scheduler s(nullptr, o);
+  Task big = fake(kBg, "train", "big", 1, rec);
+  big.desc.est_memory = 95ull << 20;  // 95 + 10 > 100
+  Task fits = fake(kBg, "judge", "fits", 1, rec);
+  fits.desc.est_memory = 90ull << 20;  // 90 + 10 <= 100
+  s.submit_background(std::move(big));
+  s.submit_background(std::move(fits));
+  ASSERT_TRUE(wait_until([&] { return rec.size() == 1; }));
+  std::this_thread::sleep_for(150ms);
+  EXPECT_EQ(rec.log(), (std::vector<std::string>{"fits"}));
+  EXPECT_GE(s.metrics().bg_deferred_memory, 1);
+  EXPECT_EQ(s.metrics().bg_waiting, 1);
+  free = 200ull << 20;  // memory came back: admitted at the next check
+  ASSERT_TRUE(wait_until([&] { return rec.size() == 2; }));
+  EXPECT_EQ(rec.log().back(), "big");
+}
+
+TEST(Scheduler, BackgroundNeedsItsNextYieldWithinTheWindow) {
+  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+  o.background_window_s = 0.1;
+  o.margin_s = 0.05;
+  Recorder rec;
+  Scheduler s(nullptr, o);
+  Task slow = fake(kBg, "train", "slow", 1, rec);
+  slow.desc.next_yield_s = 0.08;  // 0.08 + 0.05 > 0.1
+  Task quick = fake(kBg, "judge", "quick", 1, rec);
+  quick.desc.next_yield_s = 0.04;  // 0.04 + 0.05 <= 0.1
+  const TaskId slow_id = s.submit_background(std::move(slow));
+  s.submit_background(std::move(quick));
+  ASSERT_TRUE(wait_until([&] { return rec.size() == 1; }));
+  std::this_thread::sleep_for(150ms);
+  EXPECT_EQ(rec.log(), (std::vector<std::string>{"quick"}));
+  EXPECT_GE(s.metrics().bg_deferred_window, 1);
+  ASSERT_TRUE(s.descriptor(slow_id));
+  EXPECT_DOUBLE_EQ(s.descriptor(slow_id)->next_yield_s, 0.08);
+  s.set_background_window(0.2);
+  ASSERT_TRUE(wait_until([&] { return rec.size() == 2; }));
+  EXPECT_EQ(rec.log().back(), "slow");
+}
+
+TEST(Scheduler, EstimatesAreMovingAveragesOfMeasuredSteps) {
+  Ema e(0.2);
+  EXPECT_FALSE(e.set());
+  e.add(10);
+  EXPECT_DOUBLE_EQ(e.value(), 10);  // the first value sets it
+  e.add(20);
+  EXPECT_DOUBLE_EQ(e.value(), 12);  // 0.8 * 10 + 0.2 * 20
+  // A kind's measured step (about 40 ms) becomes the estimate of its next
+  // task, which then no longer fits a 60 ms window with its 50 ms margin.
+  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+  o.background_window_s = 0.06;
+  o.margin_s = 0.05;
+  Recorder rec;
+  Scheduler s(nullptr, o);
+  std::promise<void> done;
+  Task first = fake(kBg, "prefill", "first", 1, rec, 40ms);
+  first.on_done = [&done](TaskOutcome, const std::string&) { done.set_value(); };
+  s.submit_background(std::move(first));  // unknown cost: admitted, then measured
+  ASSERT_EQ(done.get_future().wait_for(5s), std::future_status::ready);
+  const TaskId next = s.submit_background(fake(kBg, "prefill", "next", 1, rec));
+  const std::optional<TaskDescriptor> d = s.descriptor(next);
+  ASSERT_TRUE(d);
+  EXPECT_GT(d->next_yield_s, 0.03);
+  EXPECT_LT(d->next_yield_s, 1.0);
+  std::this_thread::sleep_for(150ms);
+  EXPECT_EQ(rec.size(), 1u);  // "next" is held back by the window rule
+  EXPECT_GE(s.metrics().bg_deferred_window, 1);
+}
+
+TEST(Scheduler, CancellationIsHonouredBetweenSteps) {
+  Recorder rec;
+  Scheduler s(nullptr, fake_options(SchedPolicy::kForegroundFirst));
+  std::promise<TaskOutcome> outcome;
+  Task t = fake(kFg, "fg", "long", 1000, rec, 2ms);
+  t.on_done = [&outcome](TaskOutcome o, const std::string&) { outcome.set_value(o); };
+  const TaskId id = s.submit(std::move(t));
+  ASSERT_TRUE(wait_until([&] { return rec.size() >= 3; }));
+  s.cancel(id);
+  auto f = outcome.get_future();
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(f.get(), TaskOutcome::kCancelled);
+  const size_t ran = rec.size();
+  EXPECT_LT(ran, 1000u);
+  std::this_thread::sleep_for(30ms);
+  EXPECT_EQ(rec.size(), ran);  // no step after the cancellation was seen
+  EXPECT_EQ(s.metrics().fg_cancelled, 1);
+}
+
+TEST(Scheduler, ForegroundWaitIsAttributedToWhatRanMeanwhile) {
+  Recorder rec;
+  Scheduler s(nullptr, fake_options(SchedPolicy::kForegroundFirst));
+  // The judge step submits a foreground request, then keeps the device for
+  // 50 ms more: the request waits behind the judge.
+  s.submit_background(fake(kBg, "judge", "J", 1, rec, 0ms, [&](int) {
+    s.submit(fake(kFg, "fg", "F", 1, rec));
+    std::this_thread::sleep_for(50ms);
+  }));
+  ASSERT_TRUE(wait_until([&] { return rec.size() == 2; }));
+  const SchedulerMetrics m = s.metrics();
+  EXPECT_EQ(m.wait_count, 1);
+  EXPECT_GE(m.wait_sum_s, 0.045);
+  ASSERT_TRUE(m.wait_behind_s.count("judge"));
+  EXPECT_GE(m.wait_behind_s.at("judge"), 0.045);
+  EXPECT_LE(m.wait_behind_s.at("judge"), m.wait_sum_s + 1e-9);
+}
+
+TEST(Scheduler, QueuesAreBoundedAndShutdownCancelsWhatWaits) {
+  Recorder rec;
+  Gate gate;
+  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+  o.max_queue = 2;
+  Scheduler s(nullptr, o);
+  s.submit(gate.task(rec));
+  ASSERT_TRUE(wait_until([&] { return gate.entered.load(); }));
+  s.submit(fake(kFg, "fg", "F1", 1, rec));
+  s.submit(fake(kFg, "fg", "F2", 1, rec));
+  EXPECT_THROW(s.submit(fake(kFg, "fg", "F3", 1, rec)), SchedulerBusy);
+  std::promise<TaskOutcome> bg;
+  Task b = fake(kBg, "judge", "B", 1, rec);
+  b.on_done = [&bg](TaskOutcome o, const std::string&) { bg.set_value(o); };
+  s.submit_background(std::move(b));
+  std::thread stopper([&] { s.shutdown(0); });
+  std::this_thread::sleep_for(20ms);
+  gate.open.set_value();
+  stopper.join();
+  auto f = bg.get_future();
+  ASSERT_EQ(f.wait_for(1s), std::future_status::ready);
+  EXPECT_EQ(f.get(), TaskOutcome::kCancelled);
+  EXPECT_EQ(rec.log(), (std::vector<std::string>{"gate"}));  // F1, F2 and B never ran
+  EXPECT_THROW(s.submit(fake(kFg, "fg", "F4", 1, rec)), SchedulerBusy);
+  EXPECT_EQ(s.metrics().fg_rejected, 2);
+}
+
+// Generation requests on a tiny model.
+
+std::unique_ptr<Engine> tiny_engine() {
+  EngineOptions o;
+  o.model_path = test::model_path("stories260K.gguf");
+  o.n_threads = 1;
+  o.kv_chunk_size = 16;
+  o.prefill_batch = 16;
+  o.prefix_cache = true;
+  return std::make_unique<Engine>(o);
+}
+
+GenerateOptions greedy(int64_t n) {
+  GenerateOptions go;
+  go.max_tokens = n;
+  go.sampling.temperature = 0;
+  go.stop_at_eog = false;
+  return go;
+}
+
+// Reads a request's events to the end.
+GenerateStats collect(GenerationStream& s, std::string* text = nullptr) {
+  for (;;) {
+    std::optional<GenerationEvent> e = s.next(5.0);
+    if (!e) {
+      ADD_FAILURE() << "no event within 5 s";
+      return {};
+    }
+    if (e->kind == GenerationEvent::Kind::kText) {
+      if (text) *text += e->text;
+      continue;
+    }
+    EXPECT_EQ(e->kind, GenerationEvent::Kind::kDone) << e->error;
+    return e->stats;
+  }
+}
+
+TEST(Scheduler, ConcurrentGenerationsMatchEachAlone) {
+  auto e = tiny_engine();
+  std::vector<std::vector<TokenId>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(e->tokenizer().encode("Once upon a time, a cat number " + std::to_string(i)));
+  std::vector<GenerateStats> alone;
+  for (const auto& p : prompts) {
+    Session s(*e);
+    alone.push_back(generate(s, p, greedy(20), nullptr));
+  }
+  Scheduler sched(e.get());
+  std::vector<std::shared_ptr<GenerationStream>> streams;
+  for (const auto& p : prompts) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.options = greedy(20);
+    streams.push_back(sched.submit_generation(std::move(r)));
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::string text;
+    const GenerateStats st = collect(*streams[i], &text);
+    EXPECT_EQ(st.tokens, alone[i].tokens) << "request " << i;
+    EXPECT_EQ(text, alone[i].text) << "request " << i;
+  }
+  sched.shutdown();
+  const SchedulerMetrics m = sched.metrics();
+  EXPECT_EQ(m.fg_completed, 4);
+  EXPECT_EQ(m.generated_tokens, 80);
+  EXPECT_GT(m.rounds, 0);
+  EXPECT_LT(m.rounds, 4 * 25);  // batched: the four advanced together
+}
+
+TEST(Scheduler, AGenerationIsCancelledBetweenSteps) {
+  auto e = tiny_engine();
+  Scheduler sched(e.get());
+  GenerationRequest r;
+  r.prompt = e->tokenizer().encode("Once upon a time");
+  r.options = greedy(400);
+  auto stream = sched.submit_generation(std::move(r));
+  int pieces = 0;
+  while (pieces < 3) {
+    std::optional<GenerationEvent> ev = stream->next(5.0);
+    ASSERT_TRUE(ev);
+    ASSERT_EQ(ev->kind, GenerationEvent::Kind::kText);
+    ++pieces;
+  }
+  stream->cancel();
+  const GenerateStats st = collect(*stream);
+  EXPECT_EQ(st.stop, StopReason::kCancelled);
+  EXPECT_LT(st.generated_tokens, 400);
+  EXPECT_EQ(sched.metrics().fg_cancelled, 1);
+}
+
+TEST(Scheduler, AGenerationThatCannotStartIsAnError) {
+  auto e = tiny_engine();
+  Scheduler sched(e.get());
+  GenerationRequest r;
+  r.prompt.assign(5000, 1);  // longer than the context
+  r.options = greedy(4);
+  auto stream = sched.submit_generation(std::move(r));
+  std::optional<GenerationEvent> ev = stream->next(5.0);
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->kind, GenerationEvent::Kind::kError);
+  EXPECT_TRUE(ev->invalid_request);
+  EXPECT_NE(ev->error.find("context"), std::string::npos) << ev->error;
+}
+
+}  // namespace
+}  // namespace ebb
