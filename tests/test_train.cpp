@@ -13,6 +13,7 @@
 #include "platform/error.h"
 #include "platform/fp16.h"
 #include "runtime/engine.h"
+#include "runtime/generate.h"
 #include "runtime/session.h"
 #include "support.h"
 #include "train/train_pass.h"
@@ -412,6 +413,79 @@ TEST(TrainCli, TrainsWritesAndResumes) {
                                             dir.file("bad.jsonl") + " --steps 1");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.err.find("bad.jsonl:2: not valid JSON"), std::string::npos) << bad.err;
+}
+
+// Real learning on the real model: stories260K's own stories with "Lily"
+// renamed "Zorba" (a name it never writes). A rank-8 adapter trained on 180
+// of them lowers the held-out 20's loss by at least 30%, and with it at
+// least half the stories it tells from "Once upon a time" (temperature 0.8)
+// name Zorba, against none without it.
+TEST(Train, LearnsANewNameFromItsOwnStories) {
+  auto engine = make_engine("stories260K");
+  const Tokenizer& tok = engine->tokenizer();
+  EncodeOptions eo;
+  eo.add_bos = true;
+  const std::vector<TokenId> prompt = tok.encode("Once upon a time", eo);
+  auto tell = [&](uint64_t seed, std::vector<AdapterBinding> set) {
+    Session s(*engine);
+    s.set_adapters(std::move(set));
+    GenerateOptions go;
+    go.max_tokens = 100;
+    go.sampling.temperature = 0.8f;
+    go.sampling.seed = seed;
+    return "Once upon a time" + generate(s, prompt, go, nullptr).text;
+  };
+  std::vector<TrainSample> train, held;
+  for (uint64_t i = 0; train.size() + held.size() < 200; ++i) {
+    std::string story = tell(1000 + i, {});
+    if (story.find("Lily") == std::string::npos) continue;
+    for (size_t at; (at = story.find("Lily")) != std::string::npos;) story.replace(at, 4, "Zorba");
+    TrainSample x;
+    x.tokens = tok.encode(story, eo);
+    if (x.tokens.size() > 128) x.tokens.resize(128);  // the model's context
+    x.weights.assign(x.tokens.size(), 1.0f);
+    (train.size() < 180 ? train : held).push_back(std::move(x));
+  }
+  TrainerOptions o;
+  o.init.rank = 8;
+  o.init.alpha = 16;
+  o.adamw.lr = 5e-3f;
+  o.adamw.warmup_steps = 5;
+  o.adamw.total_steps = 90;
+  o.batch = 8;
+  Trainer t(*engine, train, o);
+  t.run_steps(90);
+  t.stage("zorba");
+  auto held_loss = [&](std::vector<AdapterBinding> set) {
+    double sum = 0, n = 0;
+    const int64_t V = engine->config().n_vocab;
+    for (const TrainSample& x : held) {
+      Session s(*engine);
+      s.set_adapters(set);
+      std::vector<float> l;
+      s.feed(x.tokens, &l);
+      for (size_t i = 0; i + 1 < x.tokens.size(); ++i) {
+        const float* z = l.data() + i * V;
+        double m = z[0], e = 0;
+        for (int64_t k = 1; k < V; ++k) m = std::max(m, double(z[k]));
+        for (int64_t k = 0; k < V; ++k) e += std::exp(z[k] - m);
+        sum += m + std::log(e) - z[x.tokens[i + 1]];
+        ++n;
+      }
+    }
+    return sum / n;
+  };
+  const double before = held_loss({}), after = held_loss({{"zorba", 1.0f}});
+  int named = 0, named_base = 0;
+  for (uint64_t i = 0; i < 20; ++i) {
+    named += tell(5000 + i, {{"zorba", 1.0f}}).find("Zorba") != std::string::npos;
+    named_base += tell(5000 + i, {}).find("Zorba") != std::string::npos;
+  }
+  std::printf("held-out loss %.4f -> %.4f (%.1f%% lower); stories naming Zorba: %d/20 with the adapter, %d/20 without\n",
+              before, after, 100 * (1 - after / before), named, named_base);
+  EXPECT_LE(after, 0.7 * before);
+  EXPECT_GE(named, 10);
+  EXPECT_EQ(named_base, 0);
 }
 
 }  // namespace
