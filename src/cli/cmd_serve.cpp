@@ -10,6 +10,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -116,6 +118,10 @@ int serve(ServeArgs& a) {
       pthread_kill(main_thread, SIGTERM);
     }
   });
+  // "listening" only once httplib's accept loop runs: a signal that came
+  // earlier would reach a stop() that httplib then forgets, and the server
+  // would never exit.
+  while (!server.running() && !listen_failed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::printf("ebb serve: listening on http://%s:%d (model %s, context %lld, chat format %s, policy %s%s)\n",
               a.host.c_str(), port, so.model_id.c_str(), static_cast<long long>(n_ctx),
               std::string(chat_format_name(so.chat_format)).c_str(), std::string(sched_policy_name(*policy)).c_str(),

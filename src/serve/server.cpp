@@ -588,6 +588,8 @@ int Server::bind() {
 
 bool Server::listen() { return impl_->http.listen_after_bind(); }
 
+bool Server::running() const { return impl_->http.is_running(); }
+
 void Server::stop(double drain_s) {
   // httplib ends chunked responses once it stops: let those in flight
   // finish writing first (their generations have ended or will soon).

@@ -56,6 +56,10 @@ class Server {
   // Serves until stop() (from another thread). False when the server could
   // not run.
   bool listen();
+  // The listener is accepting connections (listen() has entered its loop).
+  // A stop() before that would be lost by httplib, which sets itself
+  // running when its loop starts: callers wait for this first.
+  bool running() const;
   // Waits up to drain_s for the responses in flight to be written (a
   // request still waiting for the scheduler waits with them: shut the
   // scheduler down first), then stops accepting; listen() returns soon after.
