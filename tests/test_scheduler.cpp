@@ -394,5 +394,34 @@ TEST(Scheduler, AGenerationThatCannotStartIsAnError) {
   EXPECT_NE(ev->error.find("context"), std::string::npos) << ev->error;
 }
 
+TEST(Scheduler, ControlCallsRunOnTheSchedulerThreadBetweenSteps) {
+  auto e = tiny_engine();
+  Scheduler sched(e.get());
+  GenerationRequest r;
+  r.prompt = e->tokenizer().encode("Once upon a time");
+  r.options = greedy(200);
+  auto stream = sched.submit_generation(std::move(r));
+  ASSERT_TRUE(stream->next(5.0));  // it runs
+  // A call made while the generation runs is answered between its steps,
+  // with the engine, on another thread than this one.
+  const std::thread::id here = std::this_thread::get_id();
+  std::future<std::pair<std::thread::id, int64_t>> f =
+      sched.call([](Engine& eng) { return std::make_pair(std::this_thread::get_id(), eng.config().n_vocab); });
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
+  const auto [tid, vocab] = f.get();
+  EXPECT_NE(tid, here);
+  EXPECT_EQ(vocab, e->config().n_vocab);
+  // Its exception reaches the caller; the scheduler goes on.
+  std::future<int> bad = sched.call([](Engine&) -> int { throw Error("no such unit"); });
+  EXPECT_THROW(bad.get(), Error);
+  stream->cancel();
+  const GenerateStats st = collect(*stream);
+  EXPECT_EQ(st.stop, StopReason::kCancelled);
+  sched.shutdown();
+  EXPECT_THROW(sched.call([](Engine&) { return 0; }), SchedulerBusy);
+  Scheduler none(nullptr, fake_options(SchedPolicy::kFifo));
+  EXPECT_THROW(none.call([](Engine&) { return 0; }), Error);
+}
+
 }  // namespace
 }  // namespace ebb

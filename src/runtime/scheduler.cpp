@@ -490,9 +490,33 @@ Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
   return u;
 }
 
+void Scheduler::post_control(std::function<void()> fn) {
+  {
+    std::lock_guard lock(mu_);
+    if (ended_) throw SchedulerBusy("the scheduler has shut down");
+    control_.push_back(std::move(fn));
+  }
+  cv_.notify_all();
+}
+
+bool Scheduler::run_control() {
+  std::deque<std::function<void()>> work;
+  {
+    std::lock_guard lock(mu_);
+    work.swap(control_);
+  }
+  for (auto& fn : work) fn();  // packaged tasks: exceptions go to their futures
+  if (!work.empty()) {
+    std::lock_guard lock(mu_);
+    snapshot_dirty_ = true;
+  }
+  return !work.empty();
+}
+
 void Scheduler::loop() {
   set_current_thread_name("ebb-sched");
   for (;;) {
+    if (run_control()) refresh_snapshot(true);
     std::vector<std::function<void()>> after;  // completion callbacks, run without the lock
     Unit u;
     bool quit = false;
@@ -509,7 +533,7 @@ void Scheduler::loop() {
         quit = true;
       } else {
         u = pick_locked(free_memory());
-        if (u.type == Unit::Type::kNone && after.empty()) {
+        if (u.type == Unit::Type::kNone && after.empty() && control_.empty()) {
           lock.unlock();
           refresh_snapshot(true);
           lock.lock();
@@ -522,7 +546,14 @@ void Scheduler::loop() {
       }
     }
     for (auto& f : after) f();
-    if (quit) break;
+    if (quit) {
+      {
+        std::lock_guard lock(mu_);
+        ended_ = true;  // no call() is taken from now on
+      }
+      run_control();  // those posted while shutting down still get their answer
+      break;
+    }
     if (u.type == Unit::Type::kForeground) {
       run_foreground_round(std::move(u.admit));
     } else if (u.type == Unit::Type::kBackground) {

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "memory/prefix_cache.h"
@@ -234,6 +236,21 @@ class Scheduler {
   // Ends a waiting or running task before its next step (on_done kCancelled).
   void cancel(TaskId id);
 
+  // Control work: runs fn(engine) on the scheduler thread at the next step
+  // boundary, before any queued unit (evict, restore, load or publish an
+  // adapter, change a limit). Thread-safe; the future carries fn's result
+  // or exception, and a broken promise when the scheduler has ended. Throws
+  // ebb::Error without an engine, SchedulerBusy after shutdown.
+  template <class F>
+  auto call(F fn) -> std::future<std::invoke_result_t<F&, Engine&>> {
+    using R = std::invoke_result_t<F&, Engine&>;
+    if (!engine_) throw Error("scheduler: control calls need an engine");
+    auto task = std::make_shared<std::packaged_task<R()>>([this, fn = std::move(fn)]() mutable { return fn(*engine_); });
+    std::future<R> f = task->get_future();
+    post_control([task] { (*task)(); });
+    return f;
+  }
+
   // True while a foreground submission waits for admission: a long step
   // may check it to yield early.
   bool foreground_waiting() const { return fg_waiting_.load(std::memory_order_relaxed) > 0; }
@@ -261,6 +278,8 @@ class Scheduler {
     Ema step_s, memory, duration_s;
   };
 
+  void post_control(std::function<void()> fn);
+  bool run_control();  // runs what post_control queued; true when it ran any
   void loop();
   Unit pick_locked(uint64_t free_mem);
   bool admissible_locked(BgItem& b, uint64_t free_mem, bool count);
@@ -284,10 +303,12 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<FgItem>> fg_queue_;
   std::vector<std::unique_ptr<BgItem>> bg_queue_;
+  std::deque<std::function<void()>> control_;  // call()'s work, before any unit
   std::map<std::string, KindCost> kind_costs_;
   uint64_t next_seq_ = 1;
   double window_s_;
   bool stopping_ = false;
+  bool ended_ = false;  // the loop has ended: call() refuses
   double stop_deadline_ = 0;
   std::atomic<int64_t> fg_waiting_{0};
   SchedulerMetrics m_;
