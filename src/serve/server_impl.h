@@ -1,0 +1,139 @@
+// ebb serve's server internals, shared by its route files (server.cpp:
+// completions, tokenize, models; server_metrics.cpp; and one file per
+// group of routes). Not a public header.
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "serve/openai.h"
+#include "serve/server.h"
+
+namespace ebb::serve {
+
+inline constexpr const char* kJson = "application/json";
+// How long a streaming response waits for the next event before it checks
+// that its client is still there.
+inline constexpr double kPollSeconds = 0.25;
+
+std::string dump(const nlohmann::json& j);
+void send_error(httplib::Response& res, const ApiError& e);
+ApiError error_of(int status, std::string message, std::string type, std::string code);
+// Compares without an early exit, so the time taken says nothing of where a
+// wrong key differs.
+bool same_secret(const std::string& a, const std::string& b);
+// The body as JSON, or a 400 naming the parse error.
+nlohmann::json parse_body(const httplib::Request& req);
+
+struct Server::Impl {
+  Engine& engine;
+  Scheduler& sched;
+  ServerOptions opts;
+  httplib::Server http;
+  RequestLimits limits;
+  int64_t started = static_cast<int64_t>(std::time(nullptr));
+  std::atomic<uint64_t> next_id{1};
+  mutable std::mutex stats_mu;
+  std::map<int, int64_t> responses;  // by HTTP status
+  int64_t streams_cancelled = 0;     // streaming clients that went away
+  int64_t bound_port = -1;
+  // Completions in flight (their responses not yet fully written): stop()
+  // lets them finish writing before it closes the server.
+  std::mutex inflight_mu;
+  std::condition_variable inflight_cv;
+  int64_t inflight = 0;
+  struct Ticket {
+    Impl* impl;
+    explicit Ticket(Impl* i) : impl(i) {
+      std::lock_guard lock(impl->inflight_mu);
+      ++impl->inflight;
+    }
+    ~Ticket() {
+      {
+        std::lock_guard lock(impl->inflight_mu);
+        --impl->inflight;
+      }
+      impl->inflight_cv.notify_all();
+    }
+    Ticket(const Ticket&) = delete;
+    Ticket& operator=(const Ticket&) = delete;
+  };
+  bool drain(double timeout_s) {
+    std::unique_lock lock(inflight_mu);
+    return inflight_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return inflight == 0; });
+  }
+
+  Impl(Engine& e, Scheduler& s, ServerOptions o) : engine(e), sched(s), opts(std::move(o)) {
+    limits.model_id = opts.model_id;
+    limits.n_vocab = engine.config().n_vocab;
+    limits.n_ctx = opts.n_ctx;
+    routes();
+  }
+
+  bool authorized(const httplib::Request& req, httplib::Response& res) const {
+    if (opts.api_key.empty()) return true;
+    const std::string h = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 &&
+        same_secret(h.substr(prefix.size()), opts.api_key))
+      return true;
+    send_error(res, error_of(401,
+                             h.empty() ? "No API key given: send the header 'Authorization: Bearer KEY'"
+                                       : "Incorrect API key given",
+                             "invalid_request_error", "invalid_api_key"));
+    res.set_header("WWW-Authenticate", "Bearer");
+    return false;
+  }
+
+  // Every route but /health: the key is checked, ApiException becomes its
+  // answer, anything else a 500 with its message.
+  httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> fn,
+                                   bool open = false) {
+    return [this, fn = std::move(fn), open](const httplib::Request& req, httplib::Response& res) {
+      if (!open && !authorized(req, res)) return;
+      try {
+        fn(req, res);
+      } catch (const ApiException& e) {
+        send_error(res, e.error());
+      } catch (const std::exception& e) {
+        send_error(res, error_of(500, e.what(), "server_error", "internal_error"));
+      }
+    };
+  }
+
+  // Route groups, each in its own file.
+  void routes();
+  void models(httplib::Response& res) const;
+  bool has_adapter(const std::string& name) const;
+  std::vector<TokenId> prompt_tokens(const CompletionRequest& r, GenerateOptions& go) const;
+  void completion(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+  static Usage usage_of(int64_t n_prompt, const GenerateStats& st);
+  void log(const httplib::Request& req, int status, const std::string& id, const Usage& u, StopReason stop,
+           double seconds) const;
+  void stream_response(const httplib::Request& req, httplib::Response& res, CompletionRequest r,
+                       std::shared_ptr<GenerationStream> stream, GenerationEvent first, const std::string& id,
+                       int64_t created, int64_t n_prompt, double t0, std::shared_ptr<Ticket> ticket);
+  void tokenize(const httplib::Request& req, httplib::Response& res) const;
+  void detokenize(const httplib::Request& req, httplib::Response& res) const;
+  std::string metrics() const;  // server_metrics.cpp
+
+  bool gone(const auto& st) {
+    st.stream->cancel();
+    std::lock_guard lock(stats_mu);
+    ++streams_cancelled;
+    return false;
+  }
+};
+
+}  // namespace ebb::serve

@@ -1,0 +1,133 @@
+// GET /metrics: Prometheus text from the scheduler's metrics.
+#include <cstdio>
+
+#include "serve/server_impl.h"
+
+namespace ebb::serve {
+
+namespace {
+
+void metric(std::string& out, const char* name, const char* type, const char* help) {
+  out += "# HELP ";
+  out += name;
+  out += " ";
+  out += help;
+  out += "\n# TYPE ";
+  out += name;
+  out += " ";
+  out += type;
+  out += "\n";
+}
+
+void sample(std::string& out, const std::string& name, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " %.17g\n", v);
+  out += name;
+  out += buf;
+}
+
+std::string label(const char* key, const std::string& value) {
+  std::string v;
+  for (char c : value) {
+    if (c == '\\' || c == '"') v += '\\';
+    if (c == '\n') {
+      v += "\\n";
+      continue;
+    }
+    v += c;
+  }
+  return std::string("{") + key + "=\"" + v + "\"}";
+}
+
+}  // namespace
+
+std::string Server::Impl::metrics() const {
+  const SchedulerMetrics m = sched.metrics();
+  std::string o;
+  metric(o, "ebb_requests_total", "counter", "Generation requests by outcome");
+  sample(o, "ebb_requests_total" + label("outcome", "submitted"), static_cast<double>(m.fg_submitted));
+  sample(o, "ebb_requests_total" + label("outcome", "completed"), static_cast<double>(m.fg_completed));
+  sample(o, "ebb_requests_total" + label("outcome", "cancelled"), static_cast<double>(m.fg_cancelled));
+  sample(o, "ebb_requests_total" + label("outcome", "failed"), static_cast<double>(m.fg_failed));
+  sample(o, "ebb_requests_total" + label("outcome", "rejected"), static_cast<double>(m.fg_rejected));
+  metric(o, "ebb_tokens_generated_total", "counter", "Tokens generated");
+  sample(o, "ebb_tokens_generated_total", static_cast<double>(m.generated_tokens));
+  metric(o, "ebb_prompt_tokens_total", "counter", "Prompt tokens of finished requests");
+  sample(o, "ebb_prompt_tokens_total", static_cast<double>(m.prompt_tokens));
+  metric(o, "ebb_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV came from the prefix cache");
+  sample(o, "ebb_prompt_tokens_cached_total", static_cast<double>(m.cached_tokens));
+  metric(o, "ebb_decode_tokens_per_second", "gauge", "Tokens generated per second of foreground rounds (EMA)");
+  sample(o, "ebb_decode_tokens_per_second", m.decode_tok_s);
+  metric(o, "ebb_foreground_busy_seconds_total", "counter", "Time spent in foreground rounds");
+  sample(o, "ebb_foreground_busy_seconds_total", m.fg_busy_s);
+  metric(o, "ebb_background_busy_seconds_total", "counter", "Time spent in background steps");
+  sample(o, "ebb_background_busy_seconds_total", m.bg_busy_s);
+  metric(o, "ebb_rounds_total", "counter", "Foreground rounds (batched steps)");
+  sample(o, "ebb_rounds_total", static_cast<double>(m.rounds));
+  metric(o, "ebb_queue_length", "gauge", "Tasks waiting, by class");
+  sample(o, "ebb_queue_length" + label("class", "foreground"), static_cast<double>(m.fg_waiting));
+  sample(o, "ebb_queue_length" + label("class", "background"), static_cast<double>(m.bg_waiting));
+  metric(o, "ebb_running", "gauge", "Foreground tasks running together");
+  sample(o, "ebb_running", static_cast<double>(m.fg_running));
+  metric(o, "ebb_queue_wait_seconds", "summary", "Foreground wait from submission to admission");
+  sample(o, "ebb_queue_wait_seconds{quantile=\"0.5\"}", m.wait_p50_s);
+  sample(o, "ebb_queue_wait_seconds{quantile=\"0.95\"}", m.wait_p95_s);
+  sample(o, "ebb_queue_wait_seconds{quantile=\"0.99\"}", m.wait_p99_s);
+  sample(o, "ebb_queue_wait_seconds_sum", m.wait_sum_s);
+  sample(o, "ebb_queue_wait_seconds_count", static_cast<double>(m.wait_count));
+  metric(o, "ebb_queue_wait_max_seconds", "gauge", "Longest foreground wait");
+  sample(o, "ebb_queue_wait_max_seconds", m.wait_max_s);
+  metric(o, "ebb_queue_wait_behind_seconds_total", "counter",
+         "Foreground wait attributed to the kind of work that ran meanwhile");
+  for (const auto& [kind, s] : m.wait_behind_s)
+    sample(o, "ebb_queue_wait_behind_seconds_total" + label("kind", kind), s);
+  metric(o, "ebb_background_tasks_total", "counter", "Background tasks by outcome");
+  sample(o, "ebb_background_tasks_total" + label("outcome", "submitted"), static_cast<double>(m.bg_submitted));
+  sample(o, "ebb_background_tasks_total" + label("outcome", "completed"), static_cast<double>(m.bg_completed));
+  sample(o, "ebb_background_tasks_total" + label("outcome", "cancelled"), static_cast<double>(m.bg_cancelled));
+  sample(o, "ebb_background_tasks_total" + label("outcome", "failed"), static_cast<double>(m.bg_failed));
+  sample(o, "ebb_background_tasks_total" + label("outcome", "rejected"), static_cast<double>(m.bg_rejected));
+  metric(o, "ebb_background_steps_total", "counter", "Background steps run");
+  sample(o, "ebb_background_steps_total", static_cast<double>(m.bg_steps));
+  metric(o, "ebb_background_deferred_total", "counter", "Times a background task was held back, by rule");
+  sample(o, "ebb_background_deferred_total" + label("rule", "memory"), static_cast<double>(m.bg_deferred_memory));
+  sample(o, "ebb_background_deferred_total" + label("rule", "window"), static_cast<double>(m.bg_deferred_window));
+  metric(o, "ebb_prefix_cache_lookups_total", "counter", "Prefix cache lookups");
+  sample(o, "ebb_prefix_cache_lookups_total", static_cast<double>(m.prefix_cache.lookups));
+  metric(o, "ebb_prefix_cache_hits_total", "counter", "Prefix cache lookups that found a prefix");
+  sample(o, "ebb_prefix_cache_hits_total", static_cast<double>(m.prefix_cache.hits));
+  metric(o, "ebb_prefix_cache_hit_tokens_total", "counter", "Tokens served from the prefix cache");
+  sample(o, "ebb_prefix_cache_hit_tokens_total", static_cast<double>(m.prefix_cache.hit_tokens));
+  metric(o, "ebb_prefix_cache_dropped_chunks_total", "counter", "Prefix cache chunks dropped over its limit");
+  sample(o, "ebb_prefix_cache_dropped_chunks_total", static_cast<double>(m.prefix_cache.dropped_chunks));
+  const Footprint& f = m.footprint;
+  metric(o, "ebb_memory_bytes", "gauge", "Memory the LLM holds, by category (engine footprint)");
+  uint64_t weights = 0, kv = 0;
+  for (uint64_t b : f.weights_per_layer) weights += b;
+  for (uint64_t b : f.kv_per_layer) kv += b;
+  const std::pair<const char*, uint64_t> cats[] = {{"weights", weights},
+                                                   {"globals", f.globals},
+                                                   {"kv", kv},
+                                                   {"scratch", f.scratch},
+                                                   {"compressed", f.compressed},
+                                                   {"io_buffers", f.io_buffers},
+                                                   {"adapters", f.adapters},
+                                                   {"training", f.training},
+                                                   {"kv_stored", f.kv_stored},
+                                                   {"weights_stored", f.weights_stored}};
+  for (const auto& [name, bytes] : cats)
+    sample(o, "ebb_memory_bytes" + label("category", name), static_cast<double>(bytes));
+  metric(o, "ebb_memory_total_bytes", "gauge", "Memory the LLM holds in RAM");
+  sample(o, "ebb_memory_total_bytes", static_cast<double>(f.total()));
+  metric(o, "ebb_http_responses_total", "counter", "HTTP responses by status");
+  {
+    std::lock_guard lock(stats_mu);
+    for (const auto& [status, n] : responses)
+      sample(o, "ebb_http_responses_total" + label("status", std::to_string(status)), static_cast<double>(n));
+    metric(o, "ebb_streams_cancelled_total", "counter", "Streaming clients that went away mid-answer");
+    sample(o, "ebb_streams_cancelled_total", static_cast<double>(streams_cancelled));
+  }
+  return o;
+}
+
+}  // namespace ebb::serve
