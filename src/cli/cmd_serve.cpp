@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,6 +42,9 @@ struct ServeArgs {
   int max_queue = 64;
   double grace = 5.0;
   bool quiet = false;
+  std::string adapter_dir;
+  std::string pressure = "off";
+  double pressure_step = 25;  // percentage points of the footprint per signal
 };
 
 std::string model_id_of(const std::string& path) {
@@ -56,6 +60,12 @@ int serve(ServeArgs& a) {
   if (a.max_batch < 1) throw UsageError("--max-batch must be >= 1");
   if (a.max_queue < 1) throw UsageError("--max-queue must be >= 1");
   if (a.grace < 0) throw UsageError("--grace must be >= 0");
+  if (a.pressure != "auto" && a.pressure != "psi" && a.pressure != "cgroup" && a.pressure != "off")
+    throw UsageError("--pressure '" + a.pressure + "' is not one of auto, psi, cgroup, off");
+  if (!(a.pressure_step > 0 && a.pressure_step <= 100))
+    throw UsageError("--pressure-step must be in (0, 100] percentage points of the footprint");
+  if (!a.adapter_dir.empty() && !std::filesystem::is_directory(a.adapter_dir))
+    throw UsageError("--adapter-dir '" + a.adapter_dir + "' is not a directory");
   uint64_t max_body = 0;
   try {
     max_body = parse_size(a.max_body, 0);
@@ -94,6 +104,9 @@ int serve(ServeArgs& a) {
   so.session = sopts;
   so.n_ctx = n_ctx;
   so.log_requests = !a.quiet;
+  so.adapter_dir = a.adapter_dir;
+  so.pressure = a.pressure;
+  so.pressure_step = a.pressure_step / 100.0;
   if (a.format.empty()) {
     so.chat_format = detect_chat_format(engine->model().chat_template(), engine->config().arch_name);
   } else {
@@ -160,6 +173,15 @@ void add_serve_command(CLI::App& app, int* rc) {
   sub->add_option("--max-queue", a->max_queue, "Requests waiting at most (503 beyond)")->capture_default_str();
   sub->add_option("--grace", a->grace, "On SIGINT/SIGTERM, seconds running answers get to finish")->capture_default_str();
   sub->add_flag("--quiet", a->quiet, "Do not log a line per request on stderr");
+  sub->add_option("--adapter-dir", a->adapter_dir,
+                  "Directory adapters load from over HTTP (by name: NAME.gguf or a PEFT directory NAME/), "
+                  "and where trained adapters are written");
+  sub->add_option("--pressure", a->pressure,
+                  "React to the device's memory pressure: auto (PSI, else cgroup), psi, cgroup, off")
+      ->capture_default_str();
+  sub->add_option("--pressure-step", a->pressure_step,
+                  "Percentage points of the footprint evicted per pressure signal")
+      ->capture_default_str();
   sub->callback([a, rc] { *rc = serve(*a); });
 }
 

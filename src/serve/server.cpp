@@ -67,6 +67,10 @@ void Server::Impl::routes() {
   http.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); }));
   http.Post("/detokenize",
             guarded([this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); }));
+  memory_routes();
+  adapter_routes();
+  training_routes();
+  web_routes();
 
   // What httplib answers itself (no route, a body over the limit, a bad
   // request line) gets OpenAI's shape too.
@@ -75,8 +79,8 @@ void Server::Impl::routes() {
     if (res.status == 404) {
       send_error(res, error_of(404,
                                "No route " + req.method + " " + req.path +
-                                   " (routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, "
-                                   "GET /health, GET /metrics, POST /tokenize, POST /detokenize)",
+                                   " (routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/memory, "
+                                   "/v1/adapters, /v1/training/jobs, /health, /metrics, /tokenize, /detokenize, /)",
                                "invalid_request_error", "not_found"));
     } else if (res.status == 413) {
       send_error(res, error_of(413, "The request body is over the server's limit (--max-body)", "invalid_request_error",
@@ -349,6 +353,11 @@ void Server::Impl::detokenize(const httplib::Request& req, httplib::Response& re
 Server::Server(Engine& engine, Scheduler& scheduler, ServerOptions opts)
     : impl_(std::make_unique<Impl>(engine, scheduler, std::move(opts))) {}
 
+Server::Impl::~Impl() {
+  stop_pressure();
+  stop_training();
+}
+
 Server::~Server() { stop(0); }
 
 int Server::bind() {
@@ -365,13 +374,18 @@ int Server::bind() {
   return port;
 }
 
-bool Server::listen() { return impl_->http.listen_after_bind(); }
+bool Server::listen() {
+  impl_->start_pressure();
+  return impl_->http.listen_after_bind();
+}
 
 bool Server::running() const { return impl_->http.is_running(); }
 
 void Server::stop(double drain_s) {
   // httplib ends chunked responses once it stops: let those in flight
   // finish writing first (their generations have ended or will soon).
+  impl_->stop_pressure();
+  impl_->stop_training();
   if (drain_s > 0) impl_->drain(drain_s);
   impl_->http.stop();
 }

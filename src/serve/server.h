@@ -39,6 +39,14 @@ struct ServerOptions {
   int64_t n_ctx = 0;               // the sessions' context (prompts must be shorter)
   int http_threads = 0;            // 0: max(8, 2 x the scheduler's batch) + 4
   bool log_requests = true;        // one line per completion on stderr
+  // Adapters load over HTTP from this directory only, by name ("": none
+  // load over HTTP); trained adapters and their checkpoints are written here.
+  std::string adapter_dir;
+  // Memory pressure watching: "auto" (PSI, else cgroup v2, else cgroup v1),
+  // "psi", "cgroup", "off". Each signal evicts pressure_step of the
+  // footprint through elastic memory; the next request restores.
+  std::string pressure = "off";
+  double pressure_step = 0.25;
 };
 
 class Server {

@@ -36,6 +36,12 @@ bool same_secret(const std::string& a, const std::string& b);
 // The body as JSON, or a 400 naming the parse error.
 nlohmann::json parse_body(const httplib::Request& req);
 
+// Prometheus text (server_metrics.cpp): "# HELP/# TYPE" lines, a sample
+// line, and a {key="value"} label with the value escaped.
+void metric(std::string& out, const char* name, const char* type, const char* help);
+void sample(std::string& out, const std::string& name, double v);
+std::string label(const char* key, const std::string& value);
+
 struct Server::Impl {
   Engine& engine;
   Scheduler& sched;
@@ -80,6 +86,7 @@ struct Server::Impl {
     limits.n_ctx = opts.n_ctx;
     routes();
   }
+  ~Impl();
 
   bool authorized(const httplib::Request& req, httplib::Response& res) const {
     if (opts.api_key.empty()) return true;
@@ -112,8 +119,34 @@ struct Server::Impl {
     };
   }
 
-  // Route groups, each in its own file.
-  void routes();
+  // Route groups, each in its own file with its own state (a shared_ptr, so
+  // that the type is complete only there).
+  void routes();  // server.cpp: all of them, the completions and the rest here
+  // server_memory.cpp: GET /v1/memory, POST /v1/memory/{evict,restore,limit,trim}
+  struct MemoryState;
+  std::shared_ptr<MemoryState> memory_state;
+  void memory_routes();
+  void memory_metrics(std::string& out) const;
+  // server_adapters.cpp: /v1/adapters (list, load from --adapter-dir, unload, stage, publish)
+  struct AdapterState;
+  std::shared_ptr<AdapterState> adapter_state;
+  void adapter_routes();
+  void adapter_metrics(std::string& out) const;
+  // server_train.cpp: /v1/training/jobs (submit samples, status, commit, cancel)
+  struct TrainState;
+  std::shared_ptr<TrainState> train_state;
+  void training_routes();
+  void training_metrics(std::string& out) const;
+  void stop_training();  // stop(): running jobs end at their next phase boundary
+  // server_web.cpp: the page at /
+  void web_routes();
+  // server_pressure.cpp: memory pressure watching (--pressure)
+  struct PressureState;
+  std::shared_ptr<PressureState> pressure_state;
+  void start_pressure();  // listen(): starts the watcher thread
+  void stop_pressure();   // stop()
+  void pressure_metrics(std::string& out) const;
+
   void models(httplib::Response& res) const;
   bool has_adapter(const std::string& name) const;
   std::vector<TokenId> prompt_tokens(const CompletionRequest& r, GenerateOptions& go) const;

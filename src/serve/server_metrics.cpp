@@ -5,8 +5,6 @@
 
 namespace ebb::serve {
 
-namespace {
-
 void metric(std::string& out, const char* name, const char* type, const char* help) {
   out += "# HELP ";
   out += name;
@@ -38,8 +36,6 @@ std::string label(const char* key, const std::string& value) {
   }
   return std::string("{") + key + "=\"" + v + "\"}";
 }
-
-}  // namespace
 
 std::string Server::Impl::metrics() const {
   const SchedulerMetrics m = sched.metrics();
@@ -127,6 +123,10 @@ std::string Server::Impl::metrics() const {
     metric(o, "ebb_streams_cancelled_total", "counter", "Streaming clients that went away mid-answer");
     sample(o, "ebb_streams_cancelled_total", static_cast<double>(streams_cancelled));
   }
+  memory_metrics(o);
+  adapter_metrics(o);
+  training_metrics(o);
+  pressure_metrics(o);
   return o;
 }
 
