@@ -7,13 +7,13 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "cli/options.h"
 #include "platform/error.h"
 #include "platform/timer.h"
+#include "bench/batch_rep.h"
 #include "runtime/batch.h"
 #include "runtime/session.h"
 #include "runtime/stats.h"
@@ -38,44 +38,6 @@ struct BatchRow {
   double bound_tok_s = 0;  // S / max(t1, S / prefill)
 };
 
-TokenId argmax(std::span<const float> x) {
-  return static_cast<TokenId>(std::max_element(x.begin(), x.end()) - x.begin());
-}
-
-// One rep: S sessions prefilled one after the other (prefill tok/s), then
-// `gen` steps that each decode one token of every stream together.
-void run_rep(Engine& e, const BatchArgs& a, int64_t s, uint32_t seed, double* prefill_tok_s, double* decode_tok_s) {
-  std::mt19937 rng(seed);
-  const int64_t nv = e.config().n_vocab;
-  SessionOptions so;
-  so.n_ctx = a.prompt + a.gen + 8;
-  so.kv_chunk_size = a.model.kv_chunk;
-  so.use_prefix_cache = false;
-  std::vector<std::unique_ptr<Session>> ss;
-  std::vector<Session*> ptrs;
-  double prefill_s = 0;
-  for (int64_t i = 0; i < s; ++i) {
-    std::vector<TokenId> p(static_cast<size_t>(a.prompt));
-    for (TokenId& t : p) t = static_cast<TokenId>(1 + rng() % static_cast<uint32_t>(nv - 1));
-    ss.push_back(std::make_unique<Session>(e, so));
-    const Stopwatch sw;
-    ss.back()->feed(p);
-    prefill_s += sw.seconds();
-    ptrs.push_back(ss.back().get());
-  }
-  const Stopwatch sw;
-  for (int64_t g = 0; g < a.gen; ++g) {
-    for (Session* x : ptrs) {
-      const TokenId t = argmax(x->last_logits());
-      x->append({&t, 1});
-    }
-    run_step(e, ptrs);
-  }
-  const double decode_s = sw.seconds();
-  *prefill_tok_s = static_cast<double>(s * a.prompt) / prefill_s;
-  *decode_tok_s = static_cast<double>(s * a.gen) / decode_s;
-}
-
 int run_batch_bench(BatchArgs& a) {
   if (a.prompt < 1 || a.gen < 1 || a.reps < 1) throw Error("bench batch: -p, -n and -r must be at least 1");
   std::vector<int64_t> streams = a.streams;
@@ -94,7 +56,10 @@ int run_batch_bench(BatchArgs& a) {
       double p = 0, d = 0;
       std::fprintf(stderr, "bench batch: %s %lld streams\n", r == 0 ? "warm-up" : ("rep " + std::to_string(r)).c_str(),
                    static_cast<long long>(streams[i]));
-      run_rep(*e, a, streams[i], static_cast<uint32_t>(1000 * r + i), &p, &d);
+      const BatchRep rep = run_batch_rep(*e, streams[i], a.prompt, a.gen, a.model.kv_chunk,
+                                         static_cast<uint32_t>(1000 * r + i));
+      p = rep.prefill_tok_s;
+      d = rep.decode_tok_s;
       if (r == 0) continue;
       rows[i].streams = streams[i];
       rows[i].prefill_reps.push_back(p);
