@@ -22,194 +22,14 @@
 #include <thread>
 #include <vector>
 
+#include "serve_support.h"
 #include "support.h"
 
 namespace {
 
 using nlohmann::json;
 using namespace std::chrono_literals;
-
-const char* kKey = "test-key-123";
-
-// An `ebb serve` child process.
-class ServerProcess {
- public:
-  // Starts it and reads its port from the first line it prints; fails the
-  // test when no line comes within 20 s.
-  explicit ServerProcess(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {EBB_CLI_PATH, "serve", "-m", ebb::test::model_path("stories260K.gguf"),
-                                     "--port",     "0",     "--threads", "1", "--kv-chunk", "16", "--batch", "16"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    int out[2];
-    if (::pipe(out) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(out[1], STDOUT_FILENO);
-      const int devnull = ::open("/dev/null", O_WRONLY);
-      if (devnull >= 0) ::dup2(devnull, STDERR_FILENO);
-      ::close(out[0]);
-      ::close(out[1]);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    out_ = out[0];
-    std::string line;
-    const auto end = std::chrono::steady_clock::now() + 20s;
-    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < end) {
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      char buf[512];
-      const ssize_t n = ::read(out_, buf, sizeof buf);
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    first_line_ = line;
-    const size_t at = line.find("http://127.0.0.1:");
-    if (at != std::string::npos) port_ = std::atoi(line.c_str() + at + std::strlen("http://127.0.0.1:"));
-  }
-  ~ServerProcess() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (out_ >= 0) ::close(out_);
-  }
-  int port() const { return port_; }
-  const std::string& first_line() const { return first_line_; }
-
-  // Sends `sig` and waits up to `limit` for the exit; returns the exit
-  // status, or -1 when it did not exit (it is killed then).
-  int stop(int sig, std::chrono::milliseconds limit = 10000ms) {
-    if (pid_ <= 0 || reaped_) return -1;
-    ::kill(pid_, sig);
-    const auto end = std::chrono::steady_clock::now() + limit;
-    int status = 0;
-    while (std::chrono::steady_clock::now() < end) {
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  int port_ = 0;
-  bool reaped_ = false;
-  std::string first_line_;
-};
-
-std::unique_ptr<httplib::Client> client(int port, bool with_key = true) {
-  auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
-  c->set_read_timeout(15, 0);
-  c->set_write_timeout(5, 0);
-  c->set_connection_timeout(5, 0);
-  if (with_key) c->set_bearer_token_auth(kKey);
-  return c;
-}
-
-struct Reply {
-  int status = 0;
-  json body;
-  std::string raw;
-};
-
-Reply post(httplib::Client& c, const std::string& path, const std::string& body) {
-  Reply r;
-  auto res = c.Post(path.c_str(), body, "application/json");
-  if (!res) {
-    ADD_FAILURE() << "POST " << path << ": no response (" << httplib::to_string(res.error()) << ")";
-    return r;
-  }
-  r.status = res->status;
-  r.raw = res->body;
-  r.body = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
-  return r;
-}
-
-Reply post(httplib::Client& c, const std::string& path, const json& body) { return post(c, path, body.dump()); }
-
-Reply get(httplib::Client& c, const std::string& path) {
-  Reply r;
-  auto res = c.Get(path.c_str());
-  if (!res) {
-    ADD_FAILURE() << "GET " << path << ": no response";
-    return r;
-  }
-  r.status = res->status;
-  r.raw = res->body;
-  r.body = json::parse(res->body, nullptr, false);
-  return r;
-}
-
-// The data lines of a Server-Sent Events body, in order ("[DONE]" included).
-std::vector<std::string> sse_data(const std::string& body) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at < body.size()) {
-    size_t end = body.find("\n\n", at);
-    if (end == std::string::npos) end = body.size();
-    const std::string event = body.substr(at, end - at);
-    if (event.rfind("data: ", 0) == 0) out.push_back(event.substr(6));
-    at = end + 2;
-  }
-  return out;
-}
-
-struct Streamed {
-  std::string text;
-  std::vector<json> chunks;  // parsed, [DONE] excluded
-  bool done = false;         // ended with [DONE]
-  bool done_last = false;    // ... as the last event
-};
-
-Streamed stream(httplib::Client& c, const std::string& path, json body, bool chat) {
-  body["stream"] = true;
-  Reply r = post(c, path, body.dump());
-  EXPECT_EQ(r.status, 200) << r.raw;
-  Streamed s;
-  const std::vector<std::string> data = sse_data(r.raw);
-  for (size_t i = 0; i < data.size(); ++i) {
-    if (data[i] == "[DONE]") {
-      s.done = true;
-      s.done_last = i + 1 == data.size();
-      continue;
-    }
-    json j = json::parse(data[i], nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << data[i];
-    if (j.is_discarded()) continue;
-    s.chunks.push_back(j);
-    if (!j.contains("choices") || j["choices"].empty()) continue;
-    const json& ch = j["choices"][0];
-    if (chat && ch.contains("delta") && ch["delta"].contains("content")) s.text += ch["delta"]["content"].get<std::string>();
-    if (!chat && ch.contains("text")) s.text += ch["text"].get<std::string>();
-  }
-  return s;
-}
-
-void expect_openai_error(const Reply& r, int status, const std::string& code = "", const std::string& param = "") {
-  EXPECT_EQ(r.status, status) << r.raw;
-  ASSERT_TRUE(r.body.is_object()) << r.raw;
-  ASSERT_TRUE(r.body.contains("error")) << r.raw;
-  const json& e = r.body["error"];
-  EXPECT_TRUE(e.contains("message") && e["message"].is_string() && !e["message"].get<std::string>().empty()) << r.raw;
-  EXPECT_TRUE(e.contains("type") && e["type"].is_string()) << r.raw;
-  EXPECT_TRUE(e.contains("param")) << r.raw;
-  EXPECT_TRUE(e.contains("code")) << r.raw;
-  if (!code.empty()) {
-    EXPECT_EQ(e["code"], code) << r.raw;
-  }
-  if (!param.empty()) {
-    EXPECT_EQ(e["param"], param) << r.raw;
-  }
-}
+using namespace ebb::test;
 
 // One server for most tests: an API key, one adapter, a small body limit.
 class Serve : public ::testing::Test {
@@ -474,12 +294,6 @@ TEST_F(Serve, MetricsHaveTheCounters) {
   EXPECT_GE(std::atof(m.c_str() + at + std::strlen("\nebb_tokens_generated_total ")), 4.0);
 }
 
-double metric_value(httplib::Client& c, const std::string& name) {
-  auto res = c.Get("/metrics");
-  if (!res) return -1;
-  const size_t at = res->body.find("\n" + name + " ");
-  return at == std::string::npos ? -1 : std::atof(res->body.c_str() + at + name.size() + 2);
-}
 
 TEST_F(Serve, AClientThatGoesAwayMidStreamIsCancelled) {
   const double before = metric_value(*c_, "ebb_requests_total{outcome=\"cancelled\"}");

@@ -1,0 +1,189 @@
+#include "serve_support.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "support.h"
+
+namespace ebb::test {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+ServerProcess::ServerProcess(const std::vector<std::string>& extra, const std::string& model) {
+  std::vector<std::string> args = {EBB_CLI_PATH, "serve",     "-m", model.empty() ? model_path("stories260K.gguf") : model,
+                                   "--port",     "0",         "--threads", "1", "--kv-chunk", "16", "--batch", "16"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  int out[2];
+  if (::pipe(out) != 0) return;
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    const int devnull = ::open("/dev/null", O_WRONLY);
+    if (devnull >= 0) ::dup2(devnull, STDERR_FILENO);
+    ::close(out[0]);
+    ::close(out[1]);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  out_ = out[0];
+  std::string line;
+  const auto end = std::chrono::steady_clock::now() + 20s;
+  while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < end) {
+    pollfd p{out_, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    char buf[512];
+    const ssize_t n = ::read(out_, buf, sizeof buf);
+    if (n <= 0) break;
+    line.append(buf, static_cast<size_t>(n));
+  }
+  first_line_ = line;
+  const size_t at = line.find("http://127.0.0.1:");
+  if (at != std::string::npos) port_ = std::atoi(line.c_str() + at + std::strlen("http://127.0.0.1:"));
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0 && !reaped_) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  if (out_ >= 0) ::close(out_);
+}
+
+int ServerProcess::stop(int sig, std::chrono::milliseconds limit) {
+  if (pid_ <= 0 || reaped_) return -1;
+  ::kill(pid_, sig);
+  const auto end = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return -1;
+}
+
+std::unique_ptr<httplib::Client> client(int port, bool with_key) {
+  auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
+  c->set_read_timeout(15, 0);
+  c->set_write_timeout(5, 0);
+  c->set_connection_timeout(5, 0);
+  if (with_key) c->set_bearer_token_auth(kKey);
+  return c;
+}
+
+Reply post(httplib::Client& c, const std::string& path, const std::string& body) {
+  Reply r;
+  auto res = c.Post(path.c_str(), body, "application/json");
+  if (!res) {
+    ADD_FAILURE() << "POST " << path << ": no response (" << httplib::to_string(res.error()) << ")";
+    return r;
+  }
+  r.status = res->status;
+  r.raw = res->body;
+  r.body = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+  return r;
+}
+
+Reply post(httplib::Client& c, const std::string& path, const json& body) { return post(c, path, body.dump()); }
+
+Reply get(httplib::Client& c, const std::string& path) {
+  Reply r;
+  auto res = c.Get(path.c_str());
+  if (!res) {
+    ADD_FAILURE() << "GET " << path << ": no response";
+    return r;
+  }
+  r.status = res->status;
+  r.raw = res->body;
+  r.body = json::parse(res->body, nullptr, false);
+  return r;
+}
+
+std::vector<std::string> sse_data(const std::string& body) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < body.size()) {
+    size_t end = body.find("\n\n", at);
+    if (end == std::string::npos) end = body.size();
+    const std::string event = body.substr(at, end - at);
+    if (event.rfind("data: ", 0) == 0) out.push_back(event.substr(6));
+    at = end + 2;
+  }
+  return out;
+}
+
+Streamed stream(httplib::Client& c, const std::string& path, json body, bool chat) {
+  body["stream"] = true;
+  Reply r = post(c, path, body.dump());
+  EXPECT_EQ(r.status, 200) << r.raw;
+  Streamed s;
+  const std::vector<std::string> data = sse_data(r.raw);
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (data[i] == "[DONE]") {
+      s.done = true;
+      s.done_last = i + 1 == data.size();
+      continue;
+    }
+    json j = json::parse(data[i], nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << data[i];
+    if (j.is_discarded()) continue;
+    s.chunks.push_back(j);
+    if (!j.contains("choices") || j["choices"].empty()) continue;
+    const json& ch = j["choices"][0];
+    if (chat && ch.contains("delta") && ch["delta"].contains("content")) s.text += ch["delta"]["content"].get<std::string>();
+    if (!chat && ch.contains("text")) s.text += ch["text"].get<std::string>();
+  }
+  return s;
+}
+
+void expect_openai_error(const Reply& r, int status, const std::string& code, const std::string& param) {
+  EXPECT_EQ(r.status, status) << r.raw;
+  ASSERT_TRUE(r.body.is_object()) << r.raw;
+  ASSERT_TRUE(r.body.contains("error")) << r.raw;
+  const json& e = r.body["error"];
+  EXPECT_TRUE(e.contains("message") && e["message"].is_string() && !e["message"].get<std::string>().empty()) << r.raw;
+  EXPECT_TRUE(e.contains("type") && e["type"].is_string()) << r.raw;
+  EXPECT_TRUE(e.contains("param")) << r.raw;
+  EXPECT_TRUE(e.contains("code")) << r.raw;
+  if (!code.empty()) {
+    EXPECT_EQ(e["code"], code) << r.raw;
+  }
+  if (!param.empty()) {
+    EXPECT_EQ(e["param"], param) << r.raw;
+  }
+}
+
+double metric_value(httplib::Client& c, const std::string& name) {
+  auto res = c.Get("/metrics");
+  if (!res) return -1;
+  const size_t at = res->body.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::atof(res->body.c_str() + at + name.size() + 2);
+}
+
+uint64_t rss_bytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace ebb::test
