@@ -3,7 +3,10 @@
 // terms (random data) and bit for bit (small integers, where every sum is
 // exact); the scalar reference against a double-precision product. Padding
 // of strided rows holds NaN (never read) or sentinels (never written), and
-// columns outside [c0, c1) must stay as they were.
+// columns outside [c0, c1) must stay as they were. The F16-weight variants:
+// against the scalar F16 reference, and bit for bit against the same
+// target's F32 variant on the same (F16-exact) values, since widening F16 is
+// exact and the arithmetic is meant to be the same.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "kernels/lora.h"
+#include "platform/fp16.h"
 
 namespace ebb {
 namespace {
@@ -50,6 +54,16 @@ std::vector<float> strided(const std::vector<float>& v, int64_t n, int64_t width
   for (int64_t i = 0; i < n; ++i)
     for (int64_t k = 0; k < width; ++k) out[i * stride + k] = v[i * width + k];
   return out;
+}
+
+// v rounded to F16: the bits, and v replaced by the values they hold.
+std::vector<uint16_t> to_half(std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    h[i] = fp32_to_fp16(v[i]);
+    v[i] = fp16_to_fp32(h[i]);
+  }
+  return h;
 }
 
 // One shape of the down product.
@@ -120,6 +134,17 @@ void run_up(Isa isa, const UpShape& sh, const UpData& d, std::vector<float>& y) 
   lora_kernels(isa).up(d.bt.data(), d.t.data(), sh.s, sh.n, sh.r, sh.n_out, sh.c0, sh.c1, y.data(), sh.y_stride);
 }
 
+void run_down_f16(Isa isa, const DownShape& sh, const std::vector<uint16_t>& a, const std::vector<float>& x,
+                  std::vector<float>& t) {
+  t.assign(sh.n * sh.r, kNaN);
+  lora_kernels(isa).down_f16(a.data(), x.data(), sh.x_stride, sh.n, sh.r, sh.n_in, t.data());
+}
+
+void run_up_f16(Isa isa, const UpShape& sh, const std::vector<uint16_t>& bt, const UpData& d, std::vector<float>& y) {
+  y = d.y;
+  lora_kernels(isa).up_f16(bt.data(), d.t.data(), sh.s, sh.n, sh.r, sh.n_out, sh.c0, sh.c1, y.data(), sh.y_stride);
+}
+
 // Σ_k |a[j, k] · x[i, k]|: the scale of the rounding errors of t[i, j].
 double down_magnitude(const DownShape& sh, const std::vector<float>& a, const std::vector<float>& x, int64_t i,
                       int64_t j) {
@@ -164,7 +189,85 @@ class LoraKernelsTest : public ::testing::TestWithParam<Isa> {
 
 TEST_P(LoraKernelsTest, TableIsComplete) {
   const LoraKernels& k = lora_kernels(isa_);
-  EXPECT_TRUE(k.down && k.up);
+  EXPECT_TRUE(k.down && k.up && k.down_f16 && k.up_f16);
+}
+
+TEST_P(LoraKernelsTest, F16DownMatchesScalarAndF32) {
+  uint32_t seed = 600;
+  for (const DownShape& sh : down_shapes()) {
+    auto a = uniform(sh.r * sh.n_in, -1, 1, ++seed);
+    const std::vector<uint16_t> ah = to_half(a);
+    const auto x = strided(uniform(sh.n * sh.n_in, -2, 2, ++seed), sh.n, sh.n_in, sh.x_stride, kNaN);
+    std::vector<float> ref, t, t32;
+    run_down_f16(Isa::kScalar, sh, ah, x, ref);
+    run_down_f16(isa_, sh, ah, x, t);
+    run_down(isa_, sh, a, x, t32);
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t j = 0; j < sh.r; ++j) {
+        const size_t e = i * sh.r + j;
+        ASSERT_LE(std::fabs(double(t[e]) - ref[e]), 1e-5 * down_magnitude(sh, a, x, i, j) + 1e-30)
+            << tag(sh.str()) << " at t[" << i << "," << j << "]: " << t[e] << " vs " << ref[e];
+        ASSERT_EQ(std::memcmp(&t[e], &t32[e], sizeof(float)), 0)
+            << tag(sh.str()) << " F16 vs F32 at t[" << i << "," << j << "]: " << t[e] << " vs " << t32[e];
+      }
+  }
+}
+
+TEST_P(LoraKernelsTest, F16UpMatchesScalarAndF32) {
+  uint32_t seed = 700;
+  for (const UpShape& sh : up_shapes()) {
+    UpData d = up_data(sh, false, seed += 3);
+    const std::vector<uint16_t> bth = to_half(d.bt);
+    std::vector<float> ref, y, y32;
+    run_up_f16(Isa::kScalar, sh, bth, d, ref);
+    run_up_f16(isa_, sh, bth, d, y);
+    run_up(isa_, sh, d, y32);
+    expect_outside_untouched(sh, d, y, tag(sh.str()));
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t c = sh.c0; c < sh.c1; ++c) {
+        const size_t e = i * sh.y_stride + c;
+        ASSERT_LE(std::fabs(double(y[e]) - ref[e]), 1e-5 * up_magnitude(sh, d, i, c) + 1e-30)
+            << tag(sh.str()) << " at y[" << i << "," << c << "]: " << y[e] << " vs " << ref[e];
+        ASSERT_EQ(std::memcmp(&y[e], &y32[e], sizeof(float)), 0)
+            << tag(sh.str()) << " F16 vs F32 at y[" << i << "," << c << "]: " << y[e] << " vs " << y32[e];
+      }
+  }
+}
+
+// Small integers are exact in F16 too: every target's F16 variant gives the
+// integer sums.
+TEST_P(LoraKernelsTest, F16ExactIntegersBitForBit) {
+  uint32_t seed = 800;
+  for (const DownShape& sh : down_shapes()) {
+    auto a = small_ints(sh.r * sh.n_in, 4, ++seed);
+    const std::vector<uint16_t> ah = to_half(a);
+    const auto x = strided(small_ints(sh.n * sh.n_in, 4, ++seed), sh.n, sh.n_in, sh.x_stride, kNaN);
+    std::vector<float> t;
+    run_down_f16(isa_, sh, ah, x, t);
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t j = 0; j < sh.r; ++j) {
+        int64_t exact = 0;
+        for (int64_t k = 0; k < sh.n_in; ++k)
+          exact += static_cast<int64_t>(a[j * sh.n_in + k]) * static_cast<int64_t>(x[i * sh.x_stride + k]);
+        ASSERT_EQ(t[i * sh.r + j], static_cast<float>(exact)) << tag(sh.str()) << " at t[" << i << "," << j << "]";
+      }
+  }
+  for (UpShape sh : up_shapes()) {
+    if (sh.s != kScales[0]) continue;  // 0.5
+    UpData d = up_data(sh, true, seed += 3);
+    const std::vector<uint16_t> bth = to_half(d.bt);
+    std::vector<float> y;
+    run_up_f16(isa_, sh, bth, d, y);
+    expect_outside_untouched(sh, d, y, tag(sh.str()));
+    for (int64_t i = 0; i < sh.n; ++i)
+      for (int64_t c = sh.c0; c < sh.c1; ++c) {
+        const size_t e = i * sh.y_stride + c;
+        int64_t exact = 0;
+        for (int64_t j = 0; j < sh.r; ++j)
+          exact += static_cast<int64_t>(d.t[i * sh.r + j]) * static_cast<int64_t>(d.bt[j * sh.n_out + c]);
+        ASSERT_EQ(y[e], d.y[e] + 0.5f * static_cast<float>(exact)) << tag(sh.str()) << " at y[" << i << "," << c << "]";
+      }
+  }
 }
 
 TEST_P(LoraKernelsTest, DownMatchesScalar) {

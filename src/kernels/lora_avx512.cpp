@@ -1,7 +1,9 @@
 // AVX-512 LoRA products. down: four rows of a per pass over x, sharing its
 // loads, two accumulators per row; up: column blocks of up to 128 held in
 // registers across the rank sum. Tails use k-masks, so the last columns and
-// elements go through the same arithmetic as the body.
+// elements go through the same arithmetic as the body. The F16 variants are
+// the same code with weights widened (vcvtph2ps, exact) as they are loaded,
+// their tails by masked 16-bit loads.
 // GCC 12's avx512fintrin.h seeds several intrinsics with _mm512_undefined_ps()
 // and then warns about it (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -16,29 +18,38 @@ namespace {
 
 using avx512::tail_mask;
 
+// Sixteen weights from p as floats, only the lanes of m read (others 0).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+
 // out[q] = Σ_k a[q, k] · x[k] for q < R: R rows of a (row stride n_in)
 // against one row of x, every load of x shared by the R rows.
-template <int R>
-inline void dot_rows(const float* a, int64_t n_in, const float* x, float* out) {
+template <int R, typename W>
+inline void dot_rows(const W* a, int64_t n_in, const float* x, float* out) {
   __m512 acc0[R], acc1[R];
   for (int q = 0; q < R; ++q) acc0[q] = acc1[q] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= n_in; k += 32) {
     const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
     for (int q = 0; q < R; ++q) {
-      acc0[q] = _mm512_fmadd_ps(_mm512_loadu_ps(a + q * n_in + k), x0, acc0[q]);
-      acc1[q] = _mm512_fmadd_ps(_mm512_loadu_ps(a + q * n_in + k + 16), x1, acc1[q]);
+      acc0[q] = _mm512_fmadd_ps(load16(a + q * n_in + k), x0, acc0[q]);
+      acc1[q] = _mm512_fmadd_ps(load16(a + q * n_in + k + 16), x1, acc1[q]);
     }
   }
   for (; k < n_in; k += 16) {
     const __mmask16 m = n_in - k >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(n_in - k);
     const __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
-    for (int q = 0; q < R; ++q) acc0[q] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + q * n_in + k), x0, acc0[q]);
+    for (int q = 0; q < R; ++q) acc0[q] = _mm512_fmadd_ps(load16(a + q * n_in + k, m), x0, acc0[q]);
   }
   for (int q = 0; q < R; ++q) out[q] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[q], acc1[q]));
 }
 
-void down_avx512(const float* a,  // [r, n_in]
+template <typename W>
+void down_avx512(const W* a,      // [r, n_in]
                  const float* x,  // [n, x_stride]
                  int64_t x_stride, int64_t n, int64_t r, int64_t n_in,
                  float* t) {  // [n, r]
@@ -52,16 +63,16 @@ void down_avx512(const float* a,  // [r, n_in]
 
 // y[c .. c + 16V) += s · Σ_j t[j] · bt[j, c .. c + 16V), the V vectors of
 // sums in registers across j. m masks the lanes of the last vector.
-template <int V>
-inline void up_block(const float* bt, int64_t n_out, const float* t, int64_t r, __m512 s, int64_t c, __mmask16 m,
+template <int V, typename W>
+inline void up_block(const W* bt, int64_t n_out, const float* t, int64_t r, __m512 s, int64_t c, __mmask16 m,
                      float* y) {
   __m512 acc[V];
   for (int v = 0; v < V; ++v) acc[v] = _mm512_setzero_ps();
   for (int64_t j = 0; j < r; ++j) {
     const __m512 tj = _mm512_set1_ps(t[j]);
-    const float* b = bt + j * n_out + c;
-    for (int v = 0; v < V - 1; ++v) acc[v] = _mm512_fmadd_ps(tj, _mm512_loadu_ps(b + 16 * v), acc[v]);
-    acc[V - 1] = _mm512_fmadd_ps(tj, _mm512_maskz_loadu_ps(m, b + 16 * (V - 1)), acc[V - 1]);
+    const W* b = bt + j * n_out + c;
+    for (int v = 0; v < V - 1; ++v) acc[v] = _mm512_fmadd_ps(tj, load16(b + 16 * v), acc[v]);
+    acc[V - 1] = _mm512_fmadd_ps(tj, load16(b + 16 * (V - 1), m), acc[V - 1]);
   }
   for (int v = 0; v < V - 1; ++v)
     _mm512_storeu_ps(y + c + 16 * v, _mm512_add_ps(_mm512_loadu_ps(y + c + 16 * v), _mm512_mul_ps(s, acc[v])));
@@ -69,7 +80,8 @@ inline void up_block(const float* bt, int64_t n_out, const float* t, int64_t r, 
   _mm512_mask_storeu_ps(yl, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yl), _mm512_mul_ps(s, acc[V - 1])));
 }
 
-void up_avx512(const float* bt,  // [r, n_out]
+template <typename W>
+void up_avx512(const W* bt,      // [r, n_out]
                const float* t,   // [n, r]
                float s, int64_t n, int64_t r, int64_t n_out, int64_t c0, int64_t c1,
                float* y,  // [n, y_stride]
@@ -95,7 +107,7 @@ void up_avx512(const float* bt,  // [r, n_out]
 
 namespace detail {
 const LoraKernels& lora_kernels_avx512() {
-  static const LoraKernels k{down_avx512, up_avx512};
+  static const LoraKernels k{down_avx512<float>, up_avx512<float>, down_avx512<uint16_t>, up_avx512<uint16_t>};
   return k;
 }
 }  // namespace detail
