@@ -324,4 +324,86 @@ std::vector<PrefixCache::NodeInfo> PrefixCache::nodes() const {
   return out;
 }
 
+std::vector<PrefixCache::HotPrefix> PrefixCache::hot_prefixes(const std::function<bool(const CacheKey&)>& want,
+                                                              size_t k) const {
+  struct Candidate {
+    const Node* n;
+    double hkv;
+  };
+  std::vector<Candidate> cands;
+  for (const auto& r : roots_) {
+    if (!want(r->key)) continue;
+    for_each_node(r->node, [&](const Node& n) {
+      if (decay(n.heat, n.last) > 0) cands.push_back({&n, heat_kv(n)});
+    });
+  }
+  // Hottest first; among equals the deeper (it covers more).
+  std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
+    return a.hkv != b.hkv ? a.hkv > b.hkv : a.n->depth_tokens > b.n->depth_tokens;
+  });
+  const auto on_path = [](const Node* anc, const Node* n) {  // anc is n or one of its ancestors
+    for (; n; n = n->parent)
+      if (n == anc) return true;
+    return false;
+  };
+  std::vector<Candidate> chosen;  // the end node of each prefix, and the prefix's heat
+  for (const Candidate& c : cands) {
+    bool placed = false;
+    for (Candidate& t : chosen) {
+      if (on_path(c.n, t.n)) {  // already covered
+        placed = true;
+        break;
+      }
+      if (on_path(t.n, c.n)) {  // extends a prefix taken: the deeper end covers both
+        t.n = c.n;
+        placed = true;
+        break;
+      }
+    }
+    if (!placed && chosen.size() < k) chosen.push_back(c);
+  }
+  std::vector<HotPrefix> out;
+  for (const Candidate& c : chosen) {
+    HotPrefix p;
+    p.key = c.n->root->key;
+    p.heat_kv = c.hkv;
+    std::vector<const Node*> path;
+    for (const Node* n = c.n; n && n->parent; n = n->parent) path.push_back(n);
+    for (auto it = path.rbegin(); it != path.rend(); ++it)
+      p.tokens.insert(p.tokens.end(), (*it)->tokens.begin(), (*it)->tokens.end());
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+int64_t PrefixCache::covered(const CacheKey& key, std::span<const int32_t> tokens) const {
+  const Root* root = nullptr;
+  for (const auto& r : roots_)
+    if (r->key == key) root = r.get();
+  if (!root) return 0;
+  const int64_t cs = key.chunk_size;
+  Node* at = const_cast<Node*>(&root->node);  // find_child does not change the tree
+  int64_t n = 0;
+  for (int64_t c = 0; (c + 1) * cs <= static_cast<int64_t>(tokens.size()); ++c) {
+    const std::span<const int32_t> chunk = tokens.subspan(static_cast<size_t>(c * cs), static_cast<size_t>(cs));
+    Node* next = find_child(*at, chunk, tokens_hash(chunk));
+    if (!next || any_lost(next->kv)) break;
+    n += cs;
+    at = next;
+  }
+  return n;
+}
+
+size_t PrefixCache::drop_adapter(const std::string& name, uint64_t version) {
+  const size_t before = roots_.size();
+  roots_.erase(std::remove_if(roots_.begin(), roots_.end(),
+                              [&](const auto& r) {
+                                for (const AdapterKey& a : r->key.adapters)
+                                  if (a.name == name && (version == 0 || a.version == version)) return true;
+                                return false;
+                              }),
+               roots_.end());
+  return before - roots_.size();
+}
+
 }  // namespace ebb

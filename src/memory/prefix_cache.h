@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -132,6 +133,27 @@ class PrefixCache {
     uint64_t bytes;
   };
   std::vector<NodeInfo> nodes() const;
+
+  // Hot prefixes, for cache maintenance (stale-coverage prefill, LOCAL
+  // §5.3). Reads heat without refreshing it and touches no statistics.
+  struct HotPrefix {
+    CacheKey key;
+    std::vector<int32_t> tokens;  // [n_chunks * chunk_size] from the start of the context
+    double heat_kv = 0;           // H_KV of its hottest node (the ranking)
+  };
+  // Up to k prefixes under the keys `want` accepts, hottest first by H_KV.
+  // Only nodes that were reused at least once (H_P > 0) count as hot. The
+  // nodes are taken in descending H_KV and a node on the path of a prefix
+  // already taken folds into it (the deeper one covers both), so the k
+  // prefixes are disjoint paths covering the hottest nodes.
+  std::vector<HotPrefix> hot_prefixes(const std::function<bool(const CacheKey&)>& want, size_t k) const;
+  // Tokens of `tokens` cached in RAM under `key` (whole chunks), without
+  // refreshing heat or reading the persistent tier.
+  int64_t covered(const CacheKey& key, std::span<const int32_t> tokens) const;
+  // Forgets every entry whose key holds adapter `name` at `version` (0: at
+  // any version), whatever its namespace, scale, other adapters or
+  // geometry. Returns how many keys were dropped.
+  size_t drop_adapter(const std::string& name, uint64_t version = 0);
 
  private:
   struct Node;
