@@ -157,6 +157,14 @@ void read_model(const json& body, CompletionRequest& r, const RequestLimits& lim
   }
   if (r.model.empty()) r.model = lim.model_id;
   r.adapter = adapter;
+  if (field(body, "adapter_version")) {
+    const int64_t v = integer(body, "adapter_version");
+    if (v < 1) throw ApiException(invalid_request("'adapter_version' must be >= 1", "adapter_version"));
+    if (adapter.empty())
+      throw ApiException(invalid_request("'adapter_version' needs an adapter ('model': \"" + lim.model_id +
+                                             ":NAME\" or 'adapter')", "adapter_version"));
+    r.adapter_version = static_cast<uint64_t>(v);
+  }
 }
 
 void read_sampling(const json& body, CompletionRequest& r, const RequestLimits& lim) {

@@ -5,6 +5,7 @@
 // Fields read (others are ignored, as OpenAI-compatible servers do):
 //   model                 "ID", "ID:ADAPTER" or "base:ADAPTER" (ID: the base model's)
 //   adapter               an adapter name (instead of the model's suffix)
+//   adapter_version       that adapter's version (a staged one too); absent: the published one
 //   messages | prompt     chat: [{role, content}] (content a string or text
 //                         parts); completions: a string, one-string array, or
 //                         an array of token ids
@@ -62,6 +63,7 @@ struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChat;
   std::string model;    // as the client gave it (echoed in responses)
   std::string adapter;  // "" : the base model
+  uint64_t adapter_version = 0;  // 0: the adapter's published version
   std::vector<ChatMessage> messages;       // chat
   std::string prompt;                      // completions, as text
   std::vector<TokenId> prompt_tokens;      // completions, as token ids (when given so)

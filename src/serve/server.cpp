@@ -177,7 +177,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   }
   g.session = opts.session;
   if (r.cache_namespace_given) g.session.cache_namespace = r.cache_namespace;
-  if (!r.adapter.empty()) g.adapters.push_back({r.adapter, 1.0f, 0});
+  if (!r.adapter.empty()) g.adapters.push_back({r.adapter, 1.0f, r.adapter_version});
   const int64_t n_prompt = static_cast<int64_t>(g.prompt.size());
 
   std::shared_ptr<GenerationStream> stream;
