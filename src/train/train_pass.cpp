@@ -115,6 +115,8 @@ void TrainPass::release() {
   rope_back_.reset();
   attn_.reset();
   work_.reset();
+  dx_.clear();
+  dx_.shrink_to_fit();
   T_ = 0;
 }
 
@@ -250,7 +252,7 @@ void TrainPass::layer_forward(int l, const LoraAdapter& ad, LayerActs& a, const 
   for (int64_t i = 0; i < T * d; ++i) x_out[i] += f(a.x2)[i];
 }
 
-double TrainPass::forward(std::span<const int32_t> tokens, std::span<const float> weights, const LoraAdapter& ad) {
+void TrainPass::forward_begin(std::span<const int32_t> tokens, std::span<const float> weights, const LoraAdapter& ad) {
   const ModelConfig& c = cfg_;
   const int64_t T = static_cast<int64_t>(tokens.size());
   if (T < 2) throw Error("a training sample needs at least 2 tokens (it has " + std::to_string(T) + ")");
@@ -272,6 +274,7 @@ double TrainPass::forward(std::span<const int32_t> tokens, std::span<const float
   allocate_acts(T, ad.max_rank());
   tokens_.assign(tokens.begin(), tokens.end());
   weights_.assign(weights.begin(), weights.end());
+  loss_ = 0;
   const int64_t d = c.n_embd;
   ResidentWeights src(model_);
   // Embeddings and RoPE tables: (cos, sin) per position, and (cos, -sin)
@@ -288,10 +291,23 @@ double TrainPass::forward(std::span<const int32_t> tokens, std::span<const float
       cb[i + 1] = -cs[i + 1];
     }
   }
-  for (int l = 0; l < model_.n_layers(); ++l) {
+}
+
+void TrainPass::forward_layers(int l0, int l1, const LoraAdapter& ad) {
+  EBB_CHECK_MSG(T_ > 0 && 0 <= l0 && l0 <= l1 && l1 <= model_.n_layers(), "TrainPass::forward_layers out of order");
+  for (int l = l0; l < l1; ++l) {
     LayerActs& a = acts_[opts_.recompute ? 0 : static_cast<size_t>(l)];
     layer_forward(l, ad, a, f(inputs_[l]), f(inputs_[l + 1]));
   }
+}
+
+void TrainPass::forward_head(int64_t r0, int64_t r1) {
+  const ModelConfig& c = cfg_;
+  const int64_t T = T_, d = c.n_embd;
+  EBB_CHECK_MSG(T > 0 && 0 <= r0 && r0 <= r1 && r1 <= T && r0 % opts_.head_rows == 0 &&
+                    (r1 == T || r1 % opts_.head_rows == 0),
+                "TrainPass::forward_head: rows out of range or not on a block boundary");
+  ResidentWeights src(model_);
   // The head, a block of rows at a time: logits, the loss and its gradient,
   // and the gradient back through the head, kept in the work buffer's first
   // [T, d] (dxf, for loss scale 1).
@@ -299,16 +315,18 @@ double TrainPass::forward(std::span<const int32_t> tokens, std::span<const float
   EBB_CHECK_MSG(g.output.rows == c.n_vocab, "training needs the whole output head resident");
   float* xf = f(work_);          // [T, d] the final norm's output (the first block of work)
   float* dxf = xf + T * d;       // [T, d]
-  std::memset(dxf, 0, static_cast<size_t>(T * d) * sizeof(float));
   const float* x_last = f(inputs_[static_cast<size_t>(c.n_layer)]);
-  for (int64_t t = 0; t < T; ++t) ops_.rmsnorm(x_last + t * d, g.output_norm, xf + t * d, d, c.rms_eps);
-  double loss = 0;
-  for (int64_t r0 = 0; r0 < T; r0 += opts_.head_rows) {
-    const int64_t n = std::min(opts_.head_rows, T - r0);
+  for (int64_t t = r0; t < r1; ++t) {
+    std::memset(dxf + t * d, 0, static_cast<size_t>(d) * sizeof(float));
+    ops_.rmsnorm(x_last + t * d, g.output_norm, xf + t * d, d, c.rms_eps);
+  }
+  double loss = loss_;
+  for (int64_t b0 = r0; b0 < r1; b0 += opts_.head_rows) {
+    const int64_t n = std::min(opts_.head_rows, r1 - b0);
     for (int64_t i = 0; i < n; i += opts_.matmul_rows) {
       MatmulArgs m;
       m.w = &g.output;
-      m.x = xf + (r0 + i) * d;
+      m.x = xf + (b0 + i) * d;
       m.x_stride = d;
       m.n_tokens = std::min(opts_.matmul_rows, n - i);
       m.y = f(head_) + i * c.n_vocab;
@@ -318,7 +336,7 @@ double TrainPass::forward(std::span<const int32_t> tokens, std::span<const float
     }
     bool any = false;
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = r0 + i;  // predicts token pos + 1
+      const int64_t pos = b0 + i;  // predicts token pos + 1
       const bool has = pos + 1 < T && weights_[static_cast<size_t>(pos + 1)] != 0.0f;
       float* z = f(head_) + i * c.n_vocab;
       if (!has) {
@@ -328,9 +346,16 @@ double TrainPass::forward(std::span<const int32_t> tokens, std::span<const float
       loss += tk_.cross_entropy(z, c.n_vocab, tokens_[static_cast<size_t>(pos + 1)], weights_[static_cast<size_t>(pos + 1)]);
       any = true;
     }
-    if (any) matmul_t(ks_, g.output, f(head_), n, dxf + r0 * d, f(mt_scratch_), pool_);
+    if (any) matmul_t(ks_, g.output, f(head_), n, dxf + b0 * d, f(mt_scratch_), pool_);
   }
-  return loss;
+  loss_ = loss;
+}
+
+double TrainPass::forward(std::span<const int32_t> tokens, std::span<const float> weights, const LoraAdapter& ad) {
+  forward_begin(tokens, weights, ad);
+  forward_layers(0, model_.n_layers(), ad);
+  forward_head(0, T_);
+  return loss_;
 }
 
 void TrainPass::layer_backward(int l, const LoraAdapter& ad, float s, LayerActs& a, float* dx, bool want_dx,
@@ -444,7 +469,7 @@ void TrainPass::layer_backward(int l, const LoraAdapter& ad, float s, LayerActs&
   }
 }
 
-void TrainPass::backward(const LoraAdapter& ad, float loss_scale, LoraGrads& grads) {
+void TrainPass::backward_begin(float loss_scale) {
   EBB_CHECK_MSG(T_ > 0, "TrainPass::backward without a forward");
   const ModelConfig& c = cfg_;
   const int64_t T = T_, d = c.n_embd;
@@ -453,22 +478,33 @@ void TrainPass::backward(const LoraAdapter& ad, float loss_scale, LoraGrads& gra
   // The gradient at the last layer's output: the loss scale applied once
   // here, so every gradient below is d(loss_scale · loss).
   const float* dxf = f(work_) + T * d;
-  std::vector<float> dx(static_cast<size_t>(T * d), 0.0f);
+  dx_.assign(static_cast<size_t>(T * d), 0.0f);
   std::vector<float> scaled(static_cast<size_t>(d));
   const float* x_last = f(inputs_[static_cast<size_t>(c.n_layer)]);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < d; ++i) scaled[static_cast<size_t>(i)] = loss_scale * dxf[t * d + i];
-    tk_.rmsnorm_backward(x_last + t * d, g.output_norm, scaled.data(), dx.data() + t * d, d, c.rms_eps);
+    tk_.rmsnorm_backward(x_last + t * d, g.output_norm, scaled.data(), dx_.data() + t * d, d, c.rms_eps);
   }
+}
+
+void TrainPass::backward_layers(int l1, int l0, const LoraAdapter& ad, LoraGrads& grads) {
+  EBB_CHECK_MSG(T_ > 0 && !dx_.empty() && 0 <= l0 && l0 <= l1 && l1 <= model_.n_layers(),
+                "TrainPass::backward_layers out of order");
+  const int64_t T = T_, d = cfg_.n_embd;
   std::vector<float> discard;
-  for (int l = model_.n_layers() - 1; l >= 0; --l) {
+  for (int l = l1 - 1; l >= l0; --l) {
     LayerActs& a = acts_[opts_.recompute ? 0 : static_cast<size_t>(l)];
     if (opts_.recompute) {
       discard.resize(static_cast<size_t>(T * d));
       layer_forward(l, ad, a, f(inputs_[static_cast<size_t>(l)]), discard.data());
     }
-    layer_backward(l, ad, 1.0f, a, dx.data(), /*want_dx=*/l > 0, grads);
+    layer_backward(l, ad, 1.0f, a, dx_.data(), /*want_dx=*/l > 0, grads);
   }
+}
+
+void TrainPass::backward(const LoraAdapter& ad, float loss_scale, LoraGrads& grads) {
+  backward_begin(loss_scale);
+  backward_layers(model_.n_layers(), 0, ad, grads);
 }
 
 }  // namespace ebb

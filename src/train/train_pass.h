@@ -61,6 +61,22 @@ class TrainPass {
   double forward(std::span<const int32_t> tokens, std::span<const float> weights, const LoraAdapter& adapter);
   // Backward of the last forward: grads += d(loss_scale · loss)/d(params).
   void backward(const LoraAdapter& adapter, float loss_scale, LoraGrads& grads);
+
+  // The same passes in pieces, for phases shorter than a sample's (the
+  // result is bit-identical to forward() and backward()):
+  //   forward_begin(tokens, weights, adapter)    checks, activations, embeddings
+  //   forward_layers(l0, l1, adapter)            layers [l0, l1), in order, covering [0, n_layer)
+  //   forward_head(r0, r1)                       head rows [r0, r1) (block-aligned, in order, covering [0, T))
+  //   loss()                                     Σ w_i CE_i so far
+  //   backward_begin(loss_scale)                 through the final norm
+  //   backward_layers(l1, l0, adapter, grads)    layers l1-1 down to l0, in order, covering [0, n_layer)
+  void forward_begin(std::span<const int32_t> tokens, std::span<const float> weights, const LoraAdapter& adapter);
+  void forward_layers(int l0, int l1, const LoraAdapter& adapter);
+  void forward_head(int64_t r0, int64_t r1);
+  double loss() const { return loss_; }
+  void backward_begin(float loss_scale);
+  void backward_layers(int l1, int l0, const LoraAdapter& adapter, LoraGrads& grads);
+  int64_t head_rows() const { return opts_.head_rows; }
   // Frees the activations (between samples they are not needed).
   void release();
 
@@ -86,6 +102,8 @@ class TrainPass {
   TrainPassOptions opts_;
 
   int64_t T_ = 0;
+  double loss_ = 0;               // the sample's Σ w CE over the head rows run so far
+  std::vector<float> dx_;         // [T, d] the backward's gradient flowing down the layers
   std::vector<int32_t> tokens_;
   std::vector<float> weights_;
   std::vector<LayerActs> acts_;   // one per layer (or one, reused, with recompute)

@@ -104,6 +104,10 @@ Trainer::Trainer(Engine& engine, std::vector<TrainSample> samples, TrainerOption
       optimizer_(*params_, opts_.adamw, alloc_) {
   if (samples_.empty()) throw Error("training needs at least one sample");
   if (opts_.batch < 1) throw Error("training: batch must be at least 1 sample, got " + std::to_string(opts_.batch));
+  if (opts_.phase_layers < 0 || opts_.phase_head_rows < 0) {
+    throw Error("training: phase_layers and phase_head_rows must be >= 0 (0: whole), got " +
+                std::to_string(opts_.phase_layers) + " and " + std::to_string(opts_.phase_head_rows));
+  }
   const ModelConfig& c = engine_.config();
   for (size_t i = 0; i < samples_.size(); ++i) {
     const TrainSample& s = samples_[i];
@@ -164,13 +168,68 @@ void Trainer::begin_step() {
   grads_.zero();
 }
 
+int64_t Trainer::pieces_of(int64_t T) const {
+  if (opts_.phase_layers <= 0) return 2;
+  const int64_t L = engine_.config().n_layer, k = opts_.phase_layers;
+  const int64_t layer_pieces = (L + k - 1) / k;
+  const int64_t hr = pass_->head_rows();
+  const int64_t rows = opts_.phase_head_rows > 0 ? (opts_.phase_head_rows + hr - 1) / hr * hr : T;
+  return 2 * layer_pieces + (T + rows - 1) / rows;
+}
+
+Trainer::Piece Trainer::piece_at(int phase) const {
+  Piece pc;
+  int64_t p = phase;
+  for (int64_t b = 0; b < opts_.batch; ++b) {
+    const int64_t T = static_cast<int64_t>(samples_[sample_at(cursor_ + b)].tokens.size());
+    const int64_t n = pieces_of(T);
+    if (p >= n) {
+      p -= n;
+      continue;
+    }
+    pc.sample = b;
+    if (opts_.phase_layers <= 0) {
+      pc.kind = p == 0 ? PhaseKind::kForward : PhaseKind::kBackward;
+      pc.whole = pc.first = pc.last = true;
+      return pc;
+    }
+    const int64_t L = engine_.config().n_layer, k = opts_.phase_layers;
+    const int64_t nl = (L + k - 1) / k;
+    const int64_t nh = n - 2 * nl;
+    const int64_t hr = pass_->head_rows();
+    const int64_t rows = opts_.phase_head_rows > 0 ? (opts_.phase_head_rows + hr - 1) / hr * hr : T;
+    if (p < nl) {
+      pc.kind = PhaseKind::kForward;
+      pc.a = p * k;
+      pc.b = std::min(L, pc.a + k);
+      pc.first = p == 0;
+    } else if (p < nl + nh) {
+      pc.kind = PhaseKind::kForward;
+      pc.head = true;
+      pc.a = (p - nl) * rows;
+      pc.b = std::min(T, pc.a + rows);
+      pc.last = p == nl + nh - 1;
+    } else {
+      const int64_t j = p - nl - nh;
+      pc.kind = PhaseKind::kBackward;
+      pc.b = L - j * k;
+      pc.a = std::max<int64_t>(0, pc.b - k);
+      pc.first = j == 0;
+      pc.last = j == nl - 1;
+    }
+    return pc;
+  }
+  pc.kind = PhaseKind::kCommit;
+  return pc;
+}
+
 PhaseEstimate Trainer::next_phase() const {
   PhaseEstimate e;
-  const int64_t n = 2 * opts_.batch;
-  e.kind = phase_ >= n ? PhaseKind::kCommit : phase_ % 2 == 0 ? PhaseKind::kForward : PhaseKind::kBackward;
+  const Piece pc = piece_at(phase_);
+  e.kind = pc.kind;
   e.seconds = est_[static_cast<int>(e.kind)];
-  if (e.kind == PhaseKind::kForward) {
-    const TrainSample& s = samples_[sample_at(cursor_ + phase_ / 2)];
+  if (e.kind == PhaseKind::kForward && pc.first) {
+    const TrainSample& s = samples_[sample_at(cursor_ + pc.sample)];
     e.bytes = pass_->activation_bytes(static_cast<int64_t>(s.tokens.size()), params_->max_rank());
   }
   return e;
@@ -179,12 +238,22 @@ PhaseEstimate Trainer::next_phase() const {
 PhaseResult Trainer::run_phase() {
   PhaseResult r;
   const PhaseEstimate next = next_phase();
+  const Piece pc = piece_at(phase_);
   r.kind = next.kind;
   r.step = step();
   if (phase_ == 0) begin_step();
   const Stopwatch sw;
-  if (next.kind == PhaseKind::kForward) {
-    const TrainSample& s = samples_[sample_at(cursor_ + phase_ / 2)];
+  if (next.kind == PhaseKind::kForward && !pc.first) {
+    // A later piece of the sample's forward.
+    if (pc.head) {
+      pass_->forward_head(pc.a, pc.b);
+    } else {
+      pass_->forward_layers(static_cast<int>(pc.a), static_cast<int>(pc.b), *params_);
+    }
+    if (pc.last) step_loss_ += pass_->loss();
+    track_peak();
+  } else if (next.kind == PhaseKind::kForward) {
+    const TrainSample& s = samples_[sample_at(cursor_ + pc.sample)];
     const int64_t T = static_cast<int64_t>(s.tokens.size());
     // Checkpointing when keeping every layer's activations would not fit.
     bool recompute = opts_.recompute == TrainerOptions::Recompute::kAlways;
@@ -212,14 +281,24 @@ PhaseResult Trainer::run_phase() {
       pass_ = std::make_unique<TrainPass>(engine_.model(), engine_.isa(), engine_.pool(), alloc_, po);
       pass_recompute_ = recompute;
     }
-    step_loss_ += pass_->forward(s.tokens, s.weights, *params_);
+    if (pc.whole) {
+      step_loss_ += pass_->forward(s.tokens, s.weights, *params_);
+    } else {
+      pass_->forward_begin(s.tokens, s.weights, *params_);
+      pass_->forward_layers(static_cast<int>(pc.a), static_cast<int>(pc.b), *params_);
+    }
     r.tokens = T;
     track_peak();
   } else if (next.kind == PhaseKind::kBackward) {
     const float scale = step_weight_ > 0 ? static_cast<float>(1.0 / step_weight_) : 0.0f;
-    pass_->backward(*params_, scale, grads_);
+    if (pc.whole) {
+      pass_->backward(*params_, scale, grads_);
+    } else {
+      if (pc.first) pass_->backward_begin(scale);
+      pass_->backward_layers(static_cast<int>(pc.b), static_cast<int>(pc.a), *params_, grads_);
+    }
     track_peak();
-    pass_->release();
+    if (pc.last) pass_->release();
   } else {
     r.lr = optimizer_.lr_at(optimizer_.step());
     r.grad_norm = optimizer_.update(*params_, grads_);

@@ -19,6 +19,11 @@
 // position, so resuming is bit-exact; the adapter alone is also written in
 // llama.cpp's GGUF adapter format for other engines.
 //
+// With phase_layers, a sample's forward and backward are themselves several
+// phases (layer ranges, then row ranges of the output head; the backward's
+// layer ranges from the top), so a phase can be made short enough for a
+// scheduler's yield window.
+//
 // Thread model: one thread runs phases; request_stop() may come from any.
 #pragma once
 
@@ -59,6 +64,13 @@ struct TrainerOptions {
   // memory limit if it has one, else no limit). A sample that does not fit
   // even with recomputation is refused with an error.
   uint64_t memory_limit = 0;
+  // Phases finer than a sample (0: one forward and one backward phase per
+  // sample): the forward and the backward in pieces of `phase_layers`
+  // layers, and the output head (logits, loss, its gradient) in pieces of
+  // `phase_head_rows` rows (rounded up to the pass's block of rows; 0: the
+  // whole head in one phase). The parameters are the same bit for bit.
+  int64_t phase_layers = 0;
+  int64_t phase_head_rows = 0;
 };
 
 enum class PhaseKind { kForward, kBackward, kCommit };
@@ -126,6 +138,18 @@ class Trainer {
                                          const TrainerOptions* override_opts = nullptr);
 
  private:
+  // One phase of the step: which sample of the step (its index in the
+  // step) and which piece of its forward or backward.
+  struct Piece {
+    PhaseKind kind = PhaseKind::kCommit;
+    int64_t sample = 0;       // in the step
+    bool whole = false;       // forward() or backward() of the whole sample
+    bool head = false;        // forward: head rows [a, b) (else layers [a, b))
+    int64_t a = 0, b = 0;     // backward: layers b-1 down to a
+    bool first = false, last = false;  // of the sample's forward or backward
+  };
+  Piece piece_at(int phase) const;
+  int64_t pieces_of(int64_t T) const;  // a sample's phases (forward and backward)
   void begin_step();
   size_t sample_at(int64_t cursor) const;
   void track_peak();
@@ -142,7 +166,7 @@ class Trainer {
   std::atomic<bool> stop_{false};
 
   int64_t cursor_ = 0;            // samples consumed (over epochs) at the step's start
-  int phase_ = 0;                 // index in the step's phases: 2 per sample, then the commit
+  int phase_ = 0;                 // index in the step's phases: pieces_of() per sample, then the commit
   double step_loss_ = 0;          // Σ w CE over the step's samples so far
   double step_weight_ = 0;        // count of weighted tokens of the whole step (normaliser)
   double last_loss_ = 0;
