@@ -1,0 +1,266 @@
+#include "bench/sched_workload.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "cli/options.h"
+#include "platform/error.h"
+#include "platform/timer.h"
+#include "runtime/generate.h"
+#include "runtime/scheduler.h"
+#include "runtime/session.h"
+#include "runtime/stale_prefill.h"
+#include "train/train_job.h"
+
+namespace ebb::cli {
+namespace {
+
+constexpr const char* kAdapter = "agent";
+
+std::vector<TokenId> random_tokens(std::mt19937_64& rng, int64_t n, int64_t n_vocab) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (TokenId& x : t) x = static_cast<TokenId>(1 + rng() % static_cast<uint64_t>(n_vocab - 1));
+  return t;
+}
+
+GenerateOptions greedy(int64_t n) {
+  GenerateOptions go;
+  go.max_tokens = n;
+  go.sampling.temperature = 0;
+  go.stop_at_eog = false;
+  return go;
+}
+
+bool published(const Engine& e) {
+  for (const AdapterInfo& a : e.adapters().list())
+    if (a.name == kAdapter && a.published) return true;
+  return false;
+}
+
+// A judge call as a background task: its own session over the prompt, one
+// generation step per scheduler step.
+Task judge_task(Engine& engine, std::vector<TokenId> prompt, int64_t gen, SessionOptions so,
+                std::atomic<int64_t>* done) {
+  struct State {
+    std::unique_ptr<Session> session;
+    std::unique_ptr<Generation> gen;
+  };
+  auto st = std::make_shared<State>();
+  Task t;
+  t.desc.kind = "judge";
+  t.step = [&engine, st, prompt = std::move(prompt), gen, so] {
+    if (!st->gen) {
+      st->session = std::make_unique<Session>(engine, so);
+      st->gen = std::make_unique<Generation>(*st->session, prompt, greedy(gen), nullptr);
+    }
+    return st->gen->step();
+  };
+  t.on_done = [done](TaskOutcome o, const std::string&) {
+    if (o == TaskOutcome::kCompleted) ++*done;
+  };
+  return t;
+}
+
+}  // namespace
+
+void validate(const SchedWorkload& w) {
+  if (w.agents < 1 || w.turns < 1) throw UsageError("bench sched: --agents and --turns must be at least 1");
+  if (w.think_s < 0 || w.publish_wait_s < 0) throw UsageError("bench sched: times must be >= 0");
+  if (w.system_tokens < 1 || w.user_tokens < 1 || w.gen < 1 || w.judge_gen < 1)
+    throw UsageError("bench sched: token counts must be at least 1");
+  if (w.train_samples < 1 || w.train_tokens < 4 || w.rank < 1 || w.commit_every < 1)
+    throw UsageError("bench sched: --train-samples, --rank and --commit-every >= 1, --train-tokens >= 4");
+  if (w.window_s <= 0.05) throw UsageError("bench sched: --window must be over the margin of 0.05 s");
+}
+
+nlohmann::json workload_json(const SchedWorkload& w) {
+  return {{"agents", w.agents},           {"turns", w.turns},           {"think_s", w.think_s},
+          {"system_tokens", w.system_tokens}, {"user_tokens", w.user_tokens}, {"gen", w.gen},
+          {"judge_gen", w.judge_gen},     {"train_samples", w.train_samples}, {"train_tokens", w.train_tokens},
+          {"rank", w.rank},               {"commit_every", w.commit_every}, {"publish_wait_s", w.publish_wait_s},
+          {"window_s", w.window_s},       {"seed", w.seed}};
+}
+
+bool sched_system_known(const std::string& s) {
+  return s == "foreground-first" || s == "round-robin" || s == "fifo" || s == "non-preemptible" ||
+         s == "no-stale-prefill";
+}
+
+SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::string& system) {
+  SchedRun run;
+  run.system = system;
+  const bool preemptible = system != "non-preemptible";
+  const bool stale = system != "no-stale-prefill";
+  SchedulerOptions so;
+  so.policy = system == "round-robin" ? SchedPolicy::kRoundRobin
+              : system == "fifo"      ? SchedPolicy::kFifo
+                                      : SchedPolicy::kForegroundFirst;
+  so.background_window_s = w.window_s;
+  so.max_batch = std::max(8, w.agents);
+  so.max_background = 4096;
+  Scheduler sched(&engine, so);
+  const int64_t n_vocab = engine.config().n_vocab;
+
+  // The training job, built on the scheduler thread (it owns the engine).
+  std::mt19937_64 data_rng(w.seed * 7919 + 3);
+  std::vector<TrainSample> samples;
+  for (int64_t i = 0; i < w.train_samples; ++i) {
+    TrainSample s;
+    s.tokens = random_tokens(data_rng, w.train_tokens, n_vocab);
+    s.weights.assign(s.tokens.size(), 0.0f);
+    for (size_t k = s.tokens.size() / 2; k < s.tokens.size(); ++k) s.weights[k] = 1.0f;
+    samples.push_back(std::move(s));
+  }
+  TrainerOptions topts;
+  topts.init.rank = w.rank;
+  topts.init.alpha = static_cast<float>(2 * w.rank);
+  topts.init.seed = w.seed;
+  topts.adamw.lr = 1e-3f;
+  TrainJobOptions jopts;
+  jopts.adapter = kAdapter;
+  jopts.steps = 1000000;  // until the agents are done
+  jopts.commit_every = w.commit_every;
+  jopts.publish_auto = false;
+  std::shared_ptr<TrainJob> job =
+      sched.call([&](Engine& e) { return TrainJob::make(e, std::move(samples), topts, jopts); }).get();
+  // Training arrives as one task per optimizer step (LOCAL's bounded
+  // background tasks: under FIFO a turn that arrives later waits for it),
+  // the next submitted when one ends. Preemptible: a unit is one trainer
+  // phase; non-preemptible: the whole step in one unit.
+  std::atomic<bool> agents_done{false};
+  std::function<void()> submit_train;  // runs on the scheduler thread after the first
+  submit_train = [&] {
+    if (agents_done.load() || job->finished()) return;
+    Task t = job->task(&sched);  // its descriptor: the trainer's estimates
+    const int64_t s0 = job->status().step;
+    if (preemptible) {
+      t.step = [job, s0] { return job->step() && job->status().step == s0; };
+    } else {
+      t.step = [job, s0] {
+        bool more = true;
+        while (more && job->status().step == s0) more = job->step();
+        return false;
+      };
+    }
+    t.on_done = [&](TaskOutcome o, const std::string&) {
+      if (o == TaskOutcome::kCompleted) submit_train();
+    };
+    try {
+      sched.submit_background(std::move(t));
+    } catch (const SchedulerBusy&) {
+    }
+  };
+  sched.call([&](Engine&) { submit_train(); }).get();
+
+  StalePrefill warm(engine, sched);  // stale-coverage prefill of each staged version
+  std::atomic<int64_t> publishes{0}, judges{0}, stale_tasks{0};
+  std::thread publisher([&] {
+    uint64_t last = 0;
+    while (!agents_done.load()) {
+      const TrainJobStatus st = job->status();
+      if (st.version_staged > last) {
+        last = st.version_staged;
+        if (stale) stale_tasks += static_cast<int64_t>(warm.on_staged(kAdapter, last).get());
+        const double until = now_seconds() + w.publish_wait_s;
+        while (!agents_done.load() && now_seconds() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (agents_done.load()) break;
+        try {
+          // The latest staged version: the job drops a staged version that a
+          // newer one replaced before it was published.
+          last = std::max(last, job->publish(0));
+          ++publishes;
+        } catch (const Error& e) {
+          std::fprintf(stderr, "bench sched: publish: %s\n", e.what());
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+
+  std::mutex mu;  // run's vectors
+  const double t0 = now_seconds();
+  std::vector<std::thread> agents;
+  for (int ag = 0; ag < w.agents; ++ag) {
+    agents.emplace_back([&, ag] {
+      std::mt19937_64 rng(w.seed * 1000003 + static_cast<uint64_t>(ag));
+      std::exponential_distribution<double> think(w.think_s > 0 ? 1.0 / w.think_s : 1.0);
+      std::vector<TokenId> conv = random_tokens(rng, w.system_tokens, n_vocab);
+      SessionOptions sopts;
+      sopts.n_ctx = w.system_tokens + w.turns * (w.user_tokens + w.gen + 1) + w.judge_gen + 64;
+      int64_t seen_publishes = 0;
+      for (int t = 0; t < w.turns; ++t) {
+        const double pause = w.think_s > 0 ? think(rng) : 0;
+        const std::vector<TokenId> user = random_tokens(rng, w.user_tokens, n_vocab);
+        std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+        GenerationRequest req;
+        req.prompt = conv;
+        req.prompt.insert(req.prompt.end(), user.begin(), user.end());
+        req.options = greedy(w.gen);
+        req.session = sopts;
+        if (published(engine)) req.adapters.push_back({kAdapter, 1.0f, 0});
+        const int64_t pubs = publishes.load();
+        const bool first_after_publish = pubs > seen_publishes && !req.adapters.empty();
+        seen_publishes = pubs;
+        const double t_submit = now_seconds();
+        std::shared_ptr<GenerationStream> s = sched.submit_generation(req);
+        double ttft = -1;
+        GenerateStats stats;
+        for (;;) {
+          std::optional<GenerationEvent> e = s->next(60.0);
+          if (!e) throw Error("bench sched: no answer within 60 s");
+          if (e->kind == GenerationEvent::Kind::kText) {
+            if (ttft < 0) ttft = now_seconds() - t_submit;
+            continue;
+          }
+          if (e->kind == GenerationEvent::Kind::kError) throw Error("bench sched: a turn failed: " + e->error);
+          stats = e->stats;
+          break;
+        }
+        if (ttft < 0) ttft = now_seconds() - t_submit;
+        conv = req.prompt;
+        conv.insert(conv.end(), stats.tokens.begin(), stats.tokens.end());
+        {
+          std::lock_guard lock(mu);
+          run.ttft_s.push_back(ttft);
+          if (first_after_publish) run.post_publish_prefill_s.push_back(stats.prefill_seconds);
+          ++run.turns;
+        }
+        std::vector<TokenId> judge = conv;
+        const std::vector<TokenId> ask = random_tokens(rng, 8, n_vocab);
+        judge.insert(judge.end(), ask.begin(), ask.end());
+        try {
+          sched.submit_background(judge_task(engine, std::move(judge), w.judge_gen, sopts, &judges));
+        } catch (const SchedulerBusy&) {
+        }
+      }
+    });
+  }
+  for (auto& t : agents) t.join();
+  run.wall_s = now_seconds() - t0;
+  agents_done = true;
+  publisher.join();
+  job->cancel();
+  const SchedulerMetrics m = sched.metrics();
+  sched.shutdown(0);
+  const TrainJobStatus st = job->status();
+  run.wait_p50 = m.wait_p50_s;
+  run.wait_p95 = m.wait_p95_s;
+  run.wait_p99 = m.wait_p99_s;
+  run.wait_max = m.wait_max_s;
+  run.wait_behind_s = m.wait_behind_s;
+  run.commits = st.commits;
+  run.train_steps = st.step;
+  run.publishes = publishes.load();
+  run.judge_calls = judges.load();
+  run.stale_tasks = stale_tasks.load();
+  return run;
+}
+
+}  // namespace ebb::cli
