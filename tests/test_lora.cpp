@@ -189,6 +189,33 @@ TEST(Lora, BaseLogitsAreUntouched) {
   EXPECT_EQ(with.adapters().size(), 1u);
 }
 
+// An F16 file stays F16 in memory (half the bytes of its F32 form) and gives
+// the logits of the same values stored as F32, bit for bit (widening is
+// exact and the kernels' F16 variants do the F32 arithmetic), batched prefill
+// and decode alike; an F32 file stays F32.
+TEST(Lora, F16FileIsKeptAsF16WithTheLogitsOfF32) {
+  auto engine = make_engine("tiny-qwen3-f16");
+  auto f16 = load_lora_gguf(lora_path("tiny-qwen3.lora-r8-f16.gguf"), engine->config(), engine->allocator());
+  for (const LoraPair& pr : f16->pairs) ASSERT_EQ(pr.dtype, DType::kF16);
+  test::TempDir dir;
+  write_lora_gguf(*f16, dir.file("f32.gguf"), DType::kF32);
+  auto f32 = load_lora_gguf(dir.file("f32.gguf"), engine->config(), engine->allocator());
+  for (const LoraPair& pr : f32->pairs) ASSERT_EQ(pr.dtype, DType::kF32);
+  EXPECT_EQ(2 * f16->bytes(), f32->bytes());
+  const std::string a = engine->adapters().load(lora_path("tiny-qwen3.lora-r8-f16.gguf"), "h").name;
+  const std::string b = engine->adapters().load(dir.file("f32.gguf"), "f").name;
+  const std::vector<TokenId> p = prompt_tokens(*engine, 24);
+  Session sa(*engine), sb(*engine);
+  sa.set_adapters({{a, 0.8f}});
+  sb.set_adapters({{b, 0.8f}});
+  EXPECT_EQ(logits_of(sa, p), logits_of(sb, p));
+  const std::vector<TokenId> q = prompt_tokens(*engine, 3, 2);
+  for (TokenId t : q) {
+    const TokenId one[1] = {t};
+    EXPECT_EQ(logits_of(sa, one), logits_of(sb, one));
+  }
+}
+
 // A conversation that binds adapters between turns recomputes its KV under
 // the new set: the next logits equal a conversation that ran under that set
 // from the start.
@@ -279,6 +306,7 @@ TEST(Lora, PrefixCacheRespectsAdaptersVersionsAndScales) {
   test::TempDir dir;
   {
     auto changed = load_lora_gguf(lora_path("tiny-llama.lora-r8.gguf"), engine->config(), engine->allocator());
+    changed->pairs[0] = widen_lora_pair(changed->pairs[0], engine->allocator());
     changed->pairs[0].bt.as<float>()[0] += 0.25f;
     write_lora_gguf(*changed, dir.file("agent-v2.gguf"));
   }
@@ -307,7 +335,10 @@ TEST(Lora, PublishingBetweenStepsLeavesTheRunningTurnOnItsVersion) {
   test::TempDir dir;
   {
     auto changed = load_lora_gguf(lora_path("tiny-llama.lora-r8.gguf"), engine->config(), engine->allocator());
-    for (LoraPair& pr : changed->pairs) pr.bt.as<float>()[1] *= 2.0f;
+    for (LoraPair& pr : changed->pairs) {
+      pr = widen_lora_pair(pr, engine->allocator());
+      pr.bt.as<float>()[1] *= 2.0f;
+    }
     write_lora_gguf(*changed, dir.file("v2.gguf"));
   }
   const std::vector<TokenId> p = prompt_tokens(*engine, 12);
@@ -536,7 +567,7 @@ TEST(Lora, MergedIntoF32WeightsGivesTheSameLogits) {
       for (int64_t o = 0; o < pr.n_out; ++o)
         for (int64_t k = 0; k < pr.n_in; ++k) {
           double d = 0;
-          for (int64_t j = 0; j < pr.rank; ++j) d += double(pr.bt_data()[j * pr.n_out + o]) * pr.a_data()[j * pr.n_in + k];
+          for (int64_t j = 0; j < pr.rank; ++j) d += double(pr.bt_at(j * pr.n_out + o)) * pr.a_at(j * pr.n_in + k);
           W[o * pr.n_in + k] += static_cast<float>(sc * d);
         }
     }

@@ -87,7 +87,7 @@ std::vector<HfTensor> peft_tensors(const LoraAdapter& ad, const ModelConfig& c, 
       for (int64_t i = 0; i < p.n_in; ++i) {
         // ebb: [rank, n_in]; token_embd [n_vocab, rank]. PEFT: [r, n_in] for both.
         a.values[static_cast<size_t>(j * p.n_in + i)] =
-            embd ? p.a_data()[i * p.rank + j] : p.a_data()[j * p.n_in + i];
+            embd ? p.a_at(i * p.rank + j) : p.a_at(j * p.n_in + i);
       }
     HfTensor b{module + (embd ? ".lora_embedding_B" : ".lora_B.weight"), {p.n_out, p.rank}, {}};
     b.values.resize(static_cast<size_t>(p.n_out * p.rank));
@@ -98,7 +98,7 @@ std::vector<HfTensor> peft_tensors(const LoraAdapter& ad, const ModelConfig& c, 
     }
     for (int64_t o = 0; o < p.n_out; ++o)  // GGUF row o is HF row hf_row[o]
       for (int64_t j = 0; j < p.rank; ++j)
-        b.values[static_cast<size_t>(hf_row[static_cast<size_t>(o)] * p.rank + j)] = p.bt_data()[j * p.n_out + o];
+        b.values[static_cast<size_t>(hf_row[static_cast<size_t>(o)] * p.rank + j)] = p.bt_at(j * p.n_out + o);
     out.push_back(std::move(a));
     out.push_back(std::move(b));
   }
@@ -316,13 +316,13 @@ TEST(LoraPeft, EmbeddingAndLmHeadLayouts) {
   EXPECT_EQ(e->n_out, E);
   // token t's intermediate is a[t, :] = lora_embedding_A[:, t]; bt = B^T.
   for (int64_t t = 0; t < V; t += 37)
-    for (int64_t j = 0; j < r; ++j) ASSERT_EQ(e->a_data()[t * r + j], ea.values[static_cast<size_t>(j * V + t)]);
+    for (int64_t j = 0; j < r; ++j) ASSERT_EQ(e->a_at(t * r + j), ea.values[static_cast<size_t>(j * V + t)]);
   for (int64_t o = 0; o < E; ++o)
-    for (int64_t j = 0; j < r; ++j) ASSERT_EQ(e->bt_data()[j * E + o], eb.values[static_cast<size_t>(o * r + j)]);
+    for (int64_t j = 0; j < r; ++j) ASSERT_EQ(e->bt_at(j * E + o), eb.values[static_cast<size_t>(o * r + j)]);
   for (int64_t j = 0; j < r; ++j)
-    for (int64_t i = 0; i < E; ++i) ASSERT_EQ(h->a_data()[j * E + i], ha.values[static_cast<size_t>(j * E + i)]);
+    for (int64_t i = 0; i < E; ++i) ASSERT_EQ(h->a_at(j * E + i), ha.values[static_cast<size_t>(j * E + i)]);
   for (int64_t o = 0; o < V; o += 11)
-    for (int64_t j = 0; j < r; ++j) ASSERT_EQ(h->bt_data()[j * V + o], hb.values[static_cast<size_t>(o * r + j)]);
+    for (int64_t j = 0; j < r; ++j) ASSERT_EQ(h->bt_at(j * V + o), hb.values[static_cast<size_t>(o * r + j)]);
 
   // And through llama.cpp's format: token_embd's swapped halves round-trip.
   write_lora_gguf(*got, f.tmp.file("e.gguf"));

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "platform/error.h"
+#include "platform/fp16.h"
 
 namespace ebb {
 
@@ -76,6 +77,32 @@ void LoraAdapter::index(int n_layers) {
     }
     index_[s] = static_cast<int32_t>(i);
   }
+}
+
+float LoraPair::a_at(int64_t i) const {
+  return dtype == DType::kF16 ? fp16_to_fp32(a.as<const uint16_t>()[i]) : a.as<const float>()[i];
+}
+float LoraPair::bt_at(int64_t i) const {
+  return dtype == DType::kF16 ? fp16_to_fp32(bt.as<const uint16_t>()[i]) : bt.as<const float>()[i];
+}
+
+LoraPair widen_lora_pair(const LoraPair& p, Allocator& alloc, MemCategory cat) {
+  LoraPair q;
+  q.layer = p.layer;
+  q.target = p.target;
+  q.rank = p.rank;
+  q.n_in = p.n_in;
+  q.n_out = p.n_out;
+  q.scale = p.scale;
+  q.dtype = DType::kF32;
+  const int64_t na = p.rank * p.n_in, nb = p.rank * p.n_out;
+  q.a = alloc.allocate(static_cast<size_t>(na) * sizeof(float), cat);
+  q.bt = alloc.allocate(static_cast<size_t>(nb) * sizeof(float), cat);
+  float* a = q.a.as<float>();
+  float* bt = q.bt.as<float>();
+  for (int64_t i = 0; i < na; ++i) a[i] = p.a_at(i);
+  for (int64_t i = 0; i < nb; ++i) bt[i] = p.bt_at(i);
+  return q;
 }
 
 uint64_t LoraAdapter::bytes() const {

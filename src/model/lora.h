@@ -7,9 +7,14 @@
 // The delta an adapter applies to a projection W (y = W x) at user scale u:
 //   y += u · k · B (A x),   k = alpha / r  (llama.cpp: alpha absent or 0 → k = 1)
 // with PEFT's lora_alpha / r, or lora_alpha / sqrt(r) under use_rslora,
-// folded into the same k. A and B are kept in F32 whatever the file stored
-// (F32, F16, BF16, Q8_0), B transposed, in allocations of their own
-// (MemCategory::kAdapter), so base weights are never touched.
+// folded into the same k. A and B are kept in F16 when neither is stored as
+// F32 and every value of both is exactly an F16 (always for F16 files; BF16
+// and Q8_0 files when their values happen to fit), else in F32: F16 halves the bytes each token reads
+// (the adapter's share of decode time), and widening it is exact, so it gives
+// the same products as F32 would. token_embd pairs (one row read per token)
+// stay F32. B is transposed, in allocations of their own
+// (MemCategory::kAdapter), so base weights are never touched. Pairs made in
+// memory (init_lora, training) are F32.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +26,7 @@
 #include "kernels/tensor.h"
 #include "model/config.h"
 #include "platform/allocator.h"
+#include "platform/error.h"
 
 namespace ebb {
 
@@ -50,11 +56,36 @@ struct LoraPair {
   int64_t n_in = 0;   // the base tensor's reduction dimension (ne0)
   int64_t n_out = 0;  // the base tensor's output features (ne1)
   float scale = 1.0f;  // k: alpha / rank (1 when the file has no alpha)
-  Buffer a;   // [rank, n_in] F32
-  Buffer bt;  // [rank, n_out] F32: B transposed
-  const float* a_data() const { return a.as<const float>(); }
-  const float* bt_data() const { return bt.as<const float>(); }
+  DType dtype = DType::kF32;  // of a and bt: kF32, or kF16 (IEEE half bits)
+  Buffer a;   // [rank, n_in] of dtype
+  Buffer bt;  // [rank, n_out] of dtype: B transposed
+  // The tensors of an F32 pair (an F16 pair is a bug here: use a_f16, or
+  // a_at / widen_lora_pair where F32 is needed).
+  const float* a_data() const {
+    EBB_CHECK_MSG(dtype == DType::kF32, "LoraPair::a_data on an F16 pair");
+    return a.as<const float>();
+  }
+  const float* bt_data() const {
+    EBB_CHECK_MSG(dtype == DType::kF32, "LoraPair::bt_data on an F16 pair");
+    return bt.as<const float>();
+  }
+  // The tensors of an F16 pair.
+  const uint16_t* a_f16() const {
+    EBB_CHECK_MSG(dtype == DType::kF16, "LoraPair::a_f16 on an F32 pair");
+    return a.as<const uint16_t>();
+  }
+  const uint16_t* bt_f16() const {
+    EBB_CHECK_MSG(dtype == DType::kF16, "LoraPair::bt_f16 on an F32 pair");
+    return bt.as<const uint16_t>();
+  }
+  // Element i of a / bt as F32, whatever the dtype (slow: for tests, writers).
+  float a_at(int64_t i) const;
+  float bt_at(int64_t i) const;
 };
+
+// An F32 copy of p (F16 widened exactly) in a new allocation of `cat`: what
+// code that updates a pair (training) starts from.
+LoraPair widen_lora_pair(const LoraPair& p, Allocator& alloc, MemCategory cat = MemCategory::kAdapter);
 
 class LoraAdapter {
  public:
@@ -80,7 +111,7 @@ class LoraAdapter {
   // Builds the look-up table of find() for a model of n_layers; throws
   // ebb::Error naming the tensor when two pairs adapt the same one.
   void index(int n_layers);
-  // Bytes of A and B in memory (F32).
+  // Bytes of A and B in memory (F32 or F16).
   uint64_t bytes() const;
   int64_t max_rank() const;
   // Which targets the adapter has ("q k v o gate up down"), for listings.

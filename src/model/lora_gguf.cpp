@@ -81,19 +81,48 @@ LoraPair make_lora_pair(int layer, LoraTarget target, int64_t rank, int64_t n_in
   p.n_in = n_in;
   p.n_out = n_out;
   p.scale = scale;
-  p.a = alloc.allocate(static_cast<size_t>(rank * n_in) * sizeof(float), MemCategory::kAdapter);
-  p.bt = alloc.allocate(static_cast<size_t>(rank * n_out) * sizeof(float), MemCategory::kAdapter);
-  if (target == LoraTarget::kTokenEmbd) {
-    to_f32(a_type, a_bytes, n_in, rank, p.a.as<float>());  // [n_vocab, rank]
+  const bool embd = target == LoraTarget::kTokenEmbd;
+  std::vector<float> a(static_cast<size_t>(rank * n_in));  // [rank, n_in]; token_embd [n_vocab, rank]
+  if (embd) {
+    to_f32(a_type, a_bytes, n_in, rank, a.data());
   } else {
-    to_f32(a_type, a_bytes, rank, n_in, p.a.as<float>());  // [rank, n_in]
+    to_f32(a_type, a_bytes, rank, n_in, a.data());
   }
   std::vector<float> b(static_cast<size_t>(n_out * rank));  // [n_out, rank]
   to_f32(b_type, b_bytes, n_out, rank, b.data());
-  float* bt = p.bt.as<float>();
+  std::vector<float> bt(b.size());  // [rank, n_out]
   for (int64_t o = 0; o < n_out; ++o)
-    for (int64_t j = 0; j < rank; ++j) bt[j * n_out + o] = b[static_cast<size_t>(o * rank + j)];
+    for (int64_t j = 0; j < rank; ++j) bt[static_cast<size_t>(j * n_out + o)] = b[static_cast<size_t>(o * rank + j)];
+  // F16 when neither tensor is stored as F32 and nothing is lost (F16 files
+  // always; non-finite values stay F32, for the readers' checks to name them).
+  auto f16_exact = [](const std::vector<float>& v) {
+    for (float x : v)
+      if (!std::isfinite(x) || fp16_to_fp32(fp32_to_fp16(x)) != x) return false;
+    return true;
+  };
+  p.dtype = !embd && a_type != DType::kF32 && b_type != DType::kF32 && f16_exact(a) && f16_exact(bt) ? DType::kF16 : DType::kF32;
+  for (auto [buf, v] : {std::pair{&p.a, &a}, std::pair{&p.bt, &bt}}) {
+    if (p.dtype == DType::kF16) {
+      *buf = alloc.allocate(v->size() * sizeof(uint16_t), MemCategory::kAdapter);
+      uint16_t* h = buf->as<uint16_t>();
+      for (size_t i = 0; i < v->size(); ++i) h[i] = fp32_to_fp16((*v)[i]);
+    } else {
+      *buf = alloc.allocate(v->size() * sizeof(float), MemCategory::kAdapter);
+      std::memcpy(buf->data(), v->data(), v->size() * sizeof(float));
+    }
+  }
   return p;
+}
+
+int lora_first_nonfinite(const LoraPair& p) {
+  if (p.dtype == DType::kF16) return 0;  // only exact, finite values are stored as F16
+  for (int w = 1; w <= 2; ++w) {
+    const Buffer& buf = w == 1 ? p.a : p.bt;
+    const float* v = buf.as<const float>();
+    for (size_t i = 0; i < buf.size() / sizeof(float); ++i)
+      if (!std::isfinite(v[i])) return w;
+  }
+  return 0;
 }
 
 }  // namespace detail
@@ -213,14 +242,8 @@ std::unique_ptr<LoraAdapter> load_lora_gguf(const std::string& path, const Model
     const float scale = ad->alpha != 0 ? ad->alpha / static_cast<float>(rank) : 1.0f;
     ad->pairs.push_back(detail::make_lora_pair(layer, target, rank, n_in, n_out, scale, hv.a->type, a_raw.data(),
                                                hv.b->type, b_raw.data(), alloc));
-    for (const Buffer* buf : {&ad->pairs.back().a, &ad->pairs.back().bt}) {
-      const float* p = buf->as<const float>();
-      for (size_t i = 0; i < buf->size() / sizeof(float); ++i) {
-        if (!std::isfinite(p[i])) {
-          throw Error(path + ": tensor '" + base + (buf == &ad->pairs.back().a ? ".lora_a" : ".lora_b") +
-                      "' holds a NaN or infinite value");
-        }
-      }
+    if (const int bad = detail::lora_first_nonfinite(ad->pairs.back())) {
+      throw Error(path + ": tensor '" + base + (bad == 1 ? ".lora_a" : ".lora_b") + "' holds a NaN or infinite value");
     }
   }
   ad->digest = h;
@@ -270,12 +293,12 @@ void write_lora_gguf(const LoraAdapter& ad, const std::string& path, DType type)
   w.write(path, [&](size_t i, uint8_t* dst) {
     const LoraPair& p = *outs[i].p;
     if (outs[i].is_a) {
-      rows.assign(p.a_data(), p.a_data() + p.a.size() / sizeof(float));
+      rows.resize(static_cast<size_t>(p.rank * p.n_in));
+      for (size_t k = 0; k < rows.size(); ++k) rows[k] = p.a_at(static_cast<int64_t>(k));
     } else {
       rows.resize(static_cast<size_t>(p.n_out * p.rank));  // [n_out, rank]
-      const float* bt = p.bt_data();
       for (int64_t o = 0; o < p.n_out; ++o)
-        for (int64_t j = 0; j < p.rank; ++j) rows[static_cast<size_t>(o * p.rank + j)] = bt[j * p.n_out + o];
+        for (int64_t j = 0; j < p.rank; ++j) rows[static_cast<size_t>(o * p.rank + j)] = p.bt_at(j * p.n_out + o);
     }
     if (type == DType::kF32) {
       std::memcpy(dst, rows.data(), rows.size() * sizeof(float));

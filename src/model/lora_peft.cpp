@@ -434,12 +434,8 @@ std::unique_ptr<LoraAdapter> load_lora_peft(const std::string& dir_in, const Mod
     }
     ad->pairs.push_back(detail::make_lora_pair(layer, target, rank, n_in, n_out, scale, *hv.a->type, a_raw.data(),
                                                *hv.b->type, b_raw.data(), alloc));
-    const LoraPair& p = ad->pairs.back();
-    for (const auto& [buf, t] : {std::pair{&p.a, hv.a}, std::pair{&p.bt, hv.b}}) {
-      const float* v = buf->as<const float>();
-      for (size_t i = 0; i < buf->size() / sizeof(float); ++i) {
-        if (!std::isfinite(v[i])) throw Error(st_path + ": tensor '" + t->name + "' holds a NaN or infinite value");
-      }
+    if (const int bad = detail::lora_first_nonfinite(ad->pairs.back())) {
+      throw Error(st_path + ": tensor '" + (bad == 1 ? hv.a : hv.b)->name + "' holds a NaN or infinite value");
     }
   }
   ad->digest = h;

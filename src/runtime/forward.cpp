@@ -318,6 +318,30 @@ void Forward::ffn_block(const LayerWeights& w, int l, std::span<const StepSeq> s
   for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
 }
 
+namespace {
+
+// t[i, 0 .. r) = A[j0 .. j0 + r) x[i] for i < n, with p's weight type.
+void lora_down(const LoraKernels& k, const LoraPair& p, int64_t j0, const float* x, int64_t x_stride, int64_t n,
+               int64_t r, float* t) {  // t: [n, r]
+  if (p.dtype == DType::kF16) {
+    k.down_f16(p.a_f16() + j0 * p.n_in, x, x_stride, n, r, p.n_in, t);
+  } else {
+    k.down(p.a_data() + j0 * p.n_in, x, x_stride, n, r, p.n_in, t);
+  }
+}
+
+// y[i, c0 .. c1) += s · (B t[i]) for i < n (t: [n, p.rank]).
+void lora_up(const LoraKernels& k, const LoraPair& p, const float* t, float s, int64_t n, int64_t c0, int64_t c1,
+             float* y, int64_t y_stride) {
+  if (p.dtype == DType::kF16) {
+    k.up_f16(p.bt_f16(), t, s, n, p.rank, p.n_out, c0, c1, y, y_stride);
+  } else {
+    k.up(p.bt_data(), t, s, n, p.rank, p.n_out, c0, c1, y, y_stride);
+  }
+}
+
+}  // namespace
+
 void Forward::apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget target, const float* x,
                          int64_t x_stride, float* y, int64_t y_stride, bool out_rows) {
   if (!any_lora_) return;
@@ -342,30 +366,30 @@ void Forward::apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget ta
           std::atomic<int> arrived{0};
           pool_.run([&](int th, int nt) {
             const int64_t j0 = rank * th / nt, j1 = rank * (th + 1) / nt;
-            if (j1 > j0) lk_.down(p->a_data() + j0 * n_in, xs, x_stride, 1, j1 - j0, n_in, t + j0);
+            if (j1 > j0) lora_down(lk_, *p, j0, xs, x_stride, 1, j1 - j0, t + j0);
             arrived.fetch_add(1, std::memory_order_acq_rel);
             while (arrived.load(std::memory_order_acquire) < nt) std::this_thread::yield();
             const int64_t blocks = (n_out + 15) / 16;
             const int64_t c0 = std::min(n_out, blocks * th / nt * 16), c1 = std::min(n_out, blocks * (th + 1) / nt * 16);
-            if (c1 > c0) lk_.up(p->bt_data(), t, scale, 1, rank, n_out, c0, c1, ys, y_stride);
+            if (c1 > c0) lora_up(lk_, *p, t, scale, 1, c0, c1, ys, y_stride);
           });
           continue;
         }
         // A x: rows split across threads when there is enough work.
         if (rows * rank * n_in >= (int64_t{1} << 17) && rows > 1) {
           pool_.parallel_for(rows, 1, [&](int64_t i0, int64_t i1, int) {
-            lk_.down(p->a_data(), xs + i0 * x_stride, x_stride, i1 - i0, rank, n_in, t + i0 * rank);
+            lora_down(lk_, *p, 0, xs + i0 * x_stride, x_stride, i1 - i0, rank, t + i0 * rank);
           });
         } else {
-          lk_.down(p->a_data(), xs, x_stride, rows, rank, n_in, t);
+          lora_down(lk_, *p, 0, xs, x_stride, rows, rank, t);
         }
         // y += s · B t: columns split across threads.
         if (rows * rank * n_out >= (int64_t{1} << 16)) {
           pool_.parallel_for(n_out, 64, [&](int64_t c0, int64_t c1, int) {
-            lk_.up(p->bt_data(), t, scale, rows, rank, n_out, c0, c1, ys, y_stride);
+            lora_up(lk_, *p, t, scale, rows, c0, c1, ys, y_stride);
           });
         } else {
-          lk_.up(p->bt_data(), t, scale, rows, rank, n_out, 0, n_out, ys, y_stride);
+          lora_up(lk_, *p, t, scale, rows, 0, n_out, ys, y_stride);
         }
       }
     }

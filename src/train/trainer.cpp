@@ -36,20 +36,8 @@ std::unique_ptr<LoraAdapter> copy_adapter(const LoraAdapter& src, Allocator& all
   ad->arch = src.arch;
   ad->alpha = src.alpha;
   ad->digest = src.digest;
-  for (const LoraPair& p : src.pairs) {
-    LoraPair q;
-    q.layer = p.layer;
-    q.target = p.target;
-    q.rank = p.rank;
-    q.n_in = p.n_in;
-    q.n_out = p.n_out;
-    q.scale = p.scale;
-    q.a = alloc.allocate(p.a.size(), cat);
-    q.bt = alloc.allocate(p.bt.size(), cat);
-    std::memcpy(q.a.data(), p.a.data(), p.a.size());
-    std::memcpy(q.bt.data(), p.bt.data(), p.bt.size());
-    ad->pairs.push_back(std::move(q));
-  }
+  // F32 whatever the source holds (a loaded adapter may be F16, model/lora.h).
+  for (const LoraPair& p : src.pairs) ad->pairs.push_back(widen_lora_pair(p, alloc, cat));
   ad->index(n_layers);
   return ad;
 }
