@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -593,6 +594,110 @@ TEST(Lora, MergedIntoF32WeightsGivesTheSameLogits) {
   double db = 0;
   for (size_t i = 0; i < base.size(); ++i) db += (double(base[i]) - want[i]) * (double(base[i]) - want[i]);
   EXPECT_GT(db / norm, 1e-6);
+}
+
+// ---- eviction: an adapter is its own memory unit ------------------------------------
+
+// Engine::evict drops the tensors of an adapter no turn holds (sessions
+// between turns unpin theirs) before anything else; the next turn that
+// binds it re-reads the file and gets the same logits bit for bit.
+TEST(LoraEviction, EvictDropsIdleAdapterAndTheNextTurnRestoresItBitExact) {
+  auto engine = make_engine("tiny-qwen3-f16");
+  test::TempDir dir;
+  std::filesystem::copy_file(lora_path("tiny-qwen3.lora-r8-f16.gguf"), dir.file("a.gguf"));
+  const AdapterInfo info = engine->adapters().load(dir.file("a.gguf"), "a");
+  const uint64_t bytes = engine->footprint().adapters;
+  ASSERT_GT(bytes, 0u);
+  EXPECT_EQ(bytes, info.bytes);
+  const std::vector<TokenId> p = prompt_tokens(*engine, 20), q = prompt_tokens(*engine, 4, 3);
+  Session s(*engine);
+  s.set_adapters({{"a", 0.9f}});
+  const std::vector<float> first = logits_of(s, p);
+  const std::vector<float> next = logits_of(s, q);
+
+  const EvictReport r = engine->evict(bytes);
+  EXPECT_EQ(r.adapters_dropped, 1);
+  EXPECT_GE(r.freed, bytes);
+  EXPECT_EQ(r.weights_dropped, 0);  // the adapter alone was enough
+  EXPECT_EQ(engine->footprint().adapters, 0u);
+  EXPECT_EQ(engine->footprint().adapters_stored, bytes);
+  const std::vector<AdapterInfo> l = engine->adapters().list();
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_TRUE(l[0].evicted);
+  EXPECT_EQ(l[0].bytes, 0u);
+  EXPECT_EQ(l[0].version, info.version);
+  EXPECT_TRUE(s.adapters().empty());  // unpinned between turns
+
+  // The same session's next turn: restored, the same version, so its KV
+  // (made under the same key) is kept and only the new tokens run.
+  const int64_t run = s.tokens_run();
+  const std::vector<float> again = logits_of(s, q);
+  EXPECT_EQ(s.tokens_run() - run, static_cast<int64_t>(q.size()));
+  EXPECT_EQ(engine->footprint().adapters, bytes);
+  EXPECT_EQ(engine->footprint().adapters_stored, 0u);
+  EXPECT_EQ(engine->adapters().list()[0].version, info.version);
+  Session fresh(*engine);
+  fresh.set_adapters({{"a", 0.9f}});
+  EXPECT_EQ(logits_of(fresh, p), first);
+  EXPECT_EQ(logits_of(fresh, q), next);
+  EXPECT_EQ(logits_of(fresh, q), again);
+}
+
+// A version some turn holds, and a version made in memory (no file to come
+// back from), stay resident.
+TEST(LoraEviction, HeldAndInMemoryVersionsStayResident) {
+  auto engine = make_engine("tiny-qwen3-f16");
+  engine->adapters().load(lora_path("tiny-qwen3.lora-r8-f16.gguf"), "held");
+  LoraInitOptions io;
+  io.rank = 4;
+  io.b_std = 0.01f;
+  engine->adapters().add("trained", init_lora(engine->config(), io, engine->allocator()), true);
+  const uint64_t bytes = engine->footprint().adapters;
+  {
+    const AdapterSet pinned = engine->adapters().resolve(std::vector<AdapterBinding>{{"held", 1.0f}});
+    const EvictReport r = engine->evict(1);
+    EXPECT_EQ(r.adapters_dropped, 0);
+    EXPECT_EQ(engine->footprint().adapters, bytes);
+  }
+  engine->evict(1);  // now "held" is idle
+  const uint64_t trained = engine->footprint().adapters;
+  EXPECT_LT(trained, bytes);
+  EXPECT_GT(trained, 0u);
+  for (const AdapterInfo& a : engine->adapters().list()) EXPECT_EQ(a.evicted, a.name == "held") << a.name;
+}
+
+// A file changed on disk after its version was evicted is refused with a
+// message naming it, never run as that version; loading it again makes a
+// new version.
+TEST(LoraEviction, ChangedFileIsDetectedOnRestore) {
+  auto engine = make_engine("tiny-qwen3-f16");
+  test::TempDir dir;
+  std::filesystem::copy_file(lora_path("tiny-qwen3.lora-r8-f16.gguf"), dir.file("a.gguf"));
+  const AdapterInfo v1 = engine->adapters().load(dir.file("a.gguf"), "a");
+  engine->evict(engine->footprint().adapters);
+  ASSERT_TRUE(engine->adapters().list()[0].evicted);
+  {
+    auto changed = load_lora_gguf(lora_path("tiny-qwen3.lora-r8-f16.gguf"), engine->config(), engine->allocator());
+    changed->pairs[0] = widen_lora_pair(changed->pairs[0], engine->allocator());
+    changed->pairs[0].bt.as<float>()[0] += 0.25f;
+    write_lora_gguf(*changed, dir.file("a.gguf"), DType::kF16);
+  }
+  Session s(*engine);
+  try {
+    s.set_adapters({{"a", 1.0f}});
+    FAIL() << "a changed file was restored";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has changed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dir.file("a.gguf")), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(engine->adapters().list()[0].evicted);
+  const AdapterInfo v2 = engine->adapters().load(dir.file("a.gguf"), "a");
+  EXPECT_EQ(v2.version, v1.version + 1);
+  s.set_adapters({{"a", 1.0f}});
+  EXPECT_EQ(s.adapters().size(), 0u);  // pinned at the next turn
+  s.feed(prompt_tokens(*engine, 5));
+  ASSERT_EQ(s.adapters().size(), 1u);
+  EXPECT_EQ(s.adapters()[0].v->version, v2.version);
 }
 
 }  // namespace

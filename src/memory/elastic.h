@@ -91,6 +91,7 @@ struct EvictReport {
   uint64_t requested = 0;
   uint64_t freed = 0;              // bytes the process gave back (ledger delta)
   int64_t kv_to_compressed = 0, kv_to_storage = 0, weights_dropped = 0, compressed_to_storage = 0;
+  int64_t adapters_dropped = 0;    // adapter versions whose tensors were dropped (Engine::evict)
   EvictStage last_stage = EvictStage::kDone;
   double seconds = 0;
   std::string note;                // fallbacks and refusals, "" when none

@@ -9,6 +9,15 @@
 //               the version they started with (they hold it)
 //   unload   ─► no new turn can bind it; the tensors go when the last turn
 //               that holds them ends
+//   evict    ─► (evict_unused) the tensors of versions no session or turn
+//               holds are dropped when the version was read from a file; the
+//               version stays (name, number, digest, published), and the
+//               next resolve() that pins it re-reads the file, checking that
+//               its digest is still the version's (a changed file is an
+//               error, never other weights under the same version). Versions
+//               made in memory (training's, add()) have no file to come back
+//               from and stay resident: they are small beside KV, and the
+//               trainer writes its own checkpoints.
 //
 // A session binds an adapter set (names, scales, optional versions) and
 // resolves it at the start of each turn to pinned versions (AdapterSet);
@@ -62,6 +71,10 @@ uint64_t adapter_identity(const std::vector<AdapterKey>& keys);
 // without ".gguf".
 std::string adapter_name_of(const std::string& path);
 
+// Throws ebb::Error when `name` cannot name an adapter (1 to 128 of
+// letters, digits, '-', '_', '.').
+void check_adapter_name(const std::string& name);
+
 struct AdapterInfo {
   std::string name;
   uint64_t version = 0;
@@ -72,8 +85,14 @@ struct AdapterInfo {
   std::string targets;  // "q k v o gate up down"
   int64_t rank = 0;     // largest rank of its pairs
   float alpha = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;   // in memory now (0 while evicted)
   long users = 0;       // turns and sessions holding this version now
+  bool evicted = false;  // its tensors were dropped; resolve() re-reads them
+};
+
+struct AdapterEvictReport {
+  uint64_t bytes = 0;    // adapter tensor bytes freed
+  int64_t versions = 0;  // versions whose tensors were dropped
 };
 
 class AdapterRegistry {
@@ -97,26 +116,44 @@ class AdapterRegistry {
   // version is the published one while others remain (publish another first).
   void unload(const std::string& name, uint64_t version = 0);
 
-  // Pins the versions a binding asks for. Throws ebb::Error naming an
-  // unknown adapter or version.
+  // Pins the versions a binding asks for, restoring evicted ones (their
+  // files are re-read, under the registry's lock). Throws ebb::Error naming
+  // an unknown adapter or version, or an evicted version whose file is gone
+  // or changed since it was loaded.
   AdapterSet resolve(std::span<const AdapterBinding> bindings) const;
+
+  // Drops the tensors of file-backed versions nobody holds, largest first,
+  // until at least `bytes` are freed or none is left (bytes 0: none).
+  AdapterEvictReport evict_unused(uint64_t bytes);
+  // Tensor bytes of the evicted versions (what restoring them would read).
+  uint64_t evicted_bytes() const;
 
   std::vector<AdapterInfo> list() const;
   bool empty() const;
 
  private:
+  // One version: its tensors (v), or while evicted only what it was.
+  struct Slot {
+    std::shared_ptr<const AdapterVersion> v;  // null while evicted
+    bool from_file = false;                   // load(): can be evicted and re-read
+    AdapterInfo was;                          // while evicted: its info (source, digest, bytes it had)
+  };
   struct Entry {
-    std::map<uint64_t, std::shared_ptr<const AdapterVersion>> versions;
+    std::map<uint64_t, Slot> versions;
     uint64_t published = 0;
     uint64_t next = 1;
   };
-  AdapterInfo add_locked(const std::string& name, std::unique_ptr<LoraAdapter> lora, bool publish);
+  AdapterInfo add_locked(const std::string& name, std::unique_ptr<LoraAdapter> lora, bool publish, bool from_file);
   static AdapterInfo info(const AdapterVersion& v, bool published, long users);
+  static AdapterInfo info(const Slot& s, bool published);
+  // Re-reads an evicted slot's file (checking its digest) into s.v.
+  void restore_locked(Slot& s) const;
 
   const ModelConfig& config_;
   Allocator& alloc_;
   mutable std::mutex mu_;
-  std::map<std::string, Entry> entries_;
+  // mutable: resolve() (const: it changes no version) restores tensors.
+  mutable std::map<std::string, Entry> entries_;
 };
 
 }  // namespace ebb

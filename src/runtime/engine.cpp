@@ -107,7 +107,21 @@ Engine::Engine(const EngineOptions& opts)
 
 EvictReport Engine::evict(uint64_t bytes) {
   if (!elastic_) throw Error("elastic memory is off (budget mode); nothing can be evicted");
-  return elastic_->evict(bytes);
+  {
+    std::lock_guard lock(sessions_mu_);
+    for (Session* s : sessions_) s->release_adapters();
+  }
+  const AdapterEvictReport a = adapters_->evict_unused(bytes);
+  EvictReport r;
+  if (a.bytes < bytes) {
+    r = elastic_->evict(bytes - a.bytes);
+  } else {
+    r.after = elastic_->footprint();
+  }
+  r.requested = bytes;
+  r.freed += a.bytes;
+  r.adapters_dropped = a.versions;
+  return r;
 }
 
 EvictReport Engine::set_memory_limit(uint64_t bytes) {
@@ -155,6 +169,7 @@ Footprint Engine::footprint() const {
   f.scratch += forward_->scratch_bytes();
   f.io_buffers = static_cast<uint64_t>(ledger_.bytes(MemCategory::kIoBuffer));
   f.adapters = static_cast<uint64_t>(ledger_.bytes(MemCategory::kAdapter));
+  f.adapters_stored = adapters_->evicted_bytes();
   f.training = static_cast<uint64_t>(ledger_.bytes(MemCategory::kTrainActivations) +
                                      ledger_.bytes(MemCategory::kTrainGrads) +
                                      ledger_.bytes(MemCategory::kTrainOptimizer));

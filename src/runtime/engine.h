@@ -55,6 +55,7 @@ struct Footprint {
   uint64_t kv_stored = 0;                   // KV in swap files (not in RAM)
   uint64_t weights_stored = 0;              // dropped weight layers (backed by the GGUF, not in RAM)
   uint64_t adapters = 0;                    // LoRA adapter tensors (every version still held)
+  uint64_t adapters_stored = 0;             // evicted adapter versions (backed by their files, not in RAM)
   uint64_t training = 0;                    // a trainer's activations, gradients and optimizer state
   uint64_t weights() const;
   uint64_t kv() const;
@@ -101,7 +102,14 @@ class Engine {
 
   // Elastic memory (nullptr in budget mode or when off).
   ElasticMemory* elastic() { return elastic_.get(); }
-  // Gives back at least `bytes` (see ElasticMemory::evict).
+  // Gives back at least `bytes`: first the tensors of adapter versions no
+  // turn holds (sessions between turns unpin theirs; AdapterRegistry::
+  // evict_unused), then KV and weights (ElasticMemory::evict) for the rest.
+  // Adapters go first: dropping one writes nothing (its file backs it), and
+  // it is read back (a few MB, like one weight layer) only when a turn binds
+  // it, while every later step needs the weights and its session's KV.
+  // Between requests only, as ElasticMemory::evict. restore() leaves evicted
+  // adapters to be restored on use (the next turn that binds them).
   EvictReport evict(uint64_t bytes);
   // Restores everything evicted, waiting for it.
   RestoreReport restore();

@@ -46,6 +46,10 @@ void Session::set_adapters(std::vector<AdapterBinding> bindings) {
   bindings_ = std::move(bindings);
 }
 
+void Session::release_adapters() {
+  if (kv_->n_tokens() == static_cast<int64_t>(tokens_.size())) active_.clear();
+}
+
 void Session::begin_turn() {
   AdapterSet set = engine_.adapters().resolve(bindings_);
   int64_t rank = 0;

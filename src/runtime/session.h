@@ -121,6 +121,10 @@ class Session {
   const std::vector<AdapterBinding>& adapter_bindings() const { return bindings_; }
   // The versions the current (or last) turn runs with.
   const AdapterSet& adapters() const { return active_; }
+  // Between turns (nothing pending): unpins the last turn's versions, so
+  // that Engine::evict can drop their tensors; the next append() pins (and
+  // restores) them again. Does nothing while tokens are pending.
+  void release_adapters();
   int64_t n_ctx() const { return opts_.n_ctx; }
   std::span<const float> last_logits() const;
 
