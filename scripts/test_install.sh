@@ -2,8 +2,9 @@
 # Installs ebb from a build tree into a temporary prefix and builds the C
 # example (examples/c/stream_story.c) against the installed copy twice, with
 # the C compiler only: once with pkg-config, once as a C-only CMake project
-# with find_package(ebb). Runs both on stories260K for a few tokens and
-# checks they print the same story as the example built in the tree.
+# with find_package(ebb). Runs both on stories260K (with a LoRA adapter) for
+# a few tokens and checks they print the same story as the example built in
+# the tree.
 #
 #   scripts/test_install.sh [BUILD_DIR]    (default: build, already built)
 set -euo pipefail
@@ -36,7 +37,9 @@ lib=$(find "$prefix" -name 'libebb.so.*.*.*')
 others=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^ebb_' | grep -v '^$' || true)
 [ -z "$others" ] || fail "libebb.so exports symbols outside the C API: $(echo "$others" | head -5)"
 
-args=("$model" "Once upon a time" 16 42)
+# With a LoRA adapter, so that the adapter calls go through the installed library too.
+adapter=$(realpath "$src/../shared/golden/lora/stories260K.lora-r4.gguf")
+args=("$model" "Once upon a time" 16 42 "$adapter" 0.8)
 "$build/stream_story" "${args[@]}" >"$tmp/want.txt" 2>/dev/null || fail "the in-tree example failed"
 grep -q . "$tmp/want.txt" || fail "the in-tree example printed nothing"
 

@@ -5,6 +5,7 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -507,6 +508,118 @@ TEST_F(CApiTest, FeedAndLogitsEqualTheCppSession) {
   const std::span<const float> want = cs.feed(prompt);
   ASSERT_EQ(static_cast<size_t>(n_vocab), want.size());
   for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(logits[i], want[i]) << i;
+}
+
+// ---- adapters --------------------------------------------------------------
+
+std::string lora_file() { return test::shared_path("golden/lora/stories260K.lora-r4.gguf"); }
+
+// Logits with an adapter bound through C equal the C++ session's with the
+// same adapter and scale, bit for bit; unbinding gives the base model's.
+TEST_F(CApiTest, AdapterLogitsEqualTheCppApi) {
+  ASSERT_EQ(ebb_adapter_load(engine, lora_file().c_str(), "story"), EBB_OK) << last_error();
+  session = new_session();
+  const char* names[] = {"story"};
+  const float scales[] = {0.7f};
+  ASSERT_EQ(ebb_session_set_adapters(session, names, scales, 1), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_feed(session, prompt.data(), prompt.size()), EBB_OK) << last_error();
+  const float* logits = nullptr;
+  int32_t n_vocab = 0;
+  ASSERT_EQ(ebb_session_logits(session, &logits, &n_vocab), EBB_OK) << last_error();
+  ref->adapters().load(lora_file(), "story");
+  Session cs(*ref);
+  cs.set_adapters({{"story", 0.7f}});
+  const std::span<const float> ws = cs.feed(prompt);
+  const std::vector<float> want(ws.begin(), ws.end());
+  ASSERT_EQ(static_cast<size_t>(n_vocab), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(logits[i], want[i]) << i;
+
+  ebb_footprint f;
+  ASSERT_EQ(ebb_engine_footprint(engine, &f), EBB_OK);
+  EXPECT_EQ(f.adapters, ref->footprint().adapters);
+  EXPECT_GT(f.adapters, 0u);
+
+  // n = 0: the base model (the KV is recomputed without the adapter).
+  ASSERT_EQ(ebb_session_set_adapters(session, nullptr, nullptr, 0), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_feed(session, nullptr, 0), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_logits(session, &logits, &n_vocab), EBB_OK) << last_error();
+  Session base(*ref);
+  const std::span<const float> b = base.feed(prompt);
+  for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(logits[i], b[i]) << i;
+  // scales NULL: 1.0 each.
+  ASSERT_EQ(ebb_session_set_adapters(session, names, nullptr, 1), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_feed(session, nullptr, 0), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_logits(session, &logits, &n_vocab), EBB_OK) << last_error();
+  Session one(*ref);
+  one.set_adapters({{"story", 1.0f}});
+  const std::span<const float> w1 = one.feed(prompt);
+  for (size_t i = 0; i < w1.size(); ++i) ASSERT_EQ(logits[i], w1[i]) << i;
+}
+
+// Evicted through C, an adapter leaves the footprint and comes back from its
+// file at the next feed with the same logits.
+TEST_F(CApiTest, AdapterEvictedThroughCIsRestoredOnUse) {
+  ASSERT_EQ(ebb_adapter_load(engine, lora_file().c_str(), nullptr), EBB_OK) << last_error();  // name: file stem
+  session = new_session();
+  const char* names[] = {"stories260K.lora-r4"};
+  ASSERT_EQ(ebb_session_set_adapters(session, names, nullptr, 1), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_feed(session, prompt.data(), prompt.size()), EBB_OK) << last_error();
+  const float* logits = nullptr;
+  int32_t n_vocab = 0;
+  ASSERT_EQ(ebb_session_logits(session, &logits, &n_vocab), EBB_OK);
+  const std::vector<float> want(logits, logits + n_vocab);
+  ebb_footprint f;
+  ASSERT_EQ(ebb_engine_footprint(engine, &f), EBB_OK);
+  const uint64_t bytes = f.adapters;
+  ebb_evict_result r;
+  ASSERT_EQ(ebb_engine_evict(engine, bytes, &r), EBB_OK) << last_error();
+  EXPECT_GE(r.freed, bytes);
+  ASSERT_EQ(ebb_engine_footprint(engine, &f), EBB_OK);
+  EXPECT_EQ(f.adapters, 0u);
+  EXPECT_EQ(f.adapters_stored, bytes);
+  ebb_session* again = new_session();
+  ASSERT_EQ(ebb_session_set_adapters(again, names, nullptr, 1), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_feed(again, prompt.data(), prompt.size()), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_logits(again, &logits, &n_vocab), EBB_OK);
+  for (int32_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], want[static_cast<size_t>(i)]) << i;
+  ASSERT_EQ(ebb_engine_footprint(engine, &f), EBB_OK);
+  EXPECT_EQ(f.adapters, bytes);
+  EXPECT_EQ(ebb_session_free(again), EBB_OK);
+}
+
+TEST_F(CApiTest, AdapterErrorsHaveTheirStatusAndName) {
+  EXPECT_EQ(ebb_adapter_load(engine, "/nonexistent/x.gguf", "x"), EBB_ERR_IO);
+  EXPECT_TRUE(contains(last_error(), "/nonexistent/x.gguf")) << last_error();
+  EXPECT_EQ(ebb_adapter_load(engine, model.c_str(), "x"), EBB_ERR_MODEL);  // a model, not an adapter
+  EXPECT_TRUE(contains(last_error(), "not an adapter")) << last_error();
+  EXPECT_EQ(ebb_adapter_load(engine, lora_file().c_str(), "bad name"), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ebb_adapter_load(nullptr, lora_file().c_str(), "x"), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ebb_adapter_load(engine, nullptr, "x"), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ebb_adapter_unload(engine, "nobody"), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "nobody")) << last_error();
+
+  session = new_session();
+  const char* unknown[] = {"nobody"};
+  EXPECT_EQ(ebb_session_set_adapters(session, unknown, nullptr, 1), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "nobody")) << last_error();
+  EXPECT_EQ(ebb_session_set_adapters(session, nullptr, nullptr, 1), EBB_ERR_INVALID_ARGUMENT);
+  const char* null_name[] = {nullptr};
+  EXPECT_EQ(ebb_session_set_adapters(session, null_name, nullptr, 1), EBB_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(ebb_adapter_load(engine, lora_file().c_str(), "story"), EBB_OK) << last_error();
+  const char* twice[] = {"story", "story"};
+  EXPECT_EQ(ebb_session_set_adapters(session, twice, nullptr, 2), EBB_ERR_INVALID_ARGUMENT);
+  const char* names[] = {"story"};
+  const float nan[] = {std::nanf("")};
+  EXPECT_EQ(ebb_session_set_adapters(session, names, nan, 1), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "scales[0]")) << last_error();
+
+  // Unloaded while bound: the next feed fails, naming it; rebinding mends it.
+  ASSERT_EQ(ebb_session_set_adapters(session, names, nullptr, 1), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_adapter_unload(engine, "story"), EBB_OK) << last_error();
+  EXPECT_EQ(ebb_session_feed(session, prompt.data(), prompt.size()), EBB_ERR_FAILED);
+  EXPECT_TRUE(contains(last_error(), "story")) << last_error();
+  ASSERT_EQ(ebb_session_set_adapters(session, nullptr, nullptr, 0), EBB_OK) << last_error();
+  EXPECT_EQ(ebb_session_feed(session, prompt.data(), prompt.size()), EBB_OK) << last_error();
 }
 
 // ---- memory ----------------------------------------------------------------

@@ -1,8 +1,10 @@
 /* Streams a story from a small model through ebb's C API.
  *
- *   stream_story MODEL.gguf [PROMPT] [N_TOKENS] [SEED]
+ *   stream_story MODEL.gguf [PROMPT] [N_TOKENS] [SEED] [ADAPTER [SCALE]]
  *
  * e.g. stream_story ../shared/models/stories260K.gguf "Once upon a time" 64
+ * ADAPTER: a LoRA adapter (GGUF or PEFT directory) applied at SCALE
+ * (default 1), e.g. ../shared/golden/lora/stories260K.lora-r4.gguf.
  * The story goes to standard output as it is generated; a summary line and
  * any error go to standard error. Exit status 0 on success, 1 on an error,
  * 2 on bad usage.
@@ -43,6 +45,8 @@ int main(int argc, char** argv) {
   const char* prompt = argc > 2 ? argv[2] : "Once upon a time";
   long n_tokens = argc > 3 ? strtol(argv[3], NULL, 10) : 128;
   unsigned long long seed = argc > 4 ? strtoull(argv[4], NULL, 10) : 42;
+  const char* adapter = argc > 5 ? argv[5] : NULL;
+  float scale = argc > 6 ? strtof(argv[6], NULL) : 1.0f;
   ebb_engine_options eo;
   ebb_session_options so;
   ebb_generate_options go;
@@ -55,8 +59,8 @@ int main(int argc, char** argv) {
   ebb_status s;
   int rc = 1;
 
-  if (argc < 2 || argc > 5 || n_tokens < 0) {
-    fprintf(stderr, "usage: %s MODEL.gguf [PROMPT] [N_TOKENS] [SEED]\n", argv[0]);
+  if (argc < 2 || argc > 7 || n_tokens < 0) {
+    fprintf(stderr, "usage: %s MODEL.gguf [PROMPT] [N_TOKENS] [SEED] [ADAPTER [SCALE]]\n", argv[0]);
     return 2;
   }
 
@@ -85,6 +89,19 @@ int main(int argc, char** argv) {
   if (s != EBB_OK) {
     rc = report("creating a session", s);
     goto done;
+  }
+  if (adapter) {
+    const char* names[1] = {"adapter"};
+    s = ebb_adapter_load(engine, adapter, names[0]);
+    if (s != EBB_OK) {
+      rc = report("loading the adapter", s);
+      goto done;
+    }
+    s = ebb_session_set_adapters(session, names, &scale, 1);
+    if (s != EBB_OK) {
+      rc = report("binding the adapter", s);
+      goto done;
+    }
   }
 
   go = ebb_generate_options_default();

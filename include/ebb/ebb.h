@@ -54,7 +54,7 @@
  *   compiled against the same header; a struct whose struct_size is wrong
  *   is refused with EBB_ERR_INVALID_ARGUMENT.
  *
- * Not here yet: LoRA adapters (ebb has none yet), chat templates, budget
+ * Not here yet: training adapters, chat templates, budget
  * mode (streaming weights from a fixed budget; the memory limit below is
  * elastic memory's).
  */
@@ -282,6 +282,8 @@ typedef struct ebb_footprint {
   uint64_t total;          /* all of the above: the engine's RAM */
   uint64_t kv_stored;      /* KV in swap files (not in RAM) */
   uint64_t weights_stored; /* evicted weight layers (backed by the GGUF, not in RAM) */
+  uint64_t adapters;       /* LoRA adapter tensors in RAM (counted in total too) */
+  uint64_t adapters_stored; /* evicted adapter versions (backed by their files, not in RAM) */
 } ebb_footprint;
 
 EBB_API ebb_status ebb_engine_footprint(ebb_engine* engine, ebb_footprint* out);
@@ -303,9 +305,11 @@ typedef struct ebb_restore_result {
   int64_t kv_chunks_decompressed;
 } ebb_restore_result;
 
-/* Gives back at least `bytes` of RAM (or all it can) by compressing KV,
- * moving it to swap files and dropping weight layers; result may be NULL.
- * Later requests restore what they need. */
+/* Gives back at least `bytes` of RAM (or all it can): first by dropping the
+ * tensors of adapters no session is using (re-read from their files by the
+ * next feed or generate that uses them), then by compressing KV, moving it
+ * to swap files and dropping weight layers; result may be NULL. Later
+ * requests restore what they need. */
 EBB_API ebb_status ebb_engine_evict(ebb_engine* engine, uint64_t bytes, ebb_evict_result* result);
 /* Restores everything evicted and waits for it; result may be NULL. */
 EBB_API ebb_status ebb_engine_restore(ebb_engine* engine, ebb_restore_result* result);
@@ -338,6 +342,36 @@ typedef struct ebb_residency {
  * does. */
 EBB_API ebb_status ebb_engine_residency(ebb_engine* engine, ebb_residency** out);
 EBB_API void ebb_residency_free(ebb_residency* residency);
+
+/* ---- LoRA adapters ----------------------------------------------------- */
+
+/* Reads a LoRA adapter for the engine's model: a GGUF adapter file
+ * (llama.cpp's format) or a directory holding a PEFT checkpoint
+ * (adapter_config.json, adapter_model.safetensors). It is known by `name`
+ * (NULL or "": the file's name without ".gguf"; letters, digits, '-', '_'
+ * and '.'). Loading other bytes under a name already loaded makes a new
+ * version of it that the next turns use (generations already running keep
+ * theirs); the same bytes again change nothing. Scales are per session
+ * (ebb_session_set_adapters). EBB_ERR_IO: the path cannot be opened;
+ * EBB_ERR_MODEL: it is not an adapter this model can use (the message names
+ * the tensor and the shapes); EBB_ERR_INVALID_ARGUMENT: a bad name. */
+EBB_API ebb_status ebb_adapter_load(ebb_engine* engine, const char* path, const char* name);
+
+/* Forgets the adapter `name` (every version); its memory goes once no
+ * session is using it. A session still bound to it fails its next feed or
+ * generate with EBB_ERR_FAILED until it binds another set.
+ * EBB_ERR_INVALID_ARGUMENT: no adapter has that name. */
+EBB_API ebb_status ebb_adapter_unload(ebb_engine* engine, const char* name);
+
+/* Binds the adapters names[0 .. n) to the session, each applied at its
+ * scale (scales NULL: all 1.0; y += scale * (alpha / rank) * B A x on each
+ * adapted projection); n = 0 unbinds them all (the base model). It takes
+ * effect at the next feed or generate: when the set differs from the one
+ * the session's KV was computed with, that KV is recomputed from the
+ * tokens. EBB_ERR_INVALID_ARGUMENT: an unknown or repeated name, a NULL
+ * name, a scale that is not finite (the binding is unchanged then). */
+EBB_API ebb_status ebb_session_set_adapters(ebb_session* session, const char* const* names, const float* scales,
+                                            size_t n);
 
 #ifdef __cplusplus
 }

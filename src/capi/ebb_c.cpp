@@ -10,6 +10,7 @@
 // (EBB_ERR_MODEL while loading, EBB_ERR_FAILED elsewhere).
 #include "ebb/ebb.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -651,6 +652,8 @@ ebb_status ebb_engine_footprint(ebb_engine* engine, ebb_footprint* out) {
     r.total = f.total();
     r.kv_stored = f.kv_stored;
     r.weights_stored = f.weights_stored;
+    r.adapters = f.adapters;
+    r.adapters_stored = f.adapters_stored;
     *out = r;
   });
 }
@@ -723,6 +726,62 @@ ebb_status ebb_engine_residency(ebb_engine* engine, ebb_residency** out) {
     snap->chunks = snap->chunk_rows.data();
     snap->grid = snap->grid_text.c_str();
     *out = snap.release();
+  });
+}
+
+// ---- adapters --------------------------------------------------------------
+
+ebb_status ebb_adapter_load(ebb_engine* engine, const char* path, const char* name) {
+  return guarded("ebb_adapter_load", EBB_ERR_MODEL, [&] {
+    need(engine, "engine");
+    need(path, "path");
+    std::error_code ec;
+    if (!std::filesystem::is_directory(path, ec)) check_readable_file(path, "adapter file");
+    std::lock_guard lock(engine->mu);
+    need_not_in_callback(engine);
+    const std::string n = name ? name : "";
+    // A bad name is the caller's; what load_lora throws is about the file.
+    try {
+      if (!n.empty()) ebb::check_adapter_name(n);
+    } catch (const ebb::Error& e) {
+      fail(EBB_ERR_INVALID_ARGUMENT, e.what());
+    }
+    engine->engine->adapters().load(path, n);
+  });
+}
+
+ebb_status ebb_adapter_unload(ebb_engine* engine, const char* name) {
+  return guarded("ebb_adapter_unload", EBB_ERR_FAILED, [&] {
+    need(engine, "engine");
+    need(name, "name");
+    std::lock_guard lock(engine->mu);
+    need_not_in_callback(engine);
+    try {
+      engine->engine->adapters().unload(name);
+    } catch (const ebb::Error& e) {
+      fail(EBB_ERR_INVALID_ARGUMENT, e.what());
+    }
+  });
+}
+
+ebb_status ebb_session_set_adapters(ebb_session* session, const char* const* names, const float* scales, size_t n) {
+  return guarded("ebb_session_set_adapters", EBB_ERR_FAILED, [&] {
+    need(session, "session");
+    if (n > 0) need(names, "names");
+    std::vector<ebb::AdapterBinding> set;
+    for (size_t i = 0; i < n; ++i) {
+      if (!names[i]) fail(EBB_ERR_INVALID_ARGUMENT, "names[" + std::to_string(i) + "] is NULL");
+      const float sc = scales ? scales[i] : 1.0f;
+      check_range(std::isfinite(sc), "scales[" + std::to_string(i) + "] is not a finite number");
+      set.push_back({names[i], sc, 0});
+    }
+    std::lock_guard lock(session->owner->mu);
+    need_not_in_callback(session->owner);
+    try {
+      session->session->set_adapters(std::move(set));
+    } catch (const ebb::Error& e) {
+      fail(EBB_ERR_INVALID_ARGUMENT, e.what());
+    }
   });
 }
 
