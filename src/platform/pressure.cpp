@@ -202,11 +202,30 @@ ScopedFd open_trigger(const std::string& path, const PsiTrigger& t, const std::s
   return fd;
 }
 
-PressureChannel psi_channel(const std::string& path, const PsiTrigger& t, PressureSource src, const std::string& who) {
+// Without CAP_SYS_RESOURCE the kernel takes only windows that are whole
+// multiples of 2 s (EINVAL otherwise): such a trigger is retried with the
+// window rounded up to 2 s multiples and the stall scaled with it.
+PressureChannel psi_channel(const std::string& path, PsiTrigger t, PressureSource src, const std::string& who) {
   PressureChannel c;
   c.kind = PressureChannel::Kind::kTrigger;
   c.source = src;
-  c.fd = open_trigger(path, t, who);
+  try {
+    c.fd = open_trigger(path, t, who);
+  } catch (const Error&) {
+    constexpr uint64_t k2s = 2000000;
+    if (t.window_us % k2s == 0) throw;
+    const uint64_t w = (t.window_us + k2s - 1) / k2s * k2s;
+    PsiTrigger u = t;
+    u.stall_us = t.stall_us * w / t.window_us;
+    u.window_us = w;
+    try {
+      c.fd = open_trigger(path, u, who);
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + " (and '" + t.text() +
+                  "' before it: unprivileged triggers need a window that is a multiple of 2 s)");
+    }
+    t = u;
+  }
   c.what = "psi " + t.text();
   return c;
 }
@@ -221,7 +240,7 @@ std::vector<PressureChannel> open_psi(const PressureWatcherOptions& o, const Cgr
   }
   std::vector<PressureChannel> out;
   out.push_back(psi_channel(path, t, PressureSource::kPsi, "memory pressure source psi"));
-  *desc = "psi " + path + " (trigger '" + t.text() + "')";
+  *desc = "psi " + path + " (trigger '" + out.back().what.substr(4) + "')";
   return out;
 }
 
@@ -247,7 +266,7 @@ std::vector<PressureChannel> open_v2(const PressureWatcherOptions& o, const Cgro
     try {
       const PsiTrigger t = parse_psi_trigger(o.psi_trigger);
       out.push_back(psi_channel(dir + "/memory.pressure", t, PressureSource::kCgroupV2, who));
-      *desc += ", memory.pressure '" + t.text() + "'";
+      *desc += ", memory.pressure '" + out.back().what.substr(4) + "'";
     } catch (const Error&) {
       // memory.events alone still works
     }
