@@ -154,6 +154,31 @@ TEST_F(ElasticTest, PartialOffloadIsLossless) {
   for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], ref_logits[i]) << i;
 }
 
+TEST_F(ElasticTest, LosslessKvGoesRawToStorageAndEveryFractionRestoresExactly) {
+  EngineOptions o;
+  o.model_path = model;
+  o.n_threads = 2;
+  o.kv_chunk_size = kChunk;
+  o.elastic_opts.swap_dir = dir;
+  o.elastic_opts.lossless_kv = true;
+  Engine eng(o);
+  Session s(eng);
+  s.feed(context);
+  const uint64_t total = evictable(eng, s);
+  int64_t stored = 0;
+  for (double frac : {0.05, 0.3, 0.6, 1.0}) {
+    s.truncate(static_cast<int64_t>(context.size()));
+    const auto r = eng.evict(static_cast<uint64_t>(frac * total));
+    EXPECT_EQ(r.kv_to_compressed, 0) << frac;
+    EXPECT_EQ(r.after.compressed, 0u) << frac;
+    EXPECT_GE(r.freed, static_cast<uint64_t>(frac * total)) << frac << ": " << r.note;
+    stored += r.kv_to_storage;
+    const auto logits = s.feed(query);
+    for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], ref_logits[i]) << "frac " << frac << " token " << i;
+  }
+  EXPECT_GT(stored, 0);
+}
+
 TEST_F(ElasticTest, EvictGivesMemoryBackToTheProcess) {
   auto eng = make_engine(model, dir);
   Session s(*eng);

@@ -53,7 +53,7 @@ void add_model_options(CLI::App* app, ModelArgs& a) {
   app->add_option("--cache-dir", a.cache_dir,
                   "Keep the prefix cache's KV in this directory across runs (implies --prefix-cache)");
   app->add_option("--cache-namespace", a.cache_namespace, "Prefix-cache namespace of this run's conversation");
-  app->add_option("--kv-codec", a.kv_codec, "Elastic memory: codec of compressed KV: int8, int4")->capture_default_str();
+  app->add_option("--kv-codec", a.kv_codec, "Elastic memory: codec of compressed KV: int8, int4, or none (lossless: evicted KV goes raw to storage, answers are exactly those without eviction)")->capture_default_str();
   app->add_option("--evict-order", a.evict_order, "Elastic memory: backward, forward, random")->capture_default_str();
   app->add_option("--overlap", a.overlap, "Elastic memory restore overlap: none, alloc-reload, reload-prefill, full")
       ->capture_default_str();
@@ -253,7 +253,11 @@ EngineOptions engine_options(const ModelArgs& a) {
   o.elastic_opts.swap_dir = a.swap_dir;
   o.prefix_cache = a.prefix_cache || !a.cache_dir.empty();
   o.cache_dir = a.cache_dir;
-  o.elastic_opts.codec = parse_kv_codec(a.kv_codec);
+  if (a.kv_codec == "none") {
+    o.elastic_opts.lossless_kv = true;
+  } else {
+    o.elastic_opts.codec = parse_kv_codec(a.kv_codec);
+  }
   o.elastic_opts.order = parse_evict_order(a.evict_order);
   o.elastic_opts.overlap = parse_overlap_mode(a.overlap);
   o.elastic_opts.profile = load_profile_option(a.profile);

@@ -60,6 +60,10 @@ struct ElasticOptions {
   std::string swap_dir;          // "": default_swap_dir()
   uint64_t swap_bytes = 0;       // swap file size; 0: the KV of the attached sessions at full context
   KvCodecId codec = KvCodecId::kInt8;
+  // true: KV is never compressed (the codecs are lossy); evicted KV goes raw
+  // to storage, so answers after a restore are exactly those without one.
+  // Without storage KV then stays in RAM. (CLI: --kv-codec none.)
+  bool lossless_kv = false;
   EvictOrder order = EvictOrder::kBackward;
   OverlapMode overlap = OverlapMode::kFull;
   bool allow_storage = true;     // false: KV only to the compressed stack

@@ -274,6 +274,15 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
       const ChunkId c = *id;
       ++next_kv;
       std::string why;
+      if (opts_.lossless_kv) {  // raw to storage or not at all
+        if (!kv_to_storage(c, &why)) {
+          note("lossless KV needs storage, the KV stays in RAM: " + why);
+          break;
+        }
+        ++r.kv_to_storage;
+        --counts.kv_resident;
+        continue;
+      }
       if (a == EvictAction::kKvToStorage && !kv_to_storage(c, &why)) {
         note("storage swap unavailable, KV goes to the compressed stack only: " + why);
         po.allow_storage = false;
