@@ -313,7 +313,8 @@ void Server::Impl::training_routes() {
                 } else if (t->is_array()) {
                   for (const json& x : *t) {
                     if (!x.is_string()) throw bad("'targets' must be a string or an array of strings", "targets");
-                    csv += (csv.empty() ? "" : ",") + x.get<std::string>();
+                    if (!csv.empty()) csv += ',';
+                    csv += x.get<std::string>();
                   }
                 } else {
                   throw bad("'targets' must be a string (\"q,k,v\") or an array of strings", "targets");
