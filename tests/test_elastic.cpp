@@ -179,6 +179,44 @@ TEST_F(ElasticTest, LosslessKvGoesRawToStorageAndEveryFractionRestoresExactly) {
   EXPECT_GT(stored, 0);
 }
 
+// A server's sessions come and go; the prefix cache keeps their KV. The swap
+// file, sized at its first use by the sessions attached then (none here),
+// grows to take all of that KV.
+TEST_F(ElasticTest, TheSwapFileGrowsForPrefixCachedKvOfSessionsThatAreGone) {
+  EngineOptions o;
+  o.model_path = model;
+  o.n_threads = 2;
+  o.kv_chunk_size = kChunk;
+  o.prefix_cache = true;
+  o.elastic_opts.swap_dir = dir;
+  o.elastic_opts.lossless_kv = true;
+  Engine eng(o);
+  std::vector<std::vector<TokenId>> prompts;
+  for (uint32_t seed : {21u, 22u, 23u}) {
+    prompts.push_back(tokens(8 * kChunk + 1, n_vocab, seed));
+    Session gone(eng);
+    gone.feed(prompts.back());
+  }
+  const uint64_t held = eng.footprint().kv();
+  ASSERT_GT(held, uint64_t{2} << 20);  // more than the 1 MiB the file starts with
+  const auto r = eng.evict(2 * eng.footprint().total());  // everything
+  EXPECT_EQ(r.kv_to_compressed, 0);
+  EXPECT_EQ(r.after.kv_resident, 0u) << r.note;
+  EXPECT_GE(r.after.kv_stored, held);
+  EXPECT_EQ(r.note.find("swap file full"), std::string::npos) << r.note;
+  ASSERT_NE(eng.elastic()->swap_file(), nullptr);
+  EXPECT_GE(eng.elastic()->swap_file()->capacity(), held);
+  // The cached KV comes back from the grown file bit for bit.
+  std::vector<TokenId> next = prompts[1];
+  next.insert(next.end(), query.begin(), query.end());
+  Session again(eng);
+  const auto logits = again.feed(next);
+  EXPECT_EQ(again.reused_tokens(), 8 * kChunk);
+  Session fresh(*ref_engine);
+  const auto want = fresh.feed(next);
+  for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], want[i]) << i;
+}
+
 TEST_F(ElasticTest, EvictGivesMemoryBackToTheProcess) {
   auto eng = make_engine(model, dir);
   Session s(*eng);

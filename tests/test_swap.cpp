@@ -127,6 +127,44 @@ TEST_P(SwapFileTest, FullFileReturnsInvalidSlot) {
   EXPECT_FALSE(swap.allocate(1).valid());
 }
 
+TEST_P(SwapFileTest, GrowsOnDemandUpToItsMaximumAndKeepsWhatItHolds) {
+  SwapFileOptions o = opts(2 * kDirectAlign);
+  o.max_capacity = 10 * kDirectAlign;
+  SwapFile swap(o);
+  const uint64_t bytes = 3 * kDirectAlign - 100;
+  Buffer src = aligned(bytes), dst = aligned(bytes);
+  fill(src.as<uint8_t>(), bytes, 9);
+  SwapSlot a = swap.allocate(kDirectAlign);  // fits
+  ASSERT_TRUE(a.valid());
+  EXPECT_EQ(swap.capacity(), 2 * kDirectAlign);
+  swap.write(a, src.data());
+  SwapSlot b = swap.allocate(bytes);  // does not fit: 2 -> 4 blocks, b right after a
+  ASSERT_TRUE(b.valid());
+  EXPECT_EQ(b.offset, kDirectAlign);
+  EXPECT_EQ(swap.capacity(), 4 * kDirectAlign);
+  swap.write(b, src.data());
+  SwapSlot c = swap.allocate(5 * kDirectAlign);  // 4 -> 9 blocks (doubling would not fit it)
+  ASSERT_TRUE(c.valid());
+  EXPECT_EQ(swap.capacity(), 9 * kDirectAlign);
+  EXPECT_FALSE(swap.allocate(2 * kDirectAlign).valid());  // the maximum, 10, leaves room for 1
+  EXPECT_EQ(swap.capacity(), 9 * kDirectAlign);
+  SwapSlot d = swap.allocate(kDirectAlign);  // that one: 9 -> 10
+  ASSERT_TRUE(d.valid());
+  EXPECT_EQ(d.offset, 9 * kDirectAlign);
+  EXPECT_EQ(swap.capacity(), 10 * kDirectAlign);
+  EXPECT_FALSE(swap.allocate(1).valid());
+  EXPECT_TRUE(swap.growth_error().empty());
+  ASSERT_TRUE(swap.read(a, dst.data()));
+  ASSERT_TRUE(swap.read(b, dst.data()));
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), bytes), 0);
+  swap.free(a);
+  swap.free(b);
+  swap.free(c);
+  swap.free(d);
+  EXPECT_EQ(swap.used(), 0u);
+  EXPECT_EQ(swap.largest_free(), 10 * kDirectAlign);
+}
+
 TEST_P(SwapFileTest, CorruptSlotIsDetected) {
   SwapFile swap(opts(1 << 20));
   const uint64_t bytes = 20000;

@@ -39,11 +39,11 @@ ElasticMemory::ElasticMemory(Model& model, Allocator& alloc, ElasticOptions opts
       alloc_(alloc),
       opts_(std::move(opts)),
       pool_(pool),
-      kv_(kv),
       io_(std::make_unique<IoEngine>(elastic_io_options(opts_.profile))),
       gguf_(DirectFile::open_read(model.file().path())),
       weight_crc_(model),
-      stack_(alloc) {}
+      stack_(alloc),
+      kv_(kv) {}
 // The destructor is in elastic_restore.cpp, where Latches is complete.
 
 void ElasticMemory::on_release(KvChunk& c) {

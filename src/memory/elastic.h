@@ -196,6 +196,7 @@ class ElasticMemory final : public WeightSource, public KvPoolListener {
 
   // eviction (elastic_evict.cpp)
   bool ensure_swap(std::string* why);
+  std::string swap_full_text() const;  // why an allocation in the swap file failed
   void kv_to_compressed(const ChunkId& c);
   bool kv_to_storage(const ChunkId& c, std::string* why);
   void drop_weights(int layer);

@@ -69,17 +69,20 @@ bool ElasticMemory::ensure_swap(std::string* why) {
     return false;
   }
   uint64_t cap = opts_.swap_bytes;
+  // Never more than the machine's memory: no more KV than that can be
+  // evicted at once.
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const uint64_t ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
   if (cap == 0) {
-    // The KV of every session at its full context, but never more than the
-    // machine's memory: no more KV than that can be evicted at once.
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    const uint64_t ram = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+    // The KV of the sessions attached now at their full context; the file
+    // grows when more come (a server attaches its sessions later).
     cap = std::min(kv_->capacity_bytes(), ram);
   }
   try {
     SwapFileOptions so;
     so.dir = opts_.swap_dir;
     so.capacity = std::max<uint64_t>(cap, 1 << 20);
+    so.max_capacity = opts_.swap_bytes != 0 ? opts_.swap_bytes : ram;
     so.io = io_.get();
     swap_ = std::make_unique<SwapFile>(so);
     return true;
@@ -89,6 +92,12 @@ bool ElasticMemory::ensure_swap(std::string* why) {
     *why = swap_error_;
     return false;
   }
+}
+
+std::string ElasticMemory::swap_full_text() const {
+  const std::string grow = swap_->growth_error();
+  return swap_->path() + ": swap file full (" + std::to_string(swap_->capacity() >> 20) + " MiB" +
+         (grow.empty() ? ", its maximum" : "; " + grow) + ")";
 }
 
 void ElasticMemory::kv_to_compressed(const ChunkId& id) {
@@ -118,7 +127,7 @@ bool ElasticMemory::kv_to_storage(const ChunkId& id, std::string* why) {
   KvChunkMeta& m = kv.meta;
   SwapSlot slot = swap_->allocate(kv.chunk_bytes());
   if (!slot.valid()) {
-    *why = swap_->path() + ": swap file full (" + std::to_string(swap_->capacity() >> 20) + " MiB)";
+    *why = swap_full_text();
     return false;
   }
   m.slot = slot;
@@ -180,7 +189,7 @@ bool ElasticMemory::compressed_to_storage(std::string* why) {
   const uint64_t n = stack_.size(h);
   SwapSlot slot = swap_->allocate(n);
   if (!slot.valid()) {
-    *why = swap_->path() + ": swap file full (" + std::to_string(swap_->capacity() >> 20) + " MiB)";
+    *why = swap_full_text();
     return false;
   }
   Buffer staging = alloc_.allocate(slot.stored, MemCategory::kIoBuffer, kDirectAlign);

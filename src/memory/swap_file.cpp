@@ -34,7 +34,8 @@ std::string unique_name() {
 
 }  // namespace
 
-SwapFile::SwapFile(SwapFileOptions opts) : io_(opts.io), capacity_(align_up(opts.capacity)) {
+SwapFile::SwapFile(SwapFileOptions opts)
+    : io_(opts.io), capacity_(align_up(opts.capacity)), max_capacity_(std::max(capacity_, align_up(opts.max_capacity))) {
   EBB_CHECK_MSG(io_ != nullptr, "SwapFileOptions::io is required");
   const std::string dir = opts.dir.empty() ? default_swap_dir() : opts.dir;
   std::error_code ec;
@@ -61,6 +62,12 @@ SwapSlot SwapFile::allocate(uint64_t bytes) {
   EBB_CHECK(bytes > 0);
   const uint64_t need = align_up(bytes);
   std::lock_guard lock(mu_);
+  SwapSlot slot = first_fit_locked(bytes, need);
+  if (!slot.valid() && grow_locked(need)) slot = first_fit_locked(bytes, need);
+  return slot;
+}
+
+SwapSlot SwapFile::first_fit_locked(uint64_t bytes, uint64_t need) {
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < need) continue;
     SwapSlot slot{it->first, bytes, need, 0};
@@ -73,11 +80,45 @@ SwapSlot SwapFile::allocate(uint64_t bytes) {
   return {};
 }
 
+// At least doubles the file (a run of evictions grows it a few times, not
+// once a chunk); the new space joins the free extent at the end, if any.
+bool SwapFile::grow_locked(uint64_t need) {
+  if (capacity_ >= max_capacity_) return false;
+  uint64_t tail = 0;  // free bytes at the end of the file
+  if (!free_.empty()) {
+    auto last = std::prev(free_.end());
+    if (last->first + last->second == capacity_) tail = last->second;
+  }
+  const uint64_t grown = std::min(max_capacity_, std::max(capacity_ * 2, capacity_ - tail + need));
+  if (grown - capacity_ + tail < need) return false;
+  const int rc = posix_fallocate(file_.fd(), static_cast<off_t>(capacity_), static_cast<off_t>(grown - capacity_));
+  if (rc != 0) {
+    growth_error_ = "cannot grow from " + std::to_string(capacity_ >> 20) + " MiB to " + std::to_string(grown >> 20) +
+                    " MiB: " + (rc == ENOSPC ? std::string("no space left on device") : std::strerror(rc));
+    return false;
+  }
+  const uint64_t off = capacity_ - tail;
+  if (tail > 0) free_.erase(off);
+  free_.emplace(off, grown - off);
+  capacity_ = grown;
+  return true;
+}
+
+uint64_t SwapFile::capacity() const {
+  std::lock_guard lock(mu_);
+  return capacity_;
+}
+
+std::string SwapFile::growth_error() const {
+  std::lock_guard lock(mu_);
+  return growth_error_;
+}
+
 void SwapFile::free(const SwapSlot& slot) {
   if (!slot.valid()) return;
+  std::lock_guard lock(mu_);
   EBB_CHECK(slot.offset % kDirectAlign == 0 && slot.stored % kDirectAlign == 0 &&
             slot.offset + slot.stored <= capacity_);
-  std::lock_guard lock(mu_);
   uint64_t off = slot.offset, len = slot.stored;
   auto next = free_.lower_bound(off);
   EBB_CHECK_MSG(next == free_.end() || next->first >= off + len, "swap slot freed twice");

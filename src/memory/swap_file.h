@@ -17,6 +17,9 @@ struct SwapFileOptions {
   std::string dir;         // empty: default_swap_dir()
   uint64_t capacity = 0;   // bytes preallocated (rounded up to 4 KiB)
   IoEngine* io = nullptr;  // engine to use (required)
+  // allocate() grows the file (doubling, posix_fallocate) up to this many
+  // bytes when no free extent fits; <= capacity: the file never grows.
+  uint64_t max_capacity = 0;
 };
 
 // $XDG_CACHE_HOME/ebb/swap, else $HOME/.cache/ebb/swap, else <temp dir>/ebb-swap.
@@ -43,7 +46,9 @@ class SwapFile {
   SwapFile& operator=(const SwapFile&) = delete;
 
   // Reserves a 4 KiB-aligned extent for `bytes` (> 0) payload bytes, first fit
-  // over the free list; an invalid slot when no free extent is large enough.
+  // over the free list, growing the file toward max_capacity when none fits;
+  // an invalid slot when no extent is large enough and the file cannot grow
+  // (at its maximum, or the disk is full: growth_error() says which).
   SwapSlot allocate(uint64_t bytes);
   // Returns the slot's extent to the free list (coalescing with neighbours).
   void free(const SwapSlot& slot);
@@ -61,7 +66,9 @@ class SwapFile {
   // checksum does not match, and the caller recomputes.
   bool read(const SwapSlot& slot, void* dst);
 
-  uint64_t capacity() const { return capacity_; }
+  uint64_t capacity() const;
+  uint64_t max_capacity() const { return max_capacity_; }
+  std::string growth_error() const;  // why the last growth failed, "" when none did
   uint64_t used() const;                     // bytes of allocated extents
   uint64_t largest_free() const;             // largest extent allocate() could return now
   const std::string& path() const { return file_.path(); }
@@ -76,8 +83,13 @@ class SwapFile {
   void fail_writes_for_test(int n);
 
  private:
+  SwapSlot first_fit_locked(uint64_t bytes, uint64_t need);
+  bool grow_locked(uint64_t need);
+
   IoEngine* io_;
-  uint64_t capacity_ = 0;
+  uint64_t capacity_ = 0;      // guarded by mu_ (allocate grows it)
+  uint64_t max_capacity_ = 0;
+  std::string growth_error_;  // guarded by mu_
   DirectFile file_;
   mutable std::mutex mu_;
   std::map<uint64_t, uint64_t> free_;  // offset -> length of free extents, disjoint, coalesced
