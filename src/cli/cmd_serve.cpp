@@ -45,6 +45,7 @@ struct ServeArgs {
   std::string adapter_dir;
   std::string pressure = "off";
   double pressure_step = 25;  // percentage points of the footprint per signal
+  double pressure_interval = 0.25;  // seconds between signals, at least
 };
 
 std::string model_id_of(const std::string& path) {
@@ -64,6 +65,8 @@ int serve(ServeArgs& a) {
     throw UsageError("--pressure '" + a.pressure + "' is not one of auto, psi, cgroup, off");
   if (!(a.pressure_step > 0 && a.pressure_step <= 100))
     throw UsageError("--pressure-step must be in (0, 100] percentage points of the footprint");
+  if (!(a.pressure_interval >= 0.01 && a.pressure_interval <= 60))
+    throw UsageError("--pressure-interval must be in [0.01, 60] seconds");
   if (!a.adapter_dir.empty() && !std::filesystem::is_directory(a.adapter_dir))
     throw UsageError("--adapter-dir '" + a.adapter_dir + "' is not a directory");
   uint64_t max_body = 0;
@@ -107,6 +110,7 @@ int serve(ServeArgs& a) {
   so.adapter_dir = a.adapter_dir;
   so.pressure = a.pressure;
   so.pressure_step = a.pressure_step / 100.0;
+  so.pressure_interval_s = a.pressure_interval;
   if (a.format.empty()) {
     so.chat_format = detect_chat_format(engine->model().chat_template(), engine->config().arch_name);
   } else {
@@ -181,6 +185,9 @@ void add_serve_command(CLI::App& app, int* rc) {
       ->capture_default_str();
   sub->add_option("--pressure-step", a->pressure_step,
                   "Percentage points of the footprint evicted per pressure signal")
+      ->capture_default_str();
+  sub->add_option("--pressure-interval", a->pressure_interval,
+                  "Seconds between pressure signals, at least (notifications in between are folded)")
       ->capture_default_str();
   sub->callback([a, rc] { *rc = serve(*a); });
 }

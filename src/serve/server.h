@@ -47,6 +47,10 @@ struct ServerOptions {
   // footprint through elastic memory; the next request restores.
   std::string pressure = "off";
   double pressure_step = 0.25;
+  // At most one signal (one eviction) per this many seconds; notifications
+  // in between are folded. Short enough to keep up with a fast allocator:
+  // 25 pp of a 400 MB footprint every 0.25 s gives back 400 MB/s.
+  double pressure_interval_s = 0.25;
 };
 
 class Server {

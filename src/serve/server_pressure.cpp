@@ -66,6 +66,7 @@ void Server::Impl::start_pressure() {
     throw Error("--pressure " + opts.pressure + ": elastic memory is off (budget mode), so nothing could be evicted");
   auto st = std::make_shared<PressureState>();
   PressureWatcherOptions wo;
+  wo.min_interval_s = opts.pressure_interval_s;
   try {
     wo.source = parse_pressure_source(opts.pressure);
   } catch (const Error& e) {
