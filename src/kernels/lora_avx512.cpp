@@ -80,6 +80,35 @@ inline void up_block(const W* bt, int64_t n_out, const float* t, int64_t r, __m5
   _mm512_mask_storeu_ps(yl, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yl), _mm512_mul_ps(s, acc[V - 1])));
 }
 
+// up_block for four rows of t (row stride r) and y (row stride y_stride):
+// each weight vector loaded (and widened) once for the four rows. Per row
+// the arithmetic is up_block's exactly, so results do not depend on how
+// rows are grouped.
+template <int V, typename W>
+inline void up_block4(const W* bt, int64_t n_out, const float* t, int64_t r, __m512 s, int64_t c, __mmask16 m,
+                      float* y, int64_t y_stride) {
+  __m512 acc[4][V];
+  for (int q = 0; q < 4; ++q)
+    for (int v = 0; v < V; ++v) acc[q][v] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < r; ++j) {
+    const W* b = bt + j * n_out + c;
+    __m512 w[V];
+    for (int v = 0; v < V - 1; ++v) w[v] = load16(b + 16 * v);
+    w[V - 1] = load16(b + 16 * (V - 1), m);
+    for (int q = 0; q < 4; ++q) {
+      const __m512 tj = _mm512_set1_ps(t[q * r + j]);
+      for (int v = 0; v < V; ++v) acc[q][v] = _mm512_fmadd_ps(tj, w[v], acc[q][v]);
+    }
+  }
+  for (int q = 0; q < 4; ++q) {
+    float* yq = y + q * y_stride;
+    for (int v = 0; v < V - 1; ++v)
+      _mm512_storeu_ps(yq + c + 16 * v, _mm512_add_ps(_mm512_loadu_ps(yq + c + 16 * v), _mm512_mul_ps(s, acc[q][v])));
+    float* yl = yq + c + 16 * (V - 1);
+    _mm512_mask_storeu_ps(yl, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yl), _mm512_mul_ps(s, acc[q][V - 1])));
+  }
+}
+
 template <typename W>
 void up_avx512(const W* bt,      // [r, n_out]
                const float* t,   // [n, r]
@@ -88,7 +117,18 @@ void up_avx512(const W* bt,      // [r, n_out]
                int64_t y_stride) {
   const __m512 vs = _mm512_set1_ps(s);
   const __mmask16 full = 0xFFFF;
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+  // Prefill: four rows per pass over B (B is read from cache once per four
+  // tokens instead of once per token).
+  for (; i + 4 <= n; i += 4) {
+    const float* ti = t + i * r;
+    float* yi = y + i * y_stride;
+    int64_t c = c0;
+    for (; c + 64 <= c1; c += 64) up_block4<4>(bt, n_out, ti, r, vs, c, full, yi, y_stride);
+    for (; c + 16 <= c1; c += 16) up_block4<1>(bt, n_out, ti, r, vs, c, full, yi, y_stride);
+    if (c < c1) up_block4<1>(bt, n_out, ti, r, vs, c, tail_mask(c1 - c), yi, y_stride);
+  }
+  for (; i < n; ++i) {
     const float* ti = t + i * r;
     float* yi = y + i * y_stride;
     int64_t c = c0;
