@@ -197,6 +197,16 @@ TEST_F(ServeTrain, ManualPublishAndContinuingAnAdapter) {
   ASSERT_EQ(a.status, 200) << a.raw;
   ASSERT_EQ(poll_job(*c_, a.body["id"], ended)["state"], "done");
   const std::string v1 = complete(*c_, "stories260K:fox");
+  // A long prompt asked twice on version 1: its prefix is hot.
+  const json hot_req = {{"model", "stories260K:fox"},
+                        {"prompt",
+                         "Once upon a time there was a little girl named Lily who loved to play in the park with her "
+                         "friends every day. One day she found a big red ball under a tree and she was very happy."},
+                        {"max_tokens", 4},
+                        {"temperature", 0}};
+  ASSERT_EQ(post(*c_, "/v1/completions", hot_req).status, 200);
+  ASSERT_EQ(post(*c_, "/v1/completions", hot_req).status, 200);
+  const double warm0 = test::metric_value(*c_, "ebb_stale_prefill_tasks_total{outcome=\"submitted\"}");
 
   const Reply b = post(*c_, "/v1/training/jobs",
                        json{{"adapter", "fox"}, {"from_adapter", "fox"}, {"samples", story_samples()},
@@ -209,6 +219,8 @@ TEST_F(ServeTrain, ManualPublishAndContinuingAnAdapter) {
   EXPECT_EQ(j["version_staged"], 2);
   EXPECT_TRUE(j["version_published"].is_null()) << j.dump();  // this job published nothing (version 1 is the first job's)
   EXPECT_EQ(complete(*c_, "stories260K:fox"), v1);  // still version 1
+  // Staging version 2 started stale-coverage prefill of the hot prefix.
+  EXPECT_GE(test::metric_value(*c_, "ebb_stale_prefill_tasks_total{outcome=\"submitted\"}") - warm0, 1);
 
   const Reply p = post(*c_, "/v1/training/jobs/" + id + "/publish", std::string());
   ASSERT_EQ(p.status, 200) << p.raw;

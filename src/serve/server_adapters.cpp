@@ -330,6 +330,12 @@ void Server::Impl::adapter_routes() {
             }));
 }
 
+void Server::Impl::adapter_staged(const std::string& name, uint64_t version, uint64_t dropped) {
+  if (!adapter_state || !adapter_state->stale) return;
+  if (dropped != 0) adapter_state->stale->on_unloaded(name, dropped);
+  if (version != 0) adapter_state->stale->plan(name, version);
+}
+
 void Server::Impl::adapter_metrics(std::string& o) const {
   if (!adapter_state) return;
   int64_t names = 0, published = 0, staged = 0;

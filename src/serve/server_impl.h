@@ -132,6 +132,10 @@ struct Server::Impl {
   std::shared_ptr<AdapterState> adapter_state;
   void adapter_routes();
   void adapter_metrics(std::string& out) const;
+  // On the scheduler thread, after a version of `name` was staged (not
+  // published) elsewhere (training): stale-coverage prefill of its hot
+  // prefixes; `dropped`, when not 0, an earlier version that is gone.
+  void adapter_staged(const std::string& name, uint64_t version, uint64_t dropped);
   // server_train.cpp: /v1/training/jobs (submit samples, status, commit, cancel)
   struct TrainState;
   std::shared_ptr<TrainState> train_state;

@@ -341,6 +341,9 @@ void Server::Impl::training_routes() {
                 jo.publish_auto = *p == "auto";
               }
               jo.out_dir = opts.adapter_dir;
+              jo.on_commit = [this](const AdapterInfo& staged, uint64_t dropped) {
+                adapter_staged(staged.name, staged.published ? 0 : staged.version, dropped);
+              };
               // The samples.
               const json* sj = field(body, "samples");
               if (!sj || !sj->is_array() || sj->empty())

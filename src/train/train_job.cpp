@@ -176,6 +176,7 @@ void TrainJob::save() {
       st_.version_published = info.version;
     }
   }
+  uint64_t dropped = 0;
   if (previous != 0 && previous != info.version) {
     bool published = false;
     for (const AdapterInfo& a : engine_.adapters().list())
@@ -183,11 +184,13 @@ void TrainJob::save() {
     if (!published) {
       try {
         engine_.adapters().unload(opts_.adapter, previous);
+        dropped = previous;
       } catch (const Error&) {
         // Unloaded meanwhile by someone else: nothing to drop.
       }
     }
   }
+  if (opts_.on_commit) opts_.on_commit(info, dropped);
   save_pending_ = false;
   if (opts_.out_dir.empty()) return;
   // NAME.gguf through a temporary file, so a reader never sees half of it;

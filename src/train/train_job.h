@@ -26,6 +26,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -50,6 +51,11 @@ struct TrainJobOptions {
   std::string out_dir;        // "" : no files; else OUT/NAME.gguf and OUT/NAME.ckpt/ on each commit
   int priority = 0;           // the task descriptor's
   double utility = 0;
+  // Called on the scheduler thread after each commit: the version staged
+  // (info.published when publish_auto made it the default) and the earlier
+  // version this job dropped (0: none). The server starts stale-coverage
+  // prefill of a staged version here.
+  std::function<void(const AdapterInfo& staged, uint64_t dropped)> on_commit;
 };
 
 struct TrainJobStatus {
