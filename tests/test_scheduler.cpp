@@ -198,6 +198,51 @@ TEST(Scheduler, BackgroundNeedsItsNextYieldWithinTheWindow) {
   EXPECT_EQ(rec.log().back(), "slow");
 }
 
+// A task whose step is longer than the window would never run; on an idle
+// engine it runs after window_starvation_s, and keeps running until
+// foreground work comes; then the window rule holds it back again.
+TEST(Scheduler, AStarvingBackgroundTaskRunsPastTheWindowOnAnIdleEngine) {
+  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+  o.background_window_s = 0.1;
+  o.margin_s = 0.05;
+  o.window_starvation_s = 0.3;
+  Recorder rec;
+  Scheduler s(nullptr, o);
+  std::atomic<int> steps{0};
+  Task slow = fake(kBg, "train", "slow", 1000, rec, 5ms, [&steps](int n) { steps = n; });
+  slow.desc.next_yield_s = 1.0;  // far past the window, and estimates keep it there
+  const auto t0 = std::chrono::steady_clock::now();
+  s.submit_background(std::move(slow));
+  std::this_thread::sleep_for(150ms);
+  EXPECT_EQ(steps.load(), 0);  // within the starvation time: held back
+  ASSERT_TRUE(wait_until([&] { return steps.load() >= 3; }));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
+  EXPECT_GE(s.metrics().bg_over_window, 3);
+  // Its measured ~5 ms steps bring the estimate (EMA from 1 s, α = 0.2)
+  // inside the window after about 14 steps: from then on it runs on its own
+  // merits, no longer over the window.
+  ASSERT_TRUE(wait_until([&] { return steps.load() >= 30; }));
+  const int64_t over = s.metrics().bg_over_window;
+  EXPECT_LE(over, 20);
+  ASSERT_TRUE(wait_until([&] { return steps.load() >= 60; }));
+  EXPECT_EQ(s.metrics().bg_over_window, over);
+}
+
+TEST(Scheduler, WithoutStarvationTimeATaskPastTheWindowNeverRuns) {
+  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+  o.background_window_s = 0.1;
+  o.margin_s = 0.05;
+  o.window_starvation_s = 0;
+  Recorder rec;
+  Scheduler s(nullptr, o);
+  Task slow = fake(kBg, "train", "slow", 5, rec);
+  slow.desc.next_yield_s = 1.0;
+  s.submit_background(std::move(slow));
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(rec.size(), 0u);
+  EXPECT_EQ(s.metrics().bg_over_window, 0);
+}
+
 TEST(Scheduler, EstimatesAreMovingAveragesOfMeasuredSteps) {
   Ema e(0.2);
   EXPECT_FALSE(e.set());

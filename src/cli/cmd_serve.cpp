@@ -39,6 +39,8 @@ struct ServeArgs {
   std::string policy = "foreground-first";
   std::string format;
   int max_batch = 8;
+  double background_window = 0.5;  // W_bg, seconds
+  double background_starvation = 5;  // seconds
   int max_queue = 64;
   double grace = 5.0;
   bool quiet = false;
@@ -59,6 +61,10 @@ int serve(ServeArgs& a) {
   if (!policy) throw UsageError("--policy '" + a.policy + "' is not one of foreground-first, round-robin, fifo");
   if (a.port < 0 || a.port > 65535) throw UsageError("--port " + std::to_string(a.port) + ": must be in [0, 65535]");
   if (a.max_batch < 1) throw UsageError("--max-batch must be >= 1");
+  if (!(a.background_window > 0 && a.background_window <= 60))
+    throw UsageError("--background-window must be in (0, 60] seconds");
+  if (!(a.background_starvation >= 0 && a.background_starvation <= 3600))
+    throw UsageError("--background-starvation must be in [0, 3600] seconds (0: never)");
   if (a.max_queue < 1) throw UsageError("--max-queue must be >= 1");
   if (a.grace < 0) throw UsageError("--grace must be >= 0");
   if (a.pressure != "auto" && a.pressure != "psi" && a.pressure != "cgroup" && a.pressure != "off")
@@ -122,6 +128,8 @@ int serve(ServeArgs& a) {
   SchedulerOptions sched_opts;
   sched_opts.policy = *policy;
   sched_opts.max_batch = a.max_batch;
+  sched_opts.background_window_s = a.background_window;
+  sched_opts.window_starvation_s = a.background_starvation;
   sched_opts.max_queue = a.max_queue;
   Scheduler scheduler(engine.get(), sched_opts);  // owns the engine from here on
   serve::Server server(*engine, scheduler, so);
@@ -174,6 +182,13 @@ void add_serve_command(CLI::App& app, int* rc) {
   sub->add_option("--policy", a->policy, "Scheduling policy: foreground-first, round-robin, fifo")->capture_default_str();
   sub->add_option("--format", a->format, "Chat template: chatml, llama3, llama2, plain (default: the model's)");
   sub->add_option("--max-batch", a->max_batch, "Requests decoded together at most")->capture_default_str();
+  sub->add_option("--background-window", a->background_window,
+                  "W_bg: the longest a new request may wait for a background step (training, warm-up), seconds")
+      ->capture_default_str();
+  sub->add_option("--background-starvation", a->background_starvation,
+                  "A background task whose steps are longer than the window runs anyway after waiting this many "
+                  "seconds on an idle server, until a request comes (0: never)")
+      ->capture_default_str();
   sub->add_option("--max-queue", a->max_queue, "Requests waiting at most (503 beyond)")->capture_default_str();
   sub->add_option("--grace", a->grace, "On SIGINT/SIGTERM, seconds running answers get to finish")->capture_default_str();
   sub->add_flag("--quiet", a->quiet, "Do not log a line per request on stderr");

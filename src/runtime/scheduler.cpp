@@ -126,6 +126,8 @@ struct Scheduler::BgItem {
   double run_s = 0;
   bool cancelled = false;
   bool deferred_memory = false, deferred_window = false;  // counted once per episode
+  double window_since = 0;  // when the window rule began holding it back on an idle engine (0: not)
+  bool over_window = false;  // admissible now only by window_starvation_s
 };
 
 // An admitted foreground item (scheduler thread only).
@@ -339,17 +341,31 @@ void Scheduler::apply_kind_estimates_locked(TaskDescriptor& d) {
   if (d.est_duration_s <= 0 && k.duration_s.set()) d.est_duration_s = k.duration_s.value();
 }
 
+bool Scheduler::no_foreground_locked() const { return fg_queue_.empty() && running_.empty(); }
+
 bool Scheduler::admissible_locked(BgItem& b, uint64_t free_mem, bool count) {
   const TaskDescriptor& d = b.task.desc;
   // m̂ + M_reserve <= M_free, without overflow.
   const bool mem_ok = d.est_memory <= free_mem && opts_.memory_reserve <= free_mem - d.est_memory;
   // ŷ + δ <= W_bg.
-  const bool win_ok = d.next_yield_s + opts_.margin_s <= window_s_;
+  bool win_ok = d.next_yield_s + opts_.margin_s <= window_s_;
   if (count) {
     if (!mem_ok && !b.deferred_memory) ++m_.bg_deferred_memory;
     if (!win_ok && !b.deferred_window) ++m_.bg_deferred_window;
     b.deferred_memory = !mem_ok;
     b.deferred_window = !win_ok;
+  }
+  // Starvation: held back by the window alone on an idle engine for
+  // window_starvation_s, it runs past the window until foreground work
+  // comes (the episode ends then, and the window rule holds again).
+  b.over_window = false;
+  if (win_ok || !no_foreground_locked()) {
+    b.window_since = 0;
+  } else if (b.window_since == 0) {
+    b.window_since = now_seconds();
+  } else if (mem_ok && opts_.window_starvation_s > 0 && now_seconds() - b.window_since >= opts_.window_starvation_s) {
+    win_ok = true;
+    b.over_window = true;
   }
   return mem_ok && win_ok;
 }
@@ -785,6 +801,7 @@ void Scheduler::run_background_step(BgItem& b) {
     b.step_s.add(dt);
     b.memory.add(grew);
     b.run_s += dt;
+    if (b.over_window) ++m_.bg_over_window;
     b.task.desc.next_yield_s = b.step_s.value();
     b.task.desc.est_memory = static_cast<uint64_t>(b.memory.value());
     b.deferred_memory = b.deferred_window = false;

@@ -174,6 +174,11 @@ struct SchedulerOptions {
   uint64_t memory_reserve = 64ull << 20;  // M_reserve
   double background_window_s = 0.5;       // W_bg: the longest a foreground arrival may wait for a step
   double margin_s = 0.05;                 // δ
+  // A background task held back by the window rule alone for this long,
+  // with no foreground work waiting or running, is admitted anyway (0:
+  // never). Without it a task whose step is longer than W_bg − δ (a
+  // training phase on a slow device) would never run on an idle engine.
+  double window_starvation_s = 5.0;
   double ema_alpha = 0.2;
   // M_free. Default: the system's available memory (MemAvailable), bounded
   // by the process's cgroup limit less its usage.
@@ -204,6 +209,7 @@ struct SchedulerMetrics {
   int64_t bg_submitted = 0, bg_completed = 0, bg_cancelled = 0, bg_failed = 0, bg_rejected = 0;
   int64_t bg_waiting = 0, bg_steps = 0;
   int64_t bg_deferred_memory = 0, bg_deferred_window = 0;  // times a task was held back by each rule
+  int64_t bg_over_window = 0;  // steps admitted past the window rule after window_starvation_s
   double bg_busy_s = 0;
   // The engine at the last snapshot (empty without an engine).
   bool has_engine = false;
@@ -282,6 +288,7 @@ class Scheduler {
   bool run_control();  // runs what post_control queued; true when it ran any
   void loop();
   Unit pick_locked(uint64_t free_mem);
+  bool no_foreground_locked() const;
   bool admissible_locked(BgItem& b, uint64_t free_mem, bool count);
   void reap_cancelled_locked(std::vector<std::function<void()>>& after);
   void run_foreground_round(std::vector<std::unique_ptr<FgItem>> admitted);

@@ -88,6 +88,9 @@ std::string Server::Impl::metrics() const {
   metric(o, "ebb_background_deferred_total", "counter", "Times a background task was held back, by rule");
   sample(o, "ebb_background_deferred_total" + label("rule", "memory"), static_cast<double>(m.bg_deferred_memory));
   sample(o, "ebb_background_deferred_total" + label("rule", "window"), static_cast<double>(m.bg_deferred_window));
+  metric(o, "ebb_background_over_window_total", "counter",
+         "Background steps run past the window rule after waiting on an idle engine (window_starvation_s)");
+  sample(o, "ebb_background_over_window_total", static_cast<double>(m.bg_over_window));
   metric(o, "ebb_prefix_cache_lookups_total", "counter", "Prefix cache lookups");
   sample(o, "ebb_prefix_cache_lookups_total", static_cast<double>(m.prefix_cache.lookups));
   metric(o, "ebb_prefix_cache_hits_total", "counter", "Prefix cache lookups that found a prefix");
