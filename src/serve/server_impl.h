@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,21 @@ ApiError error_of(int status, std::string message, std::string type, std::string
 bool same_secret(const std::string& a, const std::string& b);
 // The body as JSON, or a 400 naming the parse error.
 nlohmann::json parse_body(const httplib::Request& req);
+
+// Runs fn on the scheduler thread (Scheduler::call) and waits for its result
+// or exception; a scheduler that is stopping is a 503 server_shutting_down.
+template <class F>
+auto on_engine(Scheduler& sched, F fn) {
+  try {
+    return sched.call(std::move(fn)).get();
+  } catch (const SchedulerBusy& e) {
+    throw ApiException(error_of(503, std::string("the server is shutting down: ") + e.what(), "server_error",
+                                "server_shutting_down"));
+  } catch (const std::future_error&) {
+    throw ApiException(error_of(503, "the server is shutting down: the scheduler has ended", "server_error",
+                                "server_shutting_down"));
+  }
+}
 
 // Prometheus text (server_metrics.cpp): "# HELP/# TYPE" lines, a sample
 // line, and a {key="value"} label with the value escaped.

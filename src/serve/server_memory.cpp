@@ -137,20 +137,6 @@ json restore_json(const RestoreReport& r) {
           {"chunks_lost", r.chunks_lost}};
 }
 
-// Runs fn on the scheduler thread and waits for its result (or exception).
-template <class F>
-auto on_engine(Scheduler& sched, F fn) {
-  try {
-    return sched.call(std::move(fn)).get();
-  } catch (const SchedulerBusy& e) {
-    throw ApiException(error_of(503, std::string("the server is shutting down: ") + e.what(), "server_error",
-                                "server_shutting_down"));
-  } catch (const std::future_error&) {
-    throw ApiException(error_of(503, "the server is shutting down: the scheduler has ended", "server_error",
-                                "server_shutting_down"));
-  }
-}
-
 ElasticMemory& elastic_or_throw(Engine& e) {
   if (ElasticMemory* em = e.elastic()) return *em;
   ApiError err = error_of(409,

@@ -496,11 +496,7 @@ void Server::Impl::training_routes() {
                 throw ApiException(error_of(409, "job " + e.id + " has not staged a version yet", "invalid_request_error",
                                             "not_staged"));
               try {
-                sched.call([job = e.job, version](Engine&) { return job->publish(version); }).get();
-              } catch (const SchedulerBusy& x) {
-                throw ApiException(error_of(503, x.what(), "server_error", "server_shutting_down"));
-              } catch (const std::future_error&) {
-                throw ApiException(error_of(503, "the server is shutting down", "server_error", "server_shutting_down"));
+                on_engine(sched, [job = e.job, version](Engine&) { return job->publish(version); });
               } catch (const Error& x) {
                 throw bad(x.what(), "version");
               }
