@@ -28,13 +28,18 @@ using test::model_path;
 
 constexpr int64_t kChunk = 64;
 
-std::unique_ptr<Engine> make_engine(const std::string& model, const std::string& swap_dir,
-                                    EvictPolicyKind policy = EvictPolicyKind::kHybrid, uint64_t swap_bytes = 0) {
+EngineOptions engine_options(const std::string& model, const std::string& swap_dir) {
   EngineOptions o;
   o.model_path = model;
   o.n_threads = 2;
   o.kv_chunk_size = kChunk;
   o.elastic_opts.swap_dir = swap_dir;
+  return o;
+}
+
+std::unique_ptr<Engine> make_engine(const std::string& model, const std::string& swap_dir,
+                                    EvictPolicyKind policy = EvictPolicyKind::kHybrid, uint64_t swap_bytes = 0) {
+  EngineOptions o = engine_options(model, swap_dir);
   o.elastic_opts.policy = policy;
   o.elastic_opts.swap_bytes = swap_bytes;
   return std::make_unique<Engine>(o);
@@ -155,11 +160,7 @@ TEST_F(ElasticTest, PartialOffloadIsLossless) {
 }
 
 TEST_F(ElasticTest, LosslessKvGoesRawToStorageAndEveryFractionRestoresExactly) {
-  EngineOptions o;
-  o.model_path = model;
-  o.n_threads = 2;
-  o.kv_chunk_size = kChunk;
-  o.elastic_opts.swap_dir = dir;
+  EngineOptions o = engine_options(model, dir);
   o.elastic_opts.lossless_kv = true;
   Engine eng(o);
   Session s(eng);
@@ -183,12 +184,8 @@ TEST_F(ElasticTest, LosslessKvGoesRawToStorageAndEveryFractionRestoresExactly) {
 // file, sized at its first use by the sessions attached then (none here),
 // grows to take all of that KV.
 TEST_F(ElasticTest, TheSwapFileGrowsForPrefixCachedKvOfSessionsThatAreGone) {
-  EngineOptions o;
-  o.model_path = model;
-  o.n_threads = 2;
-  o.kv_chunk_size = kChunk;
+  EngineOptions o = engine_options(model, dir);
   o.prefix_cache = true;
-  o.elastic_opts.swap_dir = dir;
   o.elastic_opts.lossless_kv = true;
   Engine eng(o);
   std::vector<std::vector<TokenId>> prompts;
