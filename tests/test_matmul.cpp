@@ -704,12 +704,12 @@ TEST_P(MatmulPacked, MatchesRowArithmeticBitExact) {
   const DType type = std::get<1>(GetParam());
   const FormatKernels& fk = *ks.format(type);
   ASSERT_NE(fk.x8_dot, nullptr);
-  for (int64_t rows : {8, 13, 40, 67})
+  for (int64_t rows : {8, 13, 24, 40, 67})
     for (int64_t cols : packed_cols(type, {1, 3, 4, 32})) {
       const PackedMatrix m(type, rows, cols, 100 + static_cast<uint32_t>(rows + cols));
       const WeightView pv = m.packed_view();
       for (int threads : {1, 2})
-        for (int64_t n_tok : {1, 2, 3, 4, 5, 9, 17}) {
+        for (int64_t n_tok : {1, 2, 3, 4, 5, 8, 9, 17}) {
           const int64_t x_stride = cols + 3, y_stride = rows + 5;
           const auto x = normal(n_tok * x_stride, 7 + static_cast<uint32_t>(n_tok + cols), n_tok == 3 ? 40.f : 1.f);
           std::vector<float> y(n_tok * y_stride, -7.f);

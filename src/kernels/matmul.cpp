@@ -133,21 +133,31 @@ void packed_rows_one(const FormatKernels& fk, const WeightView& w, const uint8_t
   for (; r < re; ++r) fk.x8_dot(w.cols, w.row(r), act, y + r);
 }
 
-// Rows [rb, re) (rb a multiple of 8) of a packed matrix for n_tok tokens,
-// four tokens per kernel call, the block of rows reused for every token.
+// Rows [rb, re) (rb a multiple of 8) of a packed matrix for n_tok tokens:
+// pairs of groups for eight tokens per kernel call where the target has
+// x16_gemm (a group left over in pieces of four tokens), else groups for four
+// tokens per call; the block of rows reused for every token.
 void packed_rows_batch(const FormatKernels& fk, const WeightView& w, const uint8_t* act, size_t act_stride,
                        const Q8_0Sums* sums, int64_t sums_stride, int64_t n_tok, int64_t rb, int64_t re, float* y,
                        int64_t y_stride) {
   const uint64_t group_bytes = 8 * w.row_stride;
   const int64_t grouped = w.rows / 8 * 8, ge = std::min(re, grouped);
   const auto* groups = static_cast<const uint8_t*>(w.data);
-  for (int64_t t = 0; t < n_tok; t += 4) {
-    const int nt = static_cast<int>(std::min<int64_t>(4, n_tok - t));
+  const int64_t step = fk.x16_gemm ? 8 : 4;
+  for (int64_t t = 0; t < n_tok; t += step) {
+    const int nt = static_cast<int>(std::min<int64_t>(step, n_tok - t));
     const uint8_t* a = act + t * act_stride;
     float* yt = y + t * y_stride;
-    for (int64_t r = rb; r + 8 <= ge; r += 8)
-      fk.x8_gemm(w.cols, groups + r / 8 * group_bytes, a, act_stride, sums + t * sums_stride, sums_stride, nt, yt + r,
-                 y_stride);
+    int64_t r = rb;
+    if (fk.x16_gemm) {
+      for (; r + 16 <= ge; r += 16)
+        fk.x16_gemm(w.cols, groups + r / 8 * group_bytes, group_bytes, a, act_stride, sums + t * sums_stride,
+                    sums_stride, nt, yt + r, y_stride);
+    }
+    for (; r + 8 <= ge; r += 8)
+      for (int tt = 0; tt < nt; tt += 4)
+        fk.x8_gemm(w.cols, groups + r / 8 * group_bytes, a + tt * act_stride, act_stride,
+                   sums + (t + tt) * sums_stride, sums_stride, std::min(4, nt - tt), yt + tt * y_stride + r, y_stride);
     for (int64_t tt = 0; tt < nt; ++tt)
       for (int64_t r = std::max(rb, grouped); r < re; ++r)
         fk.x8_dot(w.cols, w.row(r), a + tt * act_stride, yt + tt * y_stride + r);

@@ -69,6 +69,12 @@ struct FormatKernels {
   void (*x8_gemm)(int64_t n, const void* w, const void* a, size_t a_stride, const Q8_0Sums* sums, int64_t s_stride,
                   int n_tok, float* y, int64_t y_stride) = nullptr;
   void (*x8_dot)(int64_t n, const void* w, const void* a, float* out) = nullptr;
+  // Optional (Q4_0 on AVX-512): two consecutive groups (16 rows; w: the
+  // first group's blocks, the second's group_bytes after) against n_tok <= 8
+  // tokens, y[t * y_stride + r] for r < 16, x8_gemm's outputs bit for bit.
+  // Batches (several conversations' decode rows, prefill) run on it.
+  void (*x16_gemm)(int64_t n, const void* w, size_t group_bytes, const void* a, size_t a_stride, const Q8_0Sums* sums,
+                   int64_t s_stride, int n_tok, float* y, int64_t y_stride) = nullptr;
 };
 
 // All kernels of one instruction-set target.

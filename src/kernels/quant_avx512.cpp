@@ -316,6 +316,70 @@ void x8_gemm_vnni(int64_t n, const void* w, const void* a, size_t as, const Q8_0
   }
 }
 
+// Two consecutive groups of eight Q4_0 rows (16 rows, a ZMM lane each: group
+// g in the low half, g + 1 in the high half) against T <= 8 tokens:
+// gemm_q4_0_vnni's arithmetic lane for lane (the same exact int32 block sums,
+// the same float chain), so bit for bit the same outputs, with each
+// activation piece broadcast once for both groups and twice the tokens per
+// pass over the weights: a batch of decode rows (several conversations) or a
+// prefill reads each weight block once per eight tokens.
+template <int T>
+void gemm16_q4_0_vnni(int64_t n, const BlockQ4_0x8* w0, const BlockQ4_0x8* w1, const uint8_t* a, size_t as,
+                      const Q8_0Sums* sums, int64_t ss, float* y, int64_t ys) {
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  const BlockQ8_0* q[T];
+  for (int t = 0; t < T; ++t) q[t] = reinterpret_cast<const BlockQ8_0*>(a + t * as);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n / kQK8_0; ++i) {
+    // A batch of decode rows reads each block once, from memory: ask ahead.
+    prefetch_ahead(w0 + i);
+    prefetch_ahead(w1 + i);
+    __m512i lo[4], hi[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m512i v = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0[i].qs + 32 * k))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1[i].qs + 32 * k)), 1);
+      lo[k] = _mm512_and_si512(v, m4);
+      hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    const __m512 dx = _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w0[i].d))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(w1[i].d)), 1));
+    for (int t = 0; t < T; ++t) {
+      const int8_t* yq = q[t][i].qs;
+      const Q8_0Sums& s = sums[t * ss + i];
+      __m512i isum = _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k) {
+        isum = _mm512_dpbusd_epi32(isum, lo[k], _mm512_set1_epi32(load_i32(yq + 4 * k)));
+        isum = _mm512_dpbusd_epi32(isum, hi[k], _mm512_set1_epi32(load_i32(yq + 16 + 4 * k)));
+      }
+      isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(s.m8));
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(s.d)), _mm512_cvtepi32_ps(isum), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + t * ys, acc[t]);
+}
+
+void x16_gemm_q4_0_vnni(int64_t n, const void* w, size_t group_bytes, const void* a, size_t as, const Q8_0Sums* sums,
+                        int64_t ss, int n_tok, float* y, int64_t ys) {
+  const auto* w0 = static_cast<const BlockQ4_0x8*>(w);
+  const auto* w1 = reinterpret_cast<const BlockQ4_0x8*>(static_cast<const uint8_t*>(w) + group_bytes);
+  const auto* ab = static_cast<const uint8_t*>(a);
+  auto run = [&]<int T>() { gemm16_q4_0_vnni<T>(n, w0, w1, ab, as, sums, ss, y, ys); };
+  switch (n_tok) {
+    case 1: return run.template operator()<1>();
+    case 2: return run.template operator()<2>();
+    case 3: return run.template operator()<3>();
+    case 4: return run.template operator()<4>();
+    case 5: return run.template operator()<5>();
+    case 6: return run.template operator()<6>();
+    case 7: return run.template operator()<7>();
+    case 8: return run.template operator()<8>();
+    default: EBB_CHECK_MSG(false, "x16_gemm: 1 to 8 tokens");
+  }
+}
+
 }  // namespace
 
 FormatTable avx512_format_table() {
@@ -349,6 +413,7 @@ FormatTable avx512_format_table() {
   row(DType::kBF16).tile_dot = dot_bf16_chain;
   row(DType::kQ8_0).x8_gemm = x8_gemm_vnni<BlockQ8_0x8>;
   row(DType::kQ4_0).x8_gemm = x8_gemm_vnni<BlockQ4_0x8>;
+  row(DType::kQ4_0).x16_gemm = x16_gemm_q4_0_vnni;
   return t;
 }
 
