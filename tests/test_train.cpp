@@ -203,6 +203,43 @@ TEST(Train, RecomputeGivesTheSameGradients) {
   EXPECT_LT(b.activation_bytes(20, 4), a.activation_bytes(20, 4));
 }
 
+// A pass keeps its buffers from one sample to the next: a sample after a
+// longer one (whose values are still in them) gets the loss and gradients of
+// a pass that never held anything, in both modes; and they show in
+// held_bytes() until release().
+TEST(Train, BuffersKeptBetweenSamplesChangeNothing) {
+  auto engine = make_engine("tiny-qwen3-f16");
+  LoraInitOptions io;
+  io.rank = 4;
+  io.b_std = 0.02f;
+  auto ad = init_lora(engine->config(), io, engine->allocator());
+  const TrainSample longer = sample_of(*engine, 40, 5), s = sample_of(*engine, 23, 6);
+  for (bool recompute : {false, true}) {
+    TrainPassOptions po;
+    po.recompute = recompute;
+    TrainPass reused(engine->model(), engine->isa(), engine->pool(), engine->allocator(), po);
+    TrainPass fresh(engine->model(), engine->isa(), engine->pool(), engine->allocator(), po);
+    LoraGrads g0 = make_grads(*ad, engine->allocator()), g1 = make_grads(*ad, engine->allocator());
+    reused.forward(longer.tokens, longer.weights, *ad);
+    reused.backward(*ad, 0.5f, g0);
+    const uint64_t held = reused.held_bytes();
+    EXPECT_GE(held, reused.activation_bytes(40, 4) / 2);
+    g0.zero();
+    const double l0 = reused.forward(s.tokens, s.weights, *ad);
+    EXPECT_EQ(reused.held_bytes(), held) << "the shorter sample re-allocated";
+    reused.backward(*ad, 0.5f, g0);
+    const double l1 = fresh.forward(s.tokens, s.weights, *ad);
+    fresh.backward(*ad, 0.5f, g1);
+    EXPECT_EQ(l0, l1) << "recompute=" << recompute;
+    for (size_t i = 0; i < g0.da.size(); ++i) {
+      ASSERT_EQ(std::memcmp(g0.da[i].data(), g1.da[i].data(), g0.da[i].size()), 0) << i;
+      ASSERT_EQ(std::memcmp(g0.dbt[i].data(), g1.dbt[i].data(), g0.dbt[i].size()), 0) << i;
+    }
+    reused.release();
+    EXPECT_EQ(reused.held_bytes(), 0u);
+  }
+}
+
 std::vector<TrainSample> story_samples(const Engine& e) {
   // Supervised: the prompt's tokens weigh 0, the answer's 1.
   EncodeOptions eo;

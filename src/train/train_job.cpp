@@ -228,6 +228,7 @@ void TrainJob::finish(TaskOutcome outcome, const std::string& error) {
       }
     }
     if (!trainer_->at_step_boundary()) trainer_->discard_step();
+    trainer_->release_buffers();
   }
   {
     std::lock_guard lock(mu_);

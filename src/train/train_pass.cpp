@@ -118,12 +118,35 @@ void TrainPass::release() {
   dx_.clear();
   dx_.shrink_to_fit();
   T_ = 0;
+  cap_T_ = cap_rank_ = 0;
+}
+
+uint64_t TrainPass::held_bytes() const {
+  uint64_t b = 0;
+  for (const LayerActs& a : acts_) {
+    for (const Buffer* x : {&a.xn, &a.qraw, &a.kraw, &a.q, &a.k, &a.v, &a.o, &a.lse, &a.x2, &a.xn2, &a.g, &a.u, &a.h})
+      b += x->size();
+    for (const Buffer& t : a.t) b += t.size();
+  }
+  for (const Buffer& x : inputs_) b += x.size();
+  for (const Buffer* x : {&attn_, &rope_, &rope_back_, &work_}) b += x->size();
+  return b;
 }
 
 void TrainPass::allocate_acts(int64_t T, int64_t max_rank) {
   const ModelConfig& c = cfg_;
+  // The buffers of an earlier sample at least as long serve this one: every
+  // buffer is [T, ...] rows from its start, and nothing reads what this
+  // sample has not written (re-allocating them for each sample was a tenth
+  // of a training step in page faults and zeroing).
+  if (cap_T_ >= T && cap_rank_ >= std::max<int64_t>(max_rank, 1)) {
+    T_ = T;
+    return;
+  }
   release();
   T_ = T;
+  cap_T_ = T;
+  cap_rank_ = std::max<int64_t>(max_rank, 1);
   const int64_t layers = opts_.recompute ? 1 : c.n_layer;
   acts_.resize(static_cast<size_t>(layers));
   for (LayerActs& a : acts_) {

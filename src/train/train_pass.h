@@ -77,8 +77,12 @@ class TrainPass {
   void backward_begin(float loss_scale);
   void backward_layers(int l1, int l0, const LoraAdapter& adapter, LoraGrads& grads);
   int64_t head_rows() const { return opts_.head_rows; }
-  // Frees the activations (between samples they are not needed).
+  // Frees the activations. Between samples they are kept for the next one
+  // (one as long or shorter reuses them); a trainer releases them when it
+  // stops or needs the memory.
   void release();
+  // Bytes of activations held now (the ledger counts them in kTrainActivations).
+  uint64_t held_bytes() const;
 
   // Bytes the activations of a sample of T tokens take (what forward() allocates).
   uint64_t activation_bytes(int64_t T, int64_t max_rank) const;
@@ -102,6 +106,7 @@ class TrainPass {
   TrainPassOptions opts_;
 
   int64_t T_ = 0;
+  int64_t cap_T_ = 0, cap_rank_ = 0;  // what the held buffers were sized for
   double loss_ = 0;               // the sample's Σ w CE over the head rows run so far
   std::vector<float> dx_;         // [T, d] the backward's gradient flowing down the layers
   std::vector<int32_t> tokens_;

@@ -247,7 +247,9 @@ PhaseResult Trainer::run_phase() {
     bool recompute = opts_.recompute == TrainerOptions::Recompute::kAlways;
     const uint64_t limit = opts_.memory_limit;
     if (opts_.recompute == TrainerOptions::Recompute::kAuto && limit > 0) {
-      const uint64_t used = engine_.footprint().total();
+      // What the pass holds from the last sample is freed or reused for this one.
+      const uint64_t total = engine_.footprint().total();
+      const uint64_t used = total - std::min(total, pass_->held_bytes());
       recompute = used + next.bytes > limit;
       if (recompute) {
         TrainPassOptions rc;
@@ -286,7 +288,6 @@ PhaseResult Trainer::run_phase() {
       pass_->backward_layers(static_cast<int>(pc.b), static_cast<int>(pc.a), *params_, grads_);
     }
     track_peak();
-    if (pc.last) pass_->release();
   } else {
     r.lr = optimizer_.lr_at(optimizer_.step());
     r.grad_norm = optimizer_.update(*params_, grads_);
@@ -312,6 +313,8 @@ int64_t Trainer::run_steps(int64_t steps, const std::function<void(const PhaseRe
   }
   return done;
 }
+
+void Trainer::release_buffers() { pass_->release(); }
 
 void Trainer::discard_step() {
   pass_->release();

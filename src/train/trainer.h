@@ -113,6 +113,9 @@ class Trainer {
   void clear_stop() { stop_.store(false); }
   bool at_step_boundary() const { return phase_ == 0; }
   void discard_step();
+  // Frees the activations kept between samples (the next sample allocates
+  // them again); a job calls it when it ends.
+  void release_buffers();
 
   int64_t step() const { return optimizer_.step(); }
   const LoraAdapter& params() const { return *params_; }
