@@ -101,7 +101,8 @@ TEST_F(ServeTrain, AJobTrainsStagesAndPublishes) {
   const std::string base = complete(*c_, "stories260K");
   const Reply r = post(*c_, "/v1/training/jobs",
                        json{{"adapter", "zed"}, {"samples", story_samples()}, {"rank", 8}, {"alpha", 16},
-                            {"learning_rate", 1e-2}, {"steps", 30}, {"batch_size", 2}, {"seed", 3}});
+                            {"learning_rate", 1e-2}, {"steps", 30}, {"batch_size", 2}, {"seed", 3},
+                            {"phase_seconds", 0}});  // whole samples per phase: a known count of phases
   ASSERT_EQ(r.status, 200) << r.raw;
   const std::string id = r.body["id"];
   EXPECT_EQ(r.body["object"], "training.job");

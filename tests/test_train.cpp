@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/gguf.h"
@@ -371,6 +372,39 @@ TEST(Train, InterruptedAndResumedRunsAreBitExact) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
   }
+}
+
+// phase_target_s sizes the pieces from what was measured: the first step in
+// the finest pieces (one layer, one block of head rows), then a target far
+// below any layer's cost keeps them, one far above it makes whole samples;
+// the parameters are those of whole-sample phases bit for bit.
+TEST(Train, PhasesSizedToATarget) {
+  auto engine = make_engine("stories260K");
+  const int64_t L = engine->config().n_layer, T = 40;
+  const std::vector<TrainSample> samples = {sample_of(*engine, T, 1), sample_of(*engine, T, 2)};
+  auto phases_of_steps = [&](double target, std::vector<int>& per_step) {
+    TrainerOptions o;
+    o.phase_target_s = target;
+    o.init.b_std = 0.02f;
+    Trainer t(*engine, samples, o);
+    int n = 0;
+    while (t.step() < 3) {
+      ++n;
+      if (t.run_phase().step_done) per_step.push_back(std::exchange(n, 0));
+    }
+    return t.params().digest;
+  };
+  std::vector<int> whole, fine, coarse;
+  const uint64_t d0 = phases_of_steps(0, whole), d1 = phases_of_steps(1e-12, fine), d2 = phases_of_steps(1e3, coarse);
+  const int finest = static_cast<int>(2 * L + (T + 15) / 16 + 1);  // head rows in blocks of 16
+  EXPECT_EQ(whole, (std::vector<int>{3, 3, 3}));
+  EXPECT_EQ(fine, (std::vector<int>{finest, finest, finest}));
+  EXPECT_EQ(coarse, (std::vector<int>{finest, 3, 3}));
+  EXPECT_EQ(d1, d0);
+  EXPECT_EQ(d2, d0);
+  TrainerOptions bad;
+  bad.phase_target_s = -1;
+  EXPECT_THROW(Trainer(*engine, samples, bad), Error);
 }
 
 // Each phase reports its kind; estimates are exponential moving averages

@@ -41,6 +41,7 @@ struct TrainBenchArgs {
   std::string recompute = "never";
   int64_t phase_layers = 0;     // 0: a sample's forward and backward are one phase each
   int64_t phase_head_rows = 0;
+  double phase_seconds = 0.2;   // with phase_layers 0: pieces sized to about this (0: whole samples)
   bool json = false;
 };
 
@@ -97,6 +98,7 @@ int run_train_bench(TrainBenchArgs& a) {
   o.batch = 1;
   o.phase_layers = a.phase_layers;
   o.phase_head_rows = a.phase_head_rows;
+  o.phase_target_s = a.phase_seconds;
   Trainer trainer(*engine, samples, o);
   SessionOptions so = session_options(a.model);
   so.n_ctx = a.seq + 1;
@@ -145,6 +147,7 @@ int run_train_bench(TrainBenchArgs& a) {
     j["recompute"] = a.recompute;
     j["phase_layers"] = a.phase_layers;
     j["phase_head_rows"] = a.phase_head_rows;
+    j["phase_seconds"] = a.phase_seconds;
     j["train_tok_s"] = train;
     j["prefill_tok_s"] = prefill;
     j["train_tok_s_reps"] = train_tok_s;
@@ -171,7 +174,10 @@ int run_train_bench(TrainBenchArgs& a) {
                 a.phase_layers > 0 ? ("pieces of " + std::to_string(a.phase_layers) + " layers, head rows " +
                                       (a.phase_head_rows > 0 ? std::to_string(a.phase_head_rows) : std::string("all")))
                                          .c_str()
-                                   : "one forward and one backward per sample");
+                : a.phase_seconds > 0 ? ("pieces sized to about " + std::to_string(a.phase_seconds).substr(0, 4) +
+                                         " s from measured costs (as ebb serve's training jobs)")
+                                            .c_str()
+                                      : "one forward and one backward per sample");
     std::printf("\n  %-24s %12s   %s\n", "metric", "median", "per rep");
     auto reps = [](const std::vector<double>& v, const char* fmt) {
       std::string s;
@@ -214,6 +220,10 @@ void add_bench_train_command(CLI::App* bench, int* rc) {
   sub->add_option("--phase-layers", a->phase_layers, "Layers per forward/backward phase (0: a whole sample)")
       ->capture_default_str();
   sub->add_option("--phase-rows", a->phase_head_rows, "Output-head rows per phase (0: all, with --phase-layers)")
+      ->capture_default_str();
+  sub->add_option("--phase-seconds", a->phase_seconds,
+                  "With --phase-layers 0: phases sized from measured costs to take about this long (0: a whole sample "
+                  "per phase)")
       ->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
   sub->callback([a, rc] { *rc = run_train_bench(*a); });

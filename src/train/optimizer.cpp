@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "platform/error.h"
+#include "platform/thread_pool.h"
 
 namespace ebb {
 
@@ -32,15 +34,25 @@ float AdamW::lr_at(int64_t t) const {
   return static_cast<float>(lo + (opts_.lr - lo) * 0.5 * (1.0 + std::cos(M_PI * p)));
 }
 
-double AdamW::update(LoraAdapter& params, const LoraGrads& grads) {
+double AdamW::update(LoraAdapter& params, const LoraGrads& grads, ThreadPool& pool) {
   EBB_CHECK(grads.da.size() == params.pairs.size() && grads.dbt.size() == params.pairs.size());
-  double sq = 0;
-  for (size_t i = 0; i < params.pairs.size(); ++i) {
-    for (const Buffer* g : {&grads.da[i], &grads.dbt[i]}) {
-      const float* x = g->as<const float>();
-      for (size_t k = 0; k < g->size() / sizeof(float); ++k) sq += double(x[k]) * x[k];
+  // Buffer j: pair j / 2, A (even) or Bᵀ (odd). Each buffer's squared sum in
+  // double, then the sums in buffer order: the same bits on any number of
+  // threads.
+  const int64_t nb = static_cast<int64_t>(params.pairs.size()) * 2;
+  auto grad = [&](int64_t j) -> const Buffer& { return j % 2 ? grads.dbt[j / 2] : grads.da[j / 2]; };
+  std::vector<double> sqs(static_cast<size_t>(nb));
+  pool.parallel_for(nb, 1, [&](int64_t j0, int64_t j1, int) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const Buffer& g = grad(j);
+      const float* x = g.as<const float>();
+      double sq = 0;
+      for (size_t k = 0; k < g.size() / sizeof(float); ++k) sq += double(x[k]) * x[k];
+      sqs[static_cast<size_t>(j)] = sq;
     }
-  }
+  });
+  double sq = 0;
+  for (double x : sqs) sq += x;
   const double norm = std::sqrt(sq);
   if (!std::isfinite(norm)) {
     throw Error("training: the gradient is not finite (norm " + std::to_string(norm) +
@@ -51,16 +63,15 @@ double AdamW::update(LoraAdapter& params, const LoraGrads& grads) {
   const float b1 = opts_.beta1, b2 = opts_.beta2;
   const float c1 = 1.0f - static_cast<float>(std::pow(double(b1), double(step_ + 1)));
   const float c2 = 1.0f - static_cast<float>(std::pow(double(b2), double(step_ + 1)));
-  for (size_t i = 0; i < params.pairs.size(); ++i) {
-    LoraPair& p = params.pairs[i];
-    const Buffer* gs[2] = {&grads.da[i], &grads.dbt[i]};
-    Buffer* ps[2] = {&p.a, &p.bt};
-    for (int h = 0; h < 2; ++h) {
-      float* th = ps[h]->as<float>();
-      const float* g = gs[h]->as<const float>();
-      float* m = moments_[i * 4 + static_cast<size_t>(h) * 2].as<float>();
-      float* v = moments_[i * 4 + static_cast<size_t>(h) * 2 + 1].as<float>();
-      const size_t n = ps[h]->size() / sizeof(float);
+  // Element by element, so the split over threads changes nothing.
+  pool.parallel_for(nb, 1, [&](int64_t j0, int64_t j1, int) {
+    for (int64_t j = j0; j < j1; ++j) {
+      LoraPair& p = params.pairs[static_cast<size_t>(j / 2)];
+      float* th = (j % 2 ? p.bt : p.a).as<float>();
+      const float* g = grad(j).as<const float>();
+      float* m = moments_[static_cast<size_t>(j) * 2].as<float>();
+      float* v = moments_[static_cast<size_t>(j) * 2 + 1].as<float>();
+      const size_t n = (j % 2 ? p.bt : p.a).size() / sizeof(float);
       for (size_t k = 0; k < n; ++k) {
         const float gk = g[k] * clip;
         m[k] = b1 * m[k] + (1.0f - b1) * gk;
@@ -69,7 +80,7 @@ double AdamW::update(LoraAdapter& params, const LoraGrads& grads) {
         th[k] -= lr * (mh / (std::sqrt(vh) + opts_.eps) + opts_.weight_decay * th[k]);
       }
     }
-  }
+  });
   ++step_;
   return norm;
 }

@@ -31,15 +31,18 @@ struct AdamWOptions {
   float min_lr_ratio = 0.1f;  // lr_min = lr · min_lr_ratio
 };
 
+class ThreadPool;
+
 class AdamW {
  public:
   AdamW(const LoraAdapter& params, const AdamWOptions& opts, Allocator& alloc);
 
   // The learning rate of step t (0-based).
   float lr_at(int64_t t) const;
-  // One update of params from grads (step() counts them). Returns the
-  // gradient norm before clipping.
-  double update(LoraAdapter& params, const LoraGrads& grads);
+  // One update of params from grads (step() counts them), split over the
+  // pool's threads (the same bits on any number). Returns the gradient norm
+  // before clipping.
+  double update(LoraAdapter& params, const LoraGrads& grads, ThreadPool& pool);
   int64_t step() const { return step_; }
 
   // Optimizer state, for checkpoints: per pair, m and v of A then of B.

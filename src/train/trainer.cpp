@@ -92,6 +92,9 @@ Trainer::Trainer(Engine& engine, std::vector<TrainSample> samples, TrainerOption
       optimizer_(*params_, opts_.adamw, alloc_) {
   if (samples_.empty()) throw Error("training needs at least one sample");
   if (opts_.batch < 1) throw Error("training: batch must be at least 1 sample, got " + std::to_string(opts_.batch));
+  if (!(opts_.phase_target_s >= 0)) {
+    throw Error("training: the phase target must be >= 0 seconds (0: off), got " + std::to_string(opts_.phase_target_s));
+  }
   if (opts_.phase_layers < 0 || opts_.phase_head_rows < 0) {
     throw Error("training: phase_layers and phase_head_rows must be >= 0 (0: whole), got " +
                 std::to_string(opts_.phase_layers) + " and " + std::to_string(opts_.phase_head_rows));
@@ -122,7 +125,37 @@ Trainer::Trainer(Engine& engine, std::vector<TrainSample> samples, TrainerOption
   pass_ = std::make_unique<TrainPass>(engine_.model(), engine_.isa(), engine_.pool(), alloc_, po);
   pass_recompute_ = po.recompute;
   samples_digest_ = samples_digest(samples_);
+  plan_pieces();
   track_peak();
+}
+
+void Trainer::plan_pieces() {
+  if (opts_.phase_layers > 0) {
+    step_layers_ = opts_.phase_layers;
+    step_rows_ = opts_.phase_head_rows;
+    return;
+  }
+  if (opts_.phase_target_s <= 0) {
+    step_layers_ = step_rows_ = 0;
+    return;
+  }
+  const int64_t L = engine_.config().n_layer, hr = pass_->head_rows();
+  const double per_layer = std::max(layer_s_[0], layer_s_[1]);
+  if (per_layer <= 0 || row_s_ <= 0) {  // nothing measured yet: the finest pieces
+    step_layers_ = 1;
+    step_rows_ = hr;
+    return;
+  }
+  // A whole sample's forward (or backward) within the target: whole phases.
+  int64_t longest = 0;
+  for (int64_t b = 0; b < opts_.batch; ++b)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(samples_[sample_at(cursor_ + b)].tokens.size()));
+  if (per_layer * static_cast<double>(L) + row_s_ * static_cast<double>(longest) <= opts_.phase_target_s) {
+    step_layers_ = step_rows_ = 0;
+    return;
+  }
+  step_layers_ = std::clamp<int64_t>(static_cast<int64_t>(opts_.phase_target_s / per_layer), 1, L);
+  step_rows_ = std::max<int64_t>(1, static_cast<int64_t>(opts_.phase_target_s / row_s_ / static_cast<double>(hr))) * hr;
 }
 
 Trainer::~Trainer() = default;
@@ -157,11 +190,11 @@ void Trainer::begin_step() {
 }
 
 int64_t Trainer::pieces_of(int64_t T) const {
-  if (opts_.phase_layers <= 0) return 2;
-  const int64_t L = engine_.config().n_layer, k = opts_.phase_layers;
+  if (step_layers_ <= 0) return 2;
+  const int64_t L = engine_.config().n_layer, k = step_layers_;
   const int64_t layer_pieces = (L + k - 1) / k;
   const int64_t hr = pass_->head_rows();
-  const int64_t rows = opts_.phase_head_rows > 0 ? (opts_.phase_head_rows + hr - 1) / hr * hr : T;
+  const int64_t rows = step_rows_ > 0 ? (step_rows_ + hr - 1) / hr * hr : T;
   return 2 * layer_pieces + (T + rows - 1) / rows;
 }
 
@@ -176,16 +209,16 @@ Trainer::Piece Trainer::piece_at(int phase) const {
       continue;
     }
     pc.sample = b;
-    if (opts_.phase_layers <= 0) {
+    if (step_layers_ <= 0) {
       pc.kind = p == 0 ? PhaseKind::kForward : PhaseKind::kBackward;
       pc.whole = pc.first = pc.last = true;
       return pc;
     }
-    const int64_t L = engine_.config().n_layer, k = opts_.phase_layers;
+    const int64_t L = engine_.config().n_layer, k = step_layers_;
     const int64_t nl = (L + k - 1) / k;
     const int64_t nh = n - 2 * nl;
     const int64_t hr = pass_->head_rows();
-    const int64_t rows = opts_.phase_head_rows > 0 ? (opts_.phase_head_rows + hr - 1) / hr * hr : T;
+    const int64_t rows = step_rows_ > 0 ? (step_rows_ + hr - 1) / hr * hr : T;
     if (p < nl) {
       pc.kind = PhaseKind::kForward;
       pc.a = p * k;
@@ -290,7 +323,7 @@ PhaseResult Trainer::run_phase() {
     track_peak();
   } else {
     r.lr = optimizer_.lr_at(optimizer_.step());
-    r.grad_norm = optimizer_.update(*params_, grads_);
+    r.grad_norm = optimizer_.update(*params_, grads_, engine_.pool());
     params_->digest = digest_of(*params_);
     last_loss_ = step_weight_ > 0 ? step_loss_ / step_weight_ : 0.0;
     r.loss = last_loss_;
@@ -300,7 +333,20 @@ PhaseResult Trainer::run_phase() {
   r.seconds = sw.seconds();
   double& est = est_[static_cast<int>(next.kind)];
   est = est == 0 ? r.seconds : kEmaAlpha * r.seconds + (1 - kEmaAlpha) * est;
+  // Costs per layer and per head row, for sizing the pieces (phase_target_s).
+  auto ema = [&](double& e, double x) { e = e == 0 ? x : kEmaAlpha * x + (1 - kEmaAlpha) * e; };
+  if (next.kind != PhaseKind::kCommit && !pc.whole && pc.b > pc.a) {
+    const double per = r.seconds / static_cast<double>(pc.b - pc.a);
+    ema(pc.head ? row_s_ : layer_s_[next.kind == PhaseKind::kBackward ? 1 : 0], per);
+  } else if (next.kind != PhaseKind::kCommit && pc.whole && opts_.phase_target_s > 0) {
+    // A whole sample: its time spread over its layers and rows (each part
+    // over-estimated by the other's share), so a slower machine splits again.
+    const double T = static_cast<double>(samples_[sample_at(cursor_ + pc.sample)].tokens.size());
+    ema(layer_s_[next.kind == PhaseKind::kBackward ? 1 : 0], r.seconds / static_cast<double>(engine_.config().n_layer));
+    if (next.kind == PhaseKind::kForward) ema(row_s_, r.seconds / T);
+  }
   phase_ = r.step_done ? 0 : phase_ + 1;
+  if (r.step_done) plan_pieces();
   return r;
 }
 
@@ -321,6 +367,7 @@ void Trainer::discard_step() {
   grads_.zero();
   phase_ = 0;
   step_loss_ = step_weight_ = 0;
+  plan_pieces();
 }
 
 std::unique_ptr<LoraAdapter> Trainer::snapshot() const {

@@ -71,6 +71,12 @@ struct TrainerOptions {
   // whole head in one phase). The parameters are the same bit for bit.
   int64_t phase_layers = 0;
   int64_t phase_head_rows = 0;
+  // With phase_layers 0: phases of about this many seconds (0: off). At each
+  // step's start the pieces are sized from measured costs, the EMA of
+  // seconds per layer (forward or backward, the larger) and per head row;
+  // the first step runs one layer and one block of head rows per phase to
+  // measure them. What a scheduler's yield window wants (ebb serve: 0.2 s).
+  double phase_target_s = 0;
 };
 
 enum class PhaseKind { kForward, kBackward, kCommit };
@@ -154,6 +160,7 @@ class Trainer {
   Piece piece_at(int phase) const;
   int64_t pieces_of(int64_t T) const;  // a sample's phases (forward and backward)
   void begin_step();
+  void plan_pieces();  // step_layers_, step_rows_ for the next step
   size_t sample_at(int64_t cursor) const;
   void track_peak();
 
@@ -174,6 +181,10 @@ class Trainer {
   double step_weight_ = 0;        // count of weighted tokens of the whole step (normaliser)
   double last_loss_ = 0;
   double est_[3] = {0, 0, 0};     // EMA seconds per kind
+  int64_t step_layers_ = 0;       // this step's layers per piece (0: whole samples)
+  int64_t step_rows_ = 0;         // this step's head rows per piece (0: the whole head)
+  double layer_s_[2] = {0, 0};    // EMA seconds per layer, forward and backward
+  double row_s_ = 0;              // EMA seconds per head row
   uint64_t peak_ = 0;
   uint64_t samples_digest_ = 0;
 };
