@@ -41,7 +41,7 @@ struct TrainBenchArgs {
   std::string recompute = "never";
   int64_t phase_layers = 0;     // 0: a sample's forward and backward are one phase each
   int64_t phase_head_rows = 0;
-  double phase_seconds = 0.2;   // with phase_layers 0: pieces sized to about this (0: whole samples)
+  double phase_seconds = 0.15;  // with phase_layers 0: pieces sized to about this (0: whole samples)
   bool json = false;
 };
 

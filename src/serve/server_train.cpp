@@ -13,7 +13,7 @@
 // "batch_size", "seed", "warmup_steps", "weight_decay", "grad_clip",
 // "from_adapter" (continue a loaded adapter), "publish": "auto" | "manual",
 // "commit_every", "phase_seconds" (phases sized from measured costs to take
-// about this long; 0.2 by default, 0: a whole sample per phase),
+// about this long; 0.15 by default, 0: a whole sample per phase),
 // "phase_layers", "phase_head_rows" (fixed pieces instead: layers and head
 // rows per phase)}; a sample is {"tokens", "weights"?} (per token),
 // {"messages", "weight"?} (the assistant messages' tokens weigh `weight`, the
@@ -336,9 +336,10 @@ void Server::Impl::training_routes() {
               // foreground requests on larger models.
               to.phase_layers = int_field(body, "phase_layers", 0, 0, 4096);
               to.phase_head_rows = int_field(body, "phase_head_rows", 0, 0, int64_t{1} << 20);
-              // By default pieces sized to about 0.2 s each, well inside the
+              // By default pieces sized to about 0.15 s each (their longest, with
+              // the costs' jitter, about 0.25 s), well inside the
               // scheduler's background window (--background-window, 0.5 s).
-              to.phase_target_s = num_field(body, "phase_seconds", 0.2, 0, 60, false);
+              to.phase_target_s = num_field(body, "phase_seconds", 0.15, 0, 60, false);
               jo.commit_every = int_field(body, "commit_every", 0, 0, kMaxSteps);
               if (const json* p = field(body, "publish")) {
                 if (!p->is_string() || (*p != "auto" && *p != "manual"))

@@ -75,7 +75,7 @@ struct TrainerOptions {
   // step's start the pieces are sized from measured costs, the EMA of
   // seconds per layer (forward or backward, the larger) and per head row;
   // the first step runs one layer and one block of head rows per phase to
-  // measure them. What a scheduler's yield window wants (ebb serve: 0.2 s).
+  // measure them. What a scheduler's yield window wants (ebb serve: 0.15 s).
   double phase_target_s = 0;
 };
 
