@@ -8,17 +8,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 jobs=$(nproc)
+# Each job's wall time, so a slow CI run says where its minutes went.
+t0=$SECONDS
+lap() { echo "== $1: $((SECONDS - t0)) s =="; t0=$SECONDS; }
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
+lap "release build"
 ctest --test-dir build --output-on-failure -j"$jobs"
+lap "release tests"
 
 echo "== install job: the C example built against an installed copy (pkg-config, find_package) =="
 bash scripts/test_install.sh build
+lap "install job"
 
 if [ "${EBB_SKIP_ARM:-0}" != 1 ]; then
   echo "== Arm job: kernels cross-built for aarch64, tests under qemu-user (neon and scalar) =="
   bash scripts/test_arm.sh
+  lap "Arm job"
 fi
 
 if [ "${EBB_SKIP_SANITIZE:-0}" != 1 ]; then
@@ -26,6 +33,7 @@ if [ "${EBB_SKIP_SANITIZE:-0}" != 1 ]; then
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEBB_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs" --target test_gguf
   ctest --test-dir build-asan --output-on-failure -R 'Gguf' -j"$jobs"
+  lap "sanitizer job"
 fi
 
 if [ "${EBB_SKIP_TSAN:-0}" != 1 ]; then
@@ -45,4 +53,5 @@ if [ "${EBB_SKIP_TSAN:-0}" != 1 ]; then
   tsan_filter='BudgetStreaming|BudgetKv|SwapFileTest|CompressedStackTest|ElasticTest\.(Corrupt|FailedStreamed|StreamedLayer|OverTheMemoryLimit)|KvPool'
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R "$tsan_filter"
+  lap "ThreadSanitizer job"
 fi
