@@ -396,7 +396,8 @@ TEST(Train, PhasesSizedToATarget) {
   };
   std::vector<int> whole, fine, coarse;
   const uint64_t d0 = phases_of_steps(0, whole), d1 = phases_of_steps(1e-12, fine), d2 = phases_of_steps(1e3, coarse);
-  const int finest = static_cast<int>(2 * L + (T + 15) / 16 + 1);  // head rows in blocks of 16
+  const int64_t hr = TrainPassOptions{}.head_rows;
+  const int finest = static_cast<int>(2 * L + (T + hr - 1) / hr + 1);  // head rows in the pass's blocks
   EXPECT_EQ(whole, (std::vector<int>{3, 3, 3}));
   EXPECT_EQ(fine, (std::vector<int>{finest, finest, finest}));
   EXPECT_EQ(coarse, (std::vector<int>{finest, 3, 3}));
