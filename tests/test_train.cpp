@@ -178,6 +178,24 @@ TEST(Train, LearnsOnAQuantizedBase) {
   EXPECT_LT(last, 0.7 * first) << first << " -> " << last;
 }
 
+// The head's block of rows follows its format: a quantized head (the Q6_K
+// token embedding of tiny-qwen3-q4_0, tied) in blocks of 32, as its
+// backward dequantizes it once per block; F16 and F32 heads in 16. A pass
+// made with the default options uses that block, and an explicit one wins.
+TEST(Train, HeadRowsFollowTheHeadsFormat) {
+  for (const auto& [model, rows] : std::vector<std::pair<std::string, int64_t>>{
+           {"tiny-qwen3-q4_0", 32}, {"tiny-qwen3-f16", 16}, {"stories260K", 16}}) {
+    auto engine = make_engine(model);
+    EXPECT_EQ(default_head_rows(engine->model()), rows) << model;
+    TrainPass pass(engine->model(), engine->isa(), engine->pool(), engine->allocator());
+    EXPECT_EQ(pass.head_rows(), rows) << model;
+    TrainPassOptions po;
+    po.head_rows = 8;
+    TrainPass eight(engine->model(), engine->isa(), engine->pool(), engine->allocator(), po);
+    EXPECT_EQ(eight.head_rows(), 8) << model;
+  }
+}
+
 // Recomputing each layer's activations in the backward (checkpointing)
 // gives the same gradients bit for bit, with less activation memory.
 TEST(Train, RecomputeGivesTheSameGradients) {
@@ -396,7 +414,7 @@ TEST(Train, PhasesSizedToATarget) {
   };
   std::vector<int> whole, fine, coarse;
   const uint64_t d0 = phases_of_steps(0, whole), d1 = phases_of_steps(1e-12, fine), d2 = phases_of_steps(1e3, coarse);
-  const int64_t hr = TrainPassOptions{}.head_rows;
+  const int64_t hr = default_head_rows(engine->model());
   const int finest = static_cast<int>(2 * L + (T + hr - 1) / hr + 1);  // head rows in the pass's blocks
   EXPECT_EQ(whole, (std::vector<int>{3, 3, 3}));
   EXPECT_EQ(fine, (std::vector<int>{finest, finest, finest}));

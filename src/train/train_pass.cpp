@@ -73,6 +73,16 @@ void scatter(const float* src, int64_t T, int64_t stride, int64_t off, int64_t n
 
 }  // namespace
 
+int64_t default_head_rows(const Model& model) {
+  // The head: output.weight, or the token embedding when the model ties them.
+  const TensorSlot* head = nullptr;
+  for (const TensorSlot& s : model.globals_unit().slots()) {
+    if (s.name == "output.weight") head = &s;
+    if (s.name == "token_embd.weight" && head == nullptr) head = &s;
+  }
+  return head != nullptr && type_info(head->type).block_size > 1 ? 32 : 16;
+}
+
 TrainPass::TrainPass(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc, TrainPassOptions opts)
     : model_(model),
       cfg_(model.config()),
@@ -84,6 +94,7 @@ TrainPass::TrainPass(const Model& model, Isa isa, ThreadPool& pool, Allocator& a
       pool_(pool),
       alloc_(alloc),
       opts_(opts) {
+  if (opts_.head_rows == 0) opts_.head_rows = default_head_rows(model_);
   if (opts_.head_rows < 1 || opts_.matmul_rows < 1) throw Error("training: head_rows and matmul_rows must be >= 1");
   size_t mm = 0;
   auto consider = [&](const WeightUnit& u) {

@@ -42,14 +42,20 @@ LoraGrads make_grads(const LoraAdapter& adapter, Allocator& alloc);
 
 struct TrainPassOptions {
   bool recompute = false;     // checkpointing: keep only each layer's input
-  // Logits rows made at once (a block of [head_rows, n_vocab]). The gradient
-  // back through the head, matmul_t, dequantizes all of the head's weights
-  // once per block: 32 rows spend 0.7-0.8x the time per row of 16 (a Q4_0
-  // head of 151936 x 1024 on 2 threads, bench/bench_matmul_t.cpp
-  // `151936 1024 16` and `... 32`), for a block of 19 MiB there.
-  int64_t head_rows = 32;
+  // Logits rows made at once (a block of [head_rows, n_vocab]); 0: by the
+  // head's format (default_head_rows).
+  int64_t head_rows = 0;
   int64_t matmul_rows = 64;   // rows per forward product (bounds its scratch)
 };
+
+// The head's block of rows for a model. The gradient back through the head,
+// matmul_t, dequantizes all of the head's weights once per block: for a
+// quantized head 32 rows spend 0.7-0.8x the time per row of 16 (Q4_0,
+// 151936 x 1024, 2 threads: bench/bench_matmul_t.cpp `151936 1024 16` and
+// `... 32`), for a block of 19 MiB there. An F32, F16 or BF16 head only
+// converts, so it keeps 16 rows: a block of 32 took up to 0.35 s there,
+// past the scheduler's 0.25 s window for one phase.
+int64_t default_head_rows(const Model& model);
 
 class TrainPass {
  public:
