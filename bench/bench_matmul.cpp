@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_weights.h"
 #include "kernels/matmul.h"
 #include "kernels/packing.h"
 #include "kernels/quantize.h"
@@ -79,10 +80,7 @@ int main(int argc, char** argv) {
     for (DType t : formats) {
       if (only && dtype_name(t) != only) continue;
       const uint64_t rb = row_bytes(t, cols);
-      std::vector<uint8_t> tile(rb * 64);
-      for (int r = 0; r < 64; ++r) quantize_row(t, wsrc.data() + r * cols, tile.data() + r * rb, cols);
-      std::vector<uint8_t> w(rb * rows + 64);
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(w.data() + r * rb, tile.data() + (r % 64) * rb, rb);
+      std::vector<uint8_t> w = bench::tiled_weights(t, rows, cols, wsrc);
       WeightView wv{t, cols, rows, w.data(), rb};
       const size_t sb = matmul_scratch_bytes(t, cols, n_tok);
       void* scratch = std::aligned_alloc(64, std::max<size_t>(64, (sb + 63) / 64 * 64));

@@ -25,6 +25,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bench_weights.h"
 #include "kernels/matmul.h"
 #include "kernels/packing.h"
 #include "kernels/quantize.h"
@@ -120,10 +121,7 @@ int main(int argc, char** argv) {
   for (DType t : formats) {
     if (only && dtype_name(t) != only) continue;
     const uint64_t rb = row_bytes(t, cols);
-    std::vector<uint8_t> tile(rb * 64);
-    for (int r = 0; r < 64; ++r) quantize_row(t, wsrc.data() + r * cols, tile.data() + r * rb, cols);
-    std::vector<uint8_t> w(rb * rows + 64);
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(w.data() + r * rb, tile.data() + (r % 64) * rb, rb);
+    std::vector<uint8_t> w = bench::tiled_weights(t, rows, cols, wsrc);
     WeightView wv{t, cols, rows, w.data(), rb};
     // As the engine holds it: packed in groups of eight rows where the
     // target has kernels for that.
