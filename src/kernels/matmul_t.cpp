@@ -46,8 +46,8 @@ constexpr int64_t kChunkL2Floats = 65536;    // [T, chunk] of dx: 256 KB
 constexpr int64_t kMaxChunk = 4096;          // columns: a tile of 8 such rows is 128 KB
 constexpr int64_t kMinChunkBytes = 128;      // of a row of W: two cache lines
 // A dequantized tile: 128 KB, twice the rows of 64 KB for each load and
-// store of dx's block (0.83-0.85x the time of 64 KB tiles on qwen3-0.6b's
-// Q4_0 projections at T = 256; 256 KB tiles no better).
+// store of dx's block (0.83-0.85x the time of 64 KB tiles on Q4_0 weights
+// of qwen3-0.6b's projection shapes at T = 256; 256 KB tiles no better).
 constexpr int64_t kTileFloats = 32768;
 constexpr int64_t kPartialFloats = 8 << 20;  // the partial buffers: at most 32 MB, unless one is more
 
