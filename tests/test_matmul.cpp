@@ -568,7 +568,9 @@ TEST_P(MatmulProduct, BatchSplitDoesNotChangeResults) {
 }
 
 // matmul_multi gives exactly what separate matmul() calls give (one token:
-// the fused path; several: the fallback), for 1 and 2 threads.
+// one fused dispatch; several: the input converted once and one dispatch,
+// on the calling thread for a small batch and split over the threads for a
+// large one), for 1 and 2 threads.
 TEST_P(MatmulProduct, MultiMatchesSeparateCalls) {
   const Isa isa = std::get<0>(GetParam());
   const DType type = std::get<1>(GetParam());
@@ -589,7 +591,7 @@ TEST_P(MatmulProduct, MultiMatchesSeparateCalls) {
   }
   for (int threads : {1, 2}) {
     ThreadPool& pool = test_pool(threads);
-    for (int64_t n_tok : {1, 5}) {
+    for (int64_t n_tok : {1, 5, 130}) {
       const auto x = normal(n_tok * cols, 7 + static_cast<uint32_t>(n_tok));
       AlignedBuf scratch(matmul_scratch_bytes(type, cols, n_tok));
       std::vector<std::vector<float>> got(3), want(3);
@@ -745,33 +747,40 @@ TEST_P(MatmulPacked, MatchesRowArithmeticBitExact) {
     }
 }
 
-// The fused one-token path with packed matrices whose rows do not start on a
-// group boundary in the union of rows (67 + 32 + 19), the first one plain,
-// against separate calls.
+// matmul_multi with packed matrices against separate calls: one token, the
+// union of rows (67 + 32 + 19) not starting on a group boundary, the first
+// matrix plain; batches of 4, 8 and 11 tokens (the 16-row kernel's widths
+// and a remainder), all packed (one fused dispatch) and mixed with a plain
+// matrix (each product alone).
 TEST_P(MatmulPacked, MultiMatchesSeparateCalls) {
   const KernelSet& ks = kernel_set(std::get<0>(GetParam()));
   const DType type = std::get<1>(GetParam());
   const int64_t cols = 4 * type_info(type).block_size, rows_of[3] = {67, 32, 19};
   std::vector<PackedMatrix> ms;
   for (int i = 0; i < 3; ++i) ms.emplace_back(type, rows_of[i], cols, 300 + static_cast<uint32_t>(i));
-  std::vector<WeightView> w;
-  for (const auto& m : ms) w.push_back(m.packed_view());
-  w[0] = ms[0].plain_view();
-  for (int threads : {1, 2}) {
-    const auto x = normal(cols, 17);
-    AlignedBuf scratch(matmul_scratch_bytes(type, cols, 1));
-    std::vector<std::vector<float>> got(3), want(3);
-    MatmulArgs args[3];
-    for (int i = 0; i < 3; ++i) {
-      got[i].assign(rows_of[i], -3.f);
-      want[i].assign(rows_of[i], -4.f);
-      MatmulArgs one{&w[i], x.data(), cols, 1, want[i].data(), rows_of[i], scratch.p};
-      matmul(ks, one, test_pool(threads));
-      args[i] = MatmulArgs{&w[i], x.data(), cols, 1, got[i].data(), rows_of[i], scratch.p};
+  for (bool first_plain : {true, false}) {
+    std::vector<WeightView> w;
+    for (const auto& m : ms) w.push_back(m.packed_view());
+    if (first_plain) w[0] = ms[0].plain_view();
+    for (int threads : {1, 2}) {
+      for (int64_t n_tok : {1, 4, 8, 11}) {
+        const auto x = normal(n_tok * cols, 17 + static_cast<uint32_t>(n_tok));
+        AlignedBuf scratch(matmul_scratch_bytes(type, cols, n_tok));
+        std::vector<std::vector<float>> got(3), want(3);
+        MatmulArgs args[3];
+        for (int i = 0; i < 3; ++i) {
+          got[i].assign(n_tok * rows_of[i], -3.f);
+          want[i].assign(n_tok * rows_of[i], -4.f);
+          MatmulArgs one{&w[i], x.data(), cols, n_tok, want[i].data(), rows_of[i], scratch.p};
+          matmul(ks, one, test_pool(threads));
+          args[i] = MatmulArgs{&w[i], x.data(), cols, n_tok, got[i].data(), rows_of[i], scratch.p};
+        }
+        matmul_multi(ks, args, 3, test_pool(threads));
+        for (int i = 0; i < 3; ++i)
+          ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)), 0)
+              << "matrix " << i << " n_tok " << n_tok << " threads " << threads << " first plain " << first_plain;
+      }
     }
-    matmul_multi(ks, args, 3, test_pool(threads));
-    for (int i = 0; i < 3; ++i)
-      ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), rows_of[i] * sizeof(float)), 0) << "matrix " << i;
   }
 }
 

@@ -191,6 +191,76 @@ void rows_batch(const FormatKernels& fk, const WeightView& w, const uint8_t* act
   }
 }
 
+// A batch's activations (n_tok >= 2), converted once for every product that
+// reads them: rows act_stride bytes apart, and for packed weights each
+// token's block sums (ss entries apart).
+struct BatchAct {
+  const uint8_t* act = nullptr;
+  size_t act_stride = 0;
+  Q8_0Sums* sums = nullptr;
+  int64_t ss = 0;
+};
+
+// Converts args.x for a batch product with fk's kernels (quantized, rounded,
+// or x itself for F32) and, for packed weights, computes the block sums: one
+// pool dispatch for both, or none for a small batch (a few microseconds of
+// work, which a fork-join would cost as much as).
+BatchAct batch_act(const FormatKernels& fk, bool packed, const MatmulArgs& args, ThreadPool& pool) {
+  const int64_t n_tok = args.n_tokens, cols = args.w->cols;
+  BatchAct b;
+  b.act = reinterpret_cast<const uint8_t*>(args.x);
+  b.act_stride = static_cast<size_t>(args.x_stride) * sizeof(float);
+  const bool use_batch_act = fk.quantize_batch_act != nullptr;
+  const auto quantize = use_batch_act ? fk.quantize_batch_act : fk.quantize_act;
+  const bool convert = fk.act != DType::kF32 || use_batch_act;
+  auto* scratch = static_cast<uint8_t*>(args.scratch);
+  if (convert) {
+    EBB_CHECK(scratch != nullptr);
+    b.act_stride = use_batch_act ? align_up(row_bytes(fk.batch_act, cols), kCacheLine) : act_row_stride(fk.act, cols);
+    b.act = scratch;
+  }
+  if (packed) {
+    b.sums = sums_area(scratch, b.act_stride, n_tok);
+    b.ss = static_cast<int64_t>(sums_stride_bytes(cols) / sizeof(Q8_0Sums));
+  }
+  if (!convert && !packed) return b;
+  auto rows = [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      if (convert) quantize(args.x + t * args.x_stride, scratch + t * b.act_stride, cols);
+      if (packed) fk.x8_sums(cols, b.act + t * b.act_stride, b.sums + t * b.ss);
+    }
+  };
+  constexpr int64_t kInlineFloats = 8192;  // 4 tokens of 2048
+  if (n_tok * cols <= kInlineFloats) {
+    rows(0, n_tok, 0);
+  } else {
+    pool.parallel_for(n_tok, 1, rows);
+  }
+  return b;
+}
+
+// Weight rows per piece of a batch product: a block that stays in L2 while
+// every token of the batch reads it (whole groups for packed weights, whole
+// tiles otherwise).
+int64_t batch_block_rows(const FormatKernels& fk, const WeightView& w) {
+  const uint64_t rstride = std::max<uint64_t>(w.row_stride, 1);
+  if (w.packing != Packing::kRows)
+    return std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / rstride), 8, 64) / 8 * 8;
+  const int64_t TR = fk.vec_dot_tile ? fk.tile_rows : 1;
+  const int64_t br = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / rstride), 4, 64);
+  return std::max<int64_t>(TR, br / TR * TR);
+}
+
+// Rows [r0, r1) of a batch product (n_tok >= 2), on one thread.
+void batch_rows(const FormatKernels& fk, const WeightView& w, const BatchAct& b, int64_t n_tok, int64_t r0,
+                int64_t r1, float* y, int64_t y_stride) {
+  if (w.packing != Packing::kRows) {
+    packed_rows_batch(fk, w, b.act, b.act_stride, b.sums, b.ss, n_tok, r0, r1, y, y_stride);
+  } else {
+    rows_batch(fk, w, b.act, b.act_stride, n_tok, r0, r1, y, y_stride);
+  }
+}
+
 }  // namespace
 
 void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
@@ -202,88 +272,112 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   EBB_CHECK(args.n_tokens >= 1 && args.x != nullptr && args.y != nullptr);
   const int64_t n_tok = args.n_tokens, cols = w.cols, rows = w.rows;
 
-  // 1. The activations in the format vec_dot wants: quantized (or rounded to
-  //    F16 / BF16) once per token into the scratch (split over the threads),
-  //    or x itself for F32.
-  //    A batch takes batch_act when the target has one.
-  const uint8_t* act = reinterpret_cast<const uint8_t*>(args.x);
-  size_t act_stride = static_cast<size_t>(args.x_stride) * sizeof(float);
-  const bool batch_act = n_tok > 1 && fk->quantize_batch_act != nullptr;
-  if (fk->act != DType::kF32 || batch_act) {
-    EBB_CHECK(args.scratch != nullptr);
-    act_stride = batch_act ? align_up(row_bytes(fk->batch_act, cols), kCacheLine) : act_row_stride(fk->act, cols);
-    const auto quantize = batch_act ? fk->quantize_batch_act : fk->quantize_act;
-    auto* scratch = static_cast<uint8_t*>(args.scratch);
-    if (n_tok == 1) {
-      // One row is a few microseconds at most; a fork-join would cost as much.
-      quantize(args.x, scratch, cols);
-    } else {
-      pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1, int) {
-        for (int64_t t = t0; t < t1; ++t) quantize(args.x + t * args.x_stride, scratch + t * act_stride, cols);
-      });
-    }
-    act = scratch;
-  }
-
-  // Packed weights: the group kernels, with each token's activation sums.
-  if (w.packing != Packing::kRows) {
-    const FormatKernels& pk = packed_kernels(fk, w);
-    Q8_0Sums* sums = sums_area(args.scratch, act_stride, n_tok);
-    const int64_t ss = static_cast<int64_t>(sums_stride_bytes(cols) / sizeof(Q8_0Sums));
-    if (n_tok == 1) {
-      pk.x8_sums(cols, act, sums);
-      pool.parallel_for_dynamic(rows, piece_rows(rows, pool.size()), [&](int64_t r0, int64_t r1, int) {
-        packed_rows_one(pk, w, act, sums, r0, r1, args.y);
-      });
-      return;
-    }
-    pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) pk.x8_sums(cols, act + t * act_stride, sums + t * ss);
-    });
-    const int64_t block_rows =
-        std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(w.row_stride, 1)), 8, 64) / 8 * 8;
+  // Several tokens: the activations converted once (with the packed
+  // kernels' block sums), then output rows in pieces the threads claim as
+  // they go (a thread slowed by the rest of the device takes fewer), each a
+  // block of weight rows sized to stay in L2 and reused for every token
+  // before moving on, so weights stream from memory once.
+  if (n_tok > 1) {
+    const bool packed = w.packing != Packing::kRows;
+    const FormatKernels& k = packed ? packed_kernels(fk, w) : *fk;
+    EBB_CHECK_MSG(fk->quantize_batch_act == nullptr || fk->tile_dot, "batch activations need the batch's own dot");
+    const BatchAct b = batch_act(k, packed, args, pool);
+    const int64_t block_rows = batch_block_rows(k, w);
     pool.parallel_for_dynamic(rows, block_rows, [&](int64_t r0, int64_t r1, int) {
       for (int64_t rb = r0; rb < r1; rb += block_rows)  // one thread: the whole range at once
-        packed_rows_batch(pk, w, act, act_stride, sums, ss, n_tok, rb, std::min(r1, rb + block_rows), args.y,
-                          args.y_stride);
+        batch_rows(k, w, b, n_tok, rb, std::min(r1, rb + block_rows), args.y, args.y_stride);
     });
     return;
   }
 
-  // 2. Output rows in pieces that the threads claim as they go (a thread
-  //    slowed by the rest of the device takes fewer), in whole cache lines
-  //    of y. For several tokens a piece is a block of weight rows sized to
-  //    stay in L2, reused for every token before moving on, so weights
-  //    stream from memory once.
-  const auto vec_dot = fk->vec_dot;
-  const auto tile = fk->vec_dot_tile;
-  const int64_t TR = tile ? fk->tile_rows : 1;
-  const uint64_t rstride = w.row_stride;
-  if (n_tok == 1) {
+  // One token: the activation row in the format vec_dot wants (quantized or
+  // rounded on the calling thread: one row is a few microseconds at most; a
+  // fork-join would cost as much), or x itself for F32.
+  const uint8_t* act = reinterpret_cast<const uint8_t*>(args.x);
+  if (fk->act != DType::kF32) {
+    EBB_CHECK(args.scratch != nullptr);
+    fk->quantize_act(args.x, args.scratch, cols);
+    act = static_cast<const uint8_t*>(args.scratch);
+  }
+  // Packed weights: the group kernels, with the activation's block sums.
+  if (w.packing != Packing::kRows) {
+    const FormatKernels& pk = packed_kernels(fk, w);
+    Q8_0Sums* sums = sums_area(args.scratch, act_row_stride(fk->act, cols), 1);
+    pk.x8_sums(cols, act, sums);
     pool.parallel_for_dynamic(rows, piece_rows(rows, pool.size()), [&](int64_t r0, int64_t r1, int) {
-      for (int64_t r = r0; r < r1; ++r) vec_dot(cols, w.row(r), act, args.y + r);
+      packed_rows_one(pk, w, act, sums, r0, r1, args.y);
     });
     return;
   }
-  EBB_CHECK_MSG(!batch_act || fk->tile_dot, "batch activations need the batch's own dot");
-  int64_t block_rows = std::clamp<int64_t>(static_cast<int64_t>((128u << 10) / std::max<uint64_t>(rstride, 1)), 4, 64);
-  block_rows = std::max<int64_t>(TR, block_rows / TR * TR);
-  pool.parallel_for_dynamic(rows, block_rows, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t rb = r0; rb < r1; rb += block_rows)  // one thread: the whole range at once
-      rows_batch(*fk, w, act, act_stride, n_tok, rb, std::min(r1, rb + block_rows), args.y, args.y_stride);
+  // Output rows in pieces the threads claim as they go, in whole cache lines of y.
+  const auto vec_dot = fk->vec_dot;
+  pool.parallel_for_dynamic(rows, piece_rows(rows, pool.size()), [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) vec_dot(cols, w.row(r), act, args.y + r);
   });
 }
+
+namespace {
+
+// Several batch products (n_tok >= 2) with one input and one kernel row
+// (q/k/v, gate/up of one format): the input converted once, and every
+// product's pieces claimed from one list in one pool dispatch.
+void matmul_multi_batch(const FormatKernels& fk, const MatmulArgs* args, int n, ThreadPool& pool) {
+  constexpr int kMax = 8;
+  const bool packed = args[0].w->packing != Packing::kRows;
+  const BatchAct b = batch_act(fk, packed, args[0], pool);
+  const int64_t n_tok = args[0].n_tokens;
+  int64_t block[kMax], first[kMax + 1];  // first[i]: product i's first piece
+  first[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    block[i] = batch_block_rows(fk, *args[i].w);
+    first[i + 1] = first[i] + (args[i].w->rows + block[i] - 1) / block[i];
+  }
+  pool.parallel_for_dynamic(first[n], 1, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p) {
+      int i = 0;
+      while (p >= first[i + 1]) ++i;
+      const WeightView& w = *args[i].w;
+      const int64_t r0 = (p - first[i]) * block[i];
+      batch_rows(fk, w, b, n_tok, r0, std::min(w.rows, r0 + block[i]), args[i].y, args[i].y_stride);
+    }
+  });
+}
+
+}  // namespace
 
 void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool& pool) {
   constexpr int kMax = 8;
   EBB_CHECK(n >= 1);
   const FormatKernels* fks[kMax];
-  bool fused = n <= kMax && args[0].n_tokens == 1;
-  for (int i = 0; fused && i < n; ++i) {
+  bool same_input = n <= kMax;
+  for (int i = 0; same_input && i < n; ++i) {
     fks[i] = ks.format(args[i].w->type);
-    fused = fks[i] != nullptr && fks[i]->act == fks[0]->act && args[i].x == args[0].x &&
-            args[i].n_tokens == 1 && args[i].w->cols == args[0].w->cols && args[i].y != nullptr;
+    same_input = fks[i] != nullptr && args[i].x == args[0].x && args[i].x_stride == args[0].x_stride &&
+                 args[i].n_tokens == args[0].n_tokens && args[i].w->cols == args[0].w->cols && args[i].y != nullptr;
   }
+  const int64_t n_tok = args[0].n_tokens;
+  if (same_input && n_tok > 1) {
+    // A batch fuses products of one format and one packing (their
+    // activations and sums are the same bytes); a mix runs each alone.
+    bool one_kind = true;
+    for (int i = 1; i < n; ++i)
+      one_kind = one_kind && fks[i] == fks[0] && args[i].w->packing == args[0].w->packing;
+    if (!one_kind) {
+      for (int i = 0; i < n; ++i) matmul(ks, args[i], pool);
+      return;
+    }
+    const bool packed = args[0].w->packing != Packing::kRows;
+    const FormatKernels& k = packed ? packed_kernels(fks[0], *args[0].w) : *fks[0];
+    for (int i = 0; i < n; ++i) {
+      EBB_CHECK(args[i].w->cols % type_info(args[i].w->type).block_size == 0);
+      EBB_CHECK(args[i].w->cols % type_info(fks[i]->act).block_size == 0);
+    }
+    EBB_CHECK_MSG(k.quantize_batch_act == nullptr || k.tile_dot, "batch activations need the batch's own dot");
+    matmul_multi_batch(k, args, n, pool);
+    return;
+  }
+  bool fused = same_input;
+  for (int i = 0; fused && i < n; ++i) fused = fks[i]->act == fks[0]->act;
   if (!fused) {
     for (int i = 0; i < n; ++i) matmul(ks, args[i], pool);
     return;
