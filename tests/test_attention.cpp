@@ -593,6 +593,108 @@ TEST_F(AttentionTest, ChunkSizeDoesNotChangeResult) {
         }
 }
 
+// One call of a batch: its KV, query and output, kept alive together.
+struct BatchCall {
+  Case c;
+  Data x;
+  ChunkedKv kv;
+  std::vector<float> out;
+  AttentionArgs args(float* scratch) {
+    AttentionArgs a;
+    a.q = x.q.data();
+    a.out = out.data();
+    a.n_q = c.n_q;
+    a.n_heads = c.n_heads;
+    a.n_kv_heads = c.n_kv;
+    a.head_dim = c.hd;
+    a.pos0 = c.pos0;
+    a.chunks = kv.refs.data();
+    a.chunk_size = c.cs;
+    a.kv_type = c.type;
+    a.f16_accumulator = c.type == DType::kF16 && c.f16_acc;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    a.scratch = scratch;
+    return a;
+  }
+};
+
+std::vector<BatchCall> batch_calls(const std::vector<Case>& cases) {
+  std::vector<BatchCall> calls;
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    BatchCall b{c, make_data(c, seed++), {}, {}};
+    b.kv = make_chunks(b.x.k, b.x.v, c.pos0 + c.n_q, c.cs, c.n_kv, c.hd, c.type);
+    b.out.assign(b.x.q.size(), NAN);
+    calls.push_back(std::move(b));
+  }
+  return calls;
+}
+
+// Runs attention_batch over calls[idx...] (one scratch for all, as a step's
+// calls share one) and returns each call's output.
+std::vector<std::vector<float>> run_batch(Isa isa, ThreadPool& pool, std::vector<BatchCall>& calls,
+                                          const std::vector<size_t>& idx) {
+  std::vector<float> scratch(attention_scratch_floats(pool.size(), 128, 256), NAN);
+  std::vector<AttentionArgs> args;
+  for (size_t i : idx) {
+    calls[i].out.assign(calls[i].out.size(), NAN);
+    args.push_back(calls[i].args(scratch.data()));
+  }
+  attention_batch(isa, args, pool);
+  std::vector<std::vector<float>> outs;
+  for (size_t i : idx) outs.push_back(calls[i].out);
+  return outs;
+}
+
+// The calls of one step in one batch: a lone call is attention() exactly; in
+// a batch, calls that are not decode rows compute as attention() does, bit
+// for bit, and each decode row (swept whole) stays within the F32 bound of
+// the exact softmax and does not depend on the other calls or the thread
+// count.
+TEST_F(AttentionTest, BatchOfCallsMatchesEachCall) {
+  const std::vector<Case> cases = {
+      {.n_heads = 8, .n_kv = 2, .hd = 128, .pos0 = 40, .n_q = 1, .cs = 16, .type = DType::kF16, .f16_acc = false},
+      {.n_heads = 8, .n_kv = 2, .hd = 128, .pos0 = 700, .n_q = 1, .cs = 256, .type = DType::kF16, .f16_acc = false},
+      {.n_heads = 4, .n_kv = 2, .hd = 128, .pos0 = 20, .n_q = 13, .cs = 16, .type = DType::kF16, .f16_acc = false},
+      {.n_heads = 4, .n_kv = 1, .hd = 128, .pos0 = 300, .n_q = 1, .cs = 4, .type = DType::kF32},
+      {.n_heads = 4, .n_kv = 2, .hd = 128, .pos0 = 90, .n_q = 1, .cs = 16, .type = DType::kF16, .f16_acc = true},
+  };
+  std::vector<BatchCall> calls = batch_calls(cases);
+  const auto decode_row = [&](size_t i) { return cases[i].n_q == 1 && !(cases[i].type == DType::kF16 && cases[i].f16_acc); };
+  for (Isa isa : supported_isas()) {
+    std::vector<std::vector<float>> first;  // all five, one thread
+    for (ThreadPool* pool : {&pool1, &pool2}) {
+      const std::string at = std::string(isa_name(isa)) + " threads=" + std::to_string(pool->size());
+      // Alone: attention() itself.
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const auto alone = run_batch(isa, *pool, calls, {i})[0];
+        const auto want = run(isa, *pool, cases[i], calls[i].x, 1.0f / std::sqrt(static_cast<float>(cases[i].hd)));
+        ASSERT_TRUE(same_bits(alone, want)) << cases[i].name() << " alone " << at;
+      }
+      const auto all = run_batch(isa, *pool, calls, {0, 1, 2, 3, 4});
+      const auto some = run_batch(isa, *pool, calls, {4, 1, 2});
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const float scale = 1.0f / std::sqrt(static_cast<float>(cases[i].hd));
+        if (decode_row(i)) {
+          EXPECT_LE(max_err(all[i], reference(cases[i], calls[i].x, scale)), 1e-6) << cases[i].name() << " " << at;
+        } else {
+          EXPECT_TRUE(same_bits(all[i], run(isa, *pool, cases[i], calls[i].x, scale)))
+              << cases[i].name() << " in a batch " << at;
+        }
+      }
+      // The other calls of the batch change nothing.
+      EXPECT_TRUE(same_bits(some[1], all[1]) && same_bits(some[0], all[4]) && same_bits(some[2], all[2])) << at;
+      // Neither does the thread count.
+      if (first.empty()) {
+        first = all;
+      } else {
+        for (size_t i = 0; i < calls.size(); ++i)
+          if (decode_row(i)) EXPECT_TRUE(same_bits(all[i], first[i])) << cases[i].name() << " " << at;
+      }
+    }
+  }
+}
+
 TEST_F(AttentionTest, ScratchDoesNotGrowWithContextOrQueries) {
   EXPECT_EQ(attention_scratch_floats(2, 128, 256), 2 * attention_scratch_floats(1, 128, 256));
   EXPECT_EQ(attention_scratch_floats(1, 128, 4), attention_scratch_floats(1, 128, 256));

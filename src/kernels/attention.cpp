@@ -437,16 +437,36 @@ void attention(Isa isa, const AttentionArgs& a, ThreadPool& pool) {
   detail::attention_with(detail::select_kernels(isa, a.kv_type, a.head_dim, half), a, pool);
 }
 
-void detail::attention_with(const AttnKernels& kk, const AttentionArgs& a, ThreadPool& pool) {
+namespace detail {
+namespace {
+
+void check_args(const AttentionArgs& a) {
   EBB_CHECK(a.q && a.out && a.chunks && a.scratch);
   EBB_CHECK(a.n_q >= 0 && a.pos0 >= 0 && a.head_dim > 0 && a.chunk_size > 0);
   EBB_CHECK(a.n_kv_heads > 0 && a.n_heads >= a.n_kv_heads && a.n_heads % a.n_kv_heads == 0);
   EBB_CHECK_MSG(a.kv_type == DType::kF16 || a.kv_type == DType::kF32, "attention: KV type must be F16 or F32");
-  if (a.n_q == 0) return;
+}
 
-  const bool half = a.kv_type == DType::kF16 && a.f16_accumulator;
-  const int nt = pool.size();
+// How one attention call runs on nt threads: its items, and whether decode
+// sweeps the context, items split it (split-K), or each item runs whole.
+struct Route {
+  enum Kind { kSweep, kSplit, kItems };
   Plan pl;
+  Kind kind = kItems;
+  int64_t splits = 1;
+};
+
+// Decode that can sweep: one query row (so no other batch computes that row
+// in another order), F32 arithmetic, and its heads fit one slice.
+bool sweepable(const AttentionArgs& a, const Plan& pl) {
+  const bool half = a.kv_type == DType::kF16 && a.f16_accumulator;
+  return !half && a.n_q == 1 && pl.n_hsub == 1 && a.n_heads <= kSliceRows;
+}
+
+Route route_for(const AttentionArgs& a, int nt) {
+  const bool half = a.kv_type == DType::kF16 && a.f16_accumulator;
+  Route r;
+  Plan& pl = r.pl;
   pl.n_kv = a.n_kv_heads;
   pl.group = a.n_heads / a.n_kv_heads;
   auto set_heads_per_item = [&](int64_t hs) {
@@ -463,6 +483,27 @@ void detail::attention_with(const AttnKernels& kk, const AttentionArgs& a, Threa
     const int64_t subs = std::min<int64_t>(pl.group, (nt + pl.n_kv - 1) / pl.n_kv);
     set_heads_per_item(std::min(pl.hs, (pl.group + subs - 1) / subs));
   }
+  const int64_t ctx = a.pos0 + a.n_q;
+  // Sweep: decode whose every thread gets a range worth streaming.
+  if (sweepable(a, pl) && ctx / kMinSweepRange >= nt) {
+    r.kind = Route::kSweep;
+    return r;
+  }
+  // Split-K (F32 arithmetic only): only worth it when items are fewer than
+  // threads and each range keeps a few full blocks.
+  if (!half && pl.n_items < nt) r.splits = std::min<int64_t>(nt / pl.n_items, ctx / (4 * kBlock));
+  r.kind = r.splits < 2 ? Route::kItems : Route::kSplit;
+  return r;
+}
+
+}  // namespace
+
+void attention_with(const AttnKernels& kk, const AttentionArgs& a, ThreadPool& pool) {
+  check_args(a);
+  if (a.n_q == 0) return;
+  const int nt = pool.size();
+  const Route r = route_for(a, nt);
+  const Plan& pl = r.pl;
   const int64_t hd = a.head_dim;
   auto clip = [&](Item it) {
     it.qb = std::min(it.qb, a.n_q);
@@ -470,10 +511,7 @@ void detail::attention_with(const AttnKernels& kk, const AttentionArgs& a, Threa
   };
 
   const int64_t ctx = a.pos0 + a.n_q;
-  // Sweep: decode (one query row, so no other batch computes that row in
-  // another order), its heads fit one slice, and every thread gets a range
-  // worth streaming.
-  if (!half && a.n_q == 1 && pl.n_hsub == 1 && a.n_heads <= kSliceRows && ctx / kMinSweepRange >= nt) {
+  if (r.kind == Route::kSweep) {
     auto bound = [&](int64_t t) { return t == nt ? ctx : ctx * t / nt / kSweepBlock * kSweepBlock; };
     pool.run([&](int t, int) { run_sweep(kk, a, pl, bound(t), bound(t + 1), slice_at(a.scratch, t, hd)); });
     const int64_t per_item = a.n_q * pl.hs;
@@ -489,11 +527,7 @@ void detail::attention_with(const AttnKernels& kk, const AttentionArgs& a, Threa
     return;
   }
 
-  // Split-K (F32 arithmetic only): only worth it when items are fewer than
-  // threads and each range keeps a few full blocks.
-  int64_t splits = 1;
-  if (!half && pl.n_items < nt) splits = std::min<int64_t>(nt / pl.n_items, ctx / (4 * kBlock));
-  if (splits < 2) {
+  if (r.kind == Route::kItems) {
     std::atomic<int64_t> next{0};
     pool.run([&](int t, int) {
       const Slice sl = slice_at(a.scratch, t, hd);
@@ -506,7 +540,8 @@ void detail::attention_with(const AttnKernels& kk, const AttentionArgs& a, Threa
     return;
   }
 
-  // Range s of item b is in the slice of thread b * splits + s.
+  // Split-K. Range s of item b is in the slice of thread b * splits + s.
+  const int64_t splits = r.splits;
   const int64_t n_work = pl.n_items * splits;
   auto range_of = [&](const Item& it, int64_t s, int64_t* pa, int64_t* pb) {
     const int64_t end = a.pos0 + it.qb;
@@ -534,6 +569,85 @@ void detail::attention_with(const AttnKernels& kk, const AttentionArgs& a, Threa
         merge_row([&](int64_t s) { return slice_at(a.scratch, static_cast<int>(b * splits + s), hd); }, splits, r, hd,
                   dst);
       });
+    }
+  });
+}
+
+}  // namespace detail
+
+void attention_batch(Isa isa, std::span<const AttentionArgs> args, ThreadPool& pool) {
+  EBB_CHECK_MSG(isa_supported(isa), "attention: instruction set not supported on this CPU");
+  if (args.size() == 1) return attention(isa, args[0], pool);
+  const int nt = pool.size();
+  // One pool dispatch claims, longest first: each decode call's whole
+  // context as one sweep, then the items of the calls that run as whole
+  // items. Sweeps split over threads and split-K run as their own calls.
+  struct Part {
+    const AttentionArgs* a;
+    const detail::AttnKernels* kk;
+    detail::Plan pl;
+    bool sweep;      // one unit: the whole context swept on one thread
+    int64_t first;   // index of its first unit in the list
+    int64_t units;
+  };
+  constexpr size_t kMaxParts = 64;
+  Part parts[kMaxParts];
+  size_t n_parts = 0;
+  int64_t total = 0;
+  auto add = [&](const AttentionArgs& a, const detail::AttnKernels& kk, const detail::Plan& pl, bool sweep) {
+    const int64_t units = sweep ? 1 : pl.n_items;
+    parts[n_parts++] = {&a, &kk, pl, sweep, total, units};
+    total += units;
+  };
+  for (const AttentionArgs& a : args) {
+    detail::check_args(a);
+    // A thread's slice is at the same place for every call that shares the scratch.
+    for (const AttentionArgs& b : args)
+      EBB_CHECK_MSG(b.scratch != a.scratch || b.head_dim == a.head_dim,
+                    "attention_batch: calls sharing a scratch must share head_dim");
+  }
+  for (int pass = 0; pass < 2; ++pass) {  // decode sweeps first, then items
+    for (const AttentionArgs& a : args) {
+      if (a.n_q == 0) continue;
+      const bool half = a.kv_type == DType::kF16 && a.f16_accumulator;
+      const detail::AttnKernels& kk = detail::select_kernels(isa, a.kv_type, a.head_dim, half);
+      const detail::Route r = detail::route_for(a, nt);
+      const bool sweep = detail::sweepable(a, r.pl);
+      if (pass == 0) {
+        if (sweep && n_parts < kMaxParts) add(a, kk, r.pl, true);
+        continue;
+      }
+      if (sweep && std::any_of(parts, parts + n_parts, [&](const Part& p) { return p.a == &a; })) continue;
+      if (r.kind == detail::Route::kItems && n_parts < kMaxParts) {
+        add(a, kk, r.pl, false);
+      } else {
+        detail::attention_with(kk, a, pool);
+      }
+    }
+  }
+  if (n_parts == 0) return;
+  alignas(64) std::atomic<int64_t> next{0};
+  pool.run([&](int t, int) {
+    size_t j = 0;  // a thread's claims only grow: its part index only moves forward
+    for (int64_t idx; (idx = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
+      while (idx >= parts[j].first + parts[j].units) ++j;
+      const Part& p = parts[j];
+      const AttentionArgs& a = *p.a;
+      const int64_t hd = a.head_dim;
+      const detail::Slice sl = detail::slice_at(a.scratch, t, hd);
+      if (p.sweep) {
+        detail::run_sweep(*p.kk, a, p.pl, 0, a.pos0 + a.n_q, sl);
+        for (int64_t i = 0; i < p.pl.n_items; ++i) {
+          detail::Item it = detail::item_at(p.pl, i);
+          it.qb = a.n_q;
+          detail::write_out(a, it, detail::rows_from(sl, i * p.pl.hs, hd));
+        }
+        continue;
+      }
+      detail::Item it = detail::item_at(p.pl, idx - p.first);
+      it.qb = std::min(it.qb, a.n_q);
+      detail::run_item(*p.kk, a, it, 0, a.pos0 + it.qb, sl);
+      detail::write_out(a, it, sl);
     }
   });
 }

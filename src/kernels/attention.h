@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/cpu.h"
 #include "kernels/tensor.h"
@@ -84,5 +85,17 @@ size_t attention_scratch_floats(int64_t n_threads, int64_t head_dim, int64_t chu
 // The scalar kernels implement the definitions above in plain code and are
 // the reference.
 void attention(Isa isa, const AttentionArgs& args, ThreadPool& pool);
+
+// Several independent calls (the sequences of one step, each over its own
+// chunks) in as few pool dispatches as their work allows. One call: exactly
+// attention(). Two or more: each decode call (n_q == 1, F32 arithmetic,
+// n_heads <= 64) sweeps its whole context on one thread (attention()'s
+// sweep over a single range), and every other call computes as in
+// attention() (whole items; a sweep or split-K there runs as its own call).
+// So a call's output does not depend on the other calls or on the thread
+// count, and a decode row in a batch differs from the same row alone by
+// rounding only (another cut of the online softmax). Up to 64 calls share
+// a dispatch; args of one head_dim may share one scratch (one slice per thread).
+void attention_batch(Isa isa, std::span<const AttentionArgs> args, ThreadPool& pool);
 
 }  // namespace ebb

@@ -8,7 +8,6 @@
 #include "kernels/attention.h"
 #include "memory/kv_cache.h"
 #include "platform/error.h"
-#include "platform/fp16.h"
 
 namespace ebb {
 
@@ -26,6 +25,7 @@ Forward::Forward(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc
   if (opts_.max_batch < 1) throw Error("prefill batch must be at least 1 token");
   plan_scratch();
   joined_.reserve(static_cast<size_t>(opts_.max_batch));
+  attn_args_.reserve(static_cast<size_t>(opts_.max_batch));
 }
 
 void Forward::ensure_chunk_size(int64_t chunk_size) {
@@ -110,16 +110,19 @@ void add_bias(float* y, const float* bias, int64_t n, int64_t dim, const OpsKern
 }
 
 // Stores n rows of `dim` floats into the cache rows of positions pos0.. .
-void store_rows(KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* src, bool is_k) {
+// F16 rows through the target's F16 rounding (the F16 weight format's
+// activation conversion: fp32_to_fp16 bit for bit, vectorized).
+void store_rows(const KernelSet& ks, KvCache& kv, int64_t layer, int64_t pos0, int64_t n, const float* src,
+                bool is_k) {
   const int64_t dim = kv.shape().n_kv_heads * kv.shape().head_dim;
+  const auto to_f16 = ks.format(DType::kF16)->quantize_act;
   for (int64_t t = 0; t < n; ++t) {
     void* dst = is_k ? kv.k_row(layer, pos0 + t) : kv.v_row(layer, pos0 + t);
     const float* s = src + t * dim;
     if (kv.options().type == DType::kF32) {
       std::copy(s, s + dim, static_cast<float*>(dst));
     } else {
-      auto* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < dim; ++i) h[i] = fp32_to_fp16(s[i]);
+      to_f16(s, dst, dim);
     }
   }
 }
@@ -275,13 +278,14 @@ void Forward::attention_block(const LayerWeights& w, int l, std::span<const Step
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   int64_t r = 0;
+  attn_args_.clear();
   for (const StepSeq& s : seqs) {
     KvCache& kv = *s.kv;
     const int64_t ns = static_cast<int64_t>(s.tokens.size());
     const int64_t pos0 = kv.n_tokens();
-    store_rows(kv, l, pos0, ns, k_ + r * kvd, true);
-    store_rows(kv, l, pos0, ns, v_ + r * kvd, false);
-    AttentionArgs a;
+    store_rows(ks_, kv, l, pos0, ns, k_ + r * kvd, true);
+    store_rows(ks_, kv, l, pos0, ns, v_ + r * kvd, false);
+    AttentionArgs& a = attn_args_.emplace_back();
     a.q = q_ + r * qd;
     a.out = att_ + r * qd;
     a.n_q = ns;
@@ -295,9 +299,13 @@ void Forward::attention_block(const LayerWeights& w, int l, std::span<const Step
     a.f16_accumulator = kv.options().f16_accumulator;
     a.scale = scale;
     a.scratch = attn_scratch_;
-    attention(isa_, a, pool_);
     r += ns;
   }
+  // Every sequence over its own chunks, in as few pool dispatches as the
+  // kernel allows: with two or more sequences each decode row sweeps its
+  // whole context on one thread, so its result does not depend on the other
+  // rows (alone, it may differ from that by rounding; attention_batch).
+  attention_batch(isa_, attn_args_, pool_);
   matmul(w.o, att_, n, xn_, d);
   apply_lora(seqs, l, LoraTarget::kO, att_, qd, xn_, d);
   for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);

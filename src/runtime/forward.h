@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/cpu.h"
 #include "kernels/lora.h"
 #include "kernels/matmul.h"
@@ -120,6 +121,7 @@ class Forward {
   float* rope_ = nullptr;   // [B, rope_dim] (cos, sin) pairs
   Buffer head_scratch_;          // [n_out, n_vocab] logits of a multi-sequence step (grows, then stays)
   std::vector<int32_t> joined_;  // [B] a multi-sequence step's tokens, for the weight source
+  std::vector<AttentionArgs> attn_args_;  // [sequences of the step] one layer's attention calls (reserved: B)
   float* attn_scratch_ = nullptr;
   void* mm_scratch_ = nullptr;
   const LoraKernels& lk_;
