@@ -71,6 +71,7 @@ json result_json(const SchedRun& r) {
   for (const auto& [k, s] : r.wait_behind_s) attr[k] = s;
   return {{"system", r.system},
           {"wall_s", r.wall_s},
+          {"run_s", r.run_s},
           {"turns", r.turns},
           {"queue_wait_s", {{"p50", r.wait_p50}, {"p95", r.wait_p95}, {"p99", r.wait_p99}, {"max", r.wait_max}}},
           {"ttft_s", {{"p50", pct(r.ttft_s, 0.5)}, {"p95", pct(r.ttft_s, 0.95)}, {"p99", pct(r.ttft_s, 0.99)}}},
@@ -83,6 +84,9 @@ json result_json(const SchedRun& r) {
           {"train_steps", r.train_steps},
           {"judge_calls", r.judge_calls},
           {"stale_prefill_tasks", r.stale_tasks},
+          {"stale_prefill_completed", r.stale_completed},
+          {"stale_prefill_tokens", r.stale_tokens},
+          {"stale_prefill_chunks", r.stale_chunks},
           {"wait_behind_s", attr}};
 }
 
@@ -136,11 +140,11 @@ int run_sched_bench(SchedBenchArgs& a) {
     return 0;
   }
   std::printf("ebb bench sched: %s; %s\n", a.model.model.c_str(), workload_json(a.w).dump().c_str());
-  std::printf("%-18s %7s %6s | %23s | %23s | %7s %5s | %17s\n", "system", "wall s", "turns", "queue wait p50/95/99 s",
-              "TTFT p50/95/99 s", "commits", "pubs", "1st after pub p99");
+  std::printf("%-18s %7s %7s %6s | %23s | %23s | %7s %5s | %17s\n", "system", "turns s", "run s", "turns",
+              "queue wait p50/95/99 s", "TTFT p50/95/99 s", "commits", "pubs", "1st after pub p99");
   for (const SchedRun& r : runs) {
-    std::printf("%-18s %7.1f %6lld | %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f | %7lld %5lld | %9.3f (n %zu)\n",
-                r.system.c_str(), r.wall_s, static_cast<long long>(r.turns), r.wait_p50, r.wait_p95, r.wait_p99,
+    std::printf("%-18s %7.1f %7.1f %6lld | %7.3f %7.3f %7.3f | %7.3f %7.3f %7.3f | %7lld %5lld | %9.3f (n %zu)\n",
+                r.system.c_str(), r.wall_s, r.run_s, static_cast<long long>(r.turns), r.wait_p50, r.wait_p95, r.wait_p99,
                 pct(r.ttft_s, 0.5), pct(r.ttft_s, 0.95), pct(r.ttft_s, 0.99), static_cast<long long>(r.commits),
                 static_cast<long long>(r.publishes), pct(r.post_publish_prefill_s, 0.99),
                 r.post_publish_prefill_s.size());
@@ -153,6 +157,11 @@ int run_sched_bench(SchedBenchArgs& a) {
     for (const auto& [k, s] : r.wait_behind_s) std::printf(" %s %.1f%%", k.c_str(), total > 0 ? 100 * s / total : 0.0);
     std::printf("\n");
   }
+  std::printf("stale-coverage prefill (tasks completed / submitted, tokens run, KV chunks cached):\n");
+  for (const SchedRun& r : runs)
+    std::printf("  %-18s %lld / %lld, %lld tokens, %lld chunks\n", r.system.c_str(),
+                static_cast<long long>(r.stale_completed), static_cast<long long>(r.stale_tasks),
+                static_cast<long long>(r.stale_tokens), static_cast<long long>(r.stale_chunks));
   std::printf("ratios (targets: fifo/ff wait p95 >= 3.1, p99 >= 3.4; non-preemptible/ff TTFT p95 >= 1.55; ff commits "
               ">= rr; stale prefill p99 reduction >= 25%%):\n  %s\n",
               ratios.dump().c_str());
@@ -179,9 +188,16 @@ void add_bench_sched_command(CLI::App* bench, int* rc) {
   sub->add_option("--train-tokens", w.train_tokens, "Tokens per training sample")->capture_default_str();
   sub->add_option("--rank", w.rank, "LoRA rank of the trained adapter")->capture_default_str();
   sub->add_option("--commit-every", w.commit_every, "Optimizer steps per staged version")->capture_default_str();
+  sub->add_option("--phase-seconds", w.phase_s,
+                  "Trainer phases sized to about this many seconds (ebb serve's default; 0: whole samples)")
+      ->capture_default_str();
   sub->add_option("--publish-wait", w.publish_wait_s, "Seconds between staging a version and publishing it")
       ->capture_default_str();
   sub->add_option("--window", w.window_s, "W_bg: the background window, seconds")->capture_default_str();
+  sub->add_option("--duration", w.duration_s,
+                  "Seconds each system runs: training goes on after the agents' last turn until then (0: ends with "
+                  "the agents)")
+      ->capture_default_str();
   sub->add_option("--seed", w.seed, "Seed of the workload (prompts, think times)")->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
   sub->callback([a, rc] { *rc = run_sched_bench(*a); });

@@ -78,14 +78,15 @@ void validate(const SchedWorkload& w) {
   if (w.train_samples < 1 || w.train_tokens < 4 || w.rank < 1 || w.commit_every < 1)
     throw UsageError("bench sched: --train-samples, --rank and --commit-every >= 1, --train-tokens >= 4");
   if (w.window_s <= 0.05) throw UsageError("bench sched: --window must be over the margin of 0.05 s");
+  if (w.duration_s < 0 || w.phase_s < 0) throw UsageError("bench sched: --duration and --phase-seconds must be >= 0");
 }
 
 nlohmann::json workload_json(const SchedWorkload& w) {
   return {{"agents", w.agents},           {"turns", w.turns},           {"think_s", w.think_s},
           {"system_tokens", w.system_tokens}, {"user_tokens", w.user_tokens}, {"gen", w.gen},
           {"judge_gen", w.judge_gen},     {"train_samples", w.train_samples}, {"train_tokens", w.train_tokens},
-          {"rank", w.rank},               {"commit_every", w.commit_every}, {"publish_wait_s", w.publish_wait_s},
-          {"window_s", w.window_s},       {"seed", w.seed}};
+          {"rank", w.rank},               {"commit_every", w.commit_every}, {"phase_s", w.phase_s}, {"publish_wait_s", w.publish_wait_s},
+          {"window_s", w.window_s},       {"duration_s", w.duration_s}, {"seed", w.seed}};
 }
 
 bool sched_system_known(const std::string& s) {
@@ -123,6 +124,7 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
   topts.init.alpha = static_cast<float>(2 * w.rank);
   topts.init.seed = w.seed;
   topts.adamw.lr = 1e-3f;
+  topts.phase_target_s = w.phase_s;
   TrainJobOptions jopts;
   jopts.adapter = kAdapter;
   jopts.steps = 1000000;  // until the agents are done
@@ -134,10 +136,10 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
   // background tasks: under FIFO a turn that arrives later waits for it),
   // the next submitted when one ends. Preemptible: a unit is one trainer
   // phase; non-preemptible: the whole step in one unit.
-  std::atomic<bool> agents_done{false};
+  std::atomic<bool> stopping{false};
   std::function<void()> submit_train;  // runs on the scheduler thread after the first
   submit_train = [&] {
-    if (agents_done.load() || job->finished()) return;
+    if (stopping.load() || job->finished()) return;
     Task t = job->task(&sched);  // its descriptor: the trainer's estimates
     const int64_t s0 = job->status().step;
     if (preemptible) {
@@ -163,14 +165,14 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
   std::atomic<int64_t> publishes{0}, judges{0}, stale_tasks{0};
   std::thread publisher([&] {
     uint64_t last = 0;
-    while (!agents_done.load()) {
+    while (!stopping.load()) {
       const TrainJobStatus st = job->status();
       if (st.version_staged > last) {
         last = st.version_staged;
         if (stale) stale_tasks += static_cast<int64_t>(warm.on_staged(kAdapter, last).get());
         const double until = now_seconds() + w.publish_wait_s;
-        while (!agents_done.load() && now_seconds() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        if (agents_done.load()) break;
+        while (!stopping.load() && now_seconds() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (stopping.load()) break;
         try {
           // The latest staged version: the job drops a staged version that a
           // newer one replaced before it was published.
@@ -244,7 +246,11 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
   }
   for (auto& t : agents) t.join();
   run.wall_s = now_seconds() - t0;
-  agents_done = true;
+  // Training and publishing go on to the run's fixed length, so every
+  // system's training gets the same wall time.
+  while (now_seconds() - t0 < w.duration_s) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  run.run_s = now_seconds() - t0;
+  stopping = true;
   publisher.join();
   job->cancel();
   const SchedulerMetrics m = sched.metrics();
@@ -260,6 +266,10 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
   run.publishes = publishes.load();
   run.judge_calls = judges.load();
   run.stale_tasks = stale_tasks.load();
+  const StalePrefillStats ws = warm.stats();
+  run.stale_completed = ws.tasks_completed;
+  run.stale_tokens = ws.tokens_prefilled;
+  run.stale_chunks = ws.chunks_inserted;
   return run;
 }
 

@@ -25,8 +25,13 @@ struct SchedWorkload {
   int64_t train_tokens = 64;
   int64_t rank = 8;
   int64_t commit_every = 2;    // optimizer steps per staged version
+  double phase_s = 0.15;       // trainer phases sized to about this (ebb serve's default; 0: whole samples)
   double publish_wait_s = 1.0; // staged -> published
   double window_s = 1.0;       // W_bg
+  // The run's length: after the agents' last turn, training and publishing
+  // go on until then (0: the run ends with the agents), so commits compare
+  // over the same wall time whichever system finished the turns sooner.
+  double duration_s = 0;
   uint64_t seed = 1;
 };
 
@@ -37,12 +42,14 @@ bool sched_system_known(const std::string& system);
 
 struct SchedRun {
   std::string system;
-  double wall_s = 0;
+  double wall_s = 0;  // the agents' turns, first to last
+  double run_s = 0;   // the whole run (>= duration_s)
   int64_t turns = 0;
   double wait_p50 = 0, wait_p95 = 0, wait_p99 = 0, wait_max = 0;  // the scheduler's foreground waits
   std::vector<double> ttft_s;                                     // per turn, client side
   std::vector<double> post_publish_prefill_s;  // each agent's first request after a publish: its prefill
   int64_t commits = 0, publishes = 0, train_steps = 0, judge_calls = 0, stale_tasks = 0;
+  int64_t stale_completed = 0, stale_tokens = 0, stale_chunks = 0;  // the warm-up's tasks done, tokens run, chunks cached
   std::map<std::string, double> wait_behind_s;
 };
 
