@@ -180,15 +180,11 @@ HalfDiff half_diff(const std::vector<float>& got, const std::vector<float>& want
 }
 constexpr double kHalfMaxRel = 2e-3, kHalfMeanRel = 1e-4;
 
-// kk: run these kernels instead of the ones attention() picks for isa.
-std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, float scale, bool in_place = false,
-                       const detail::AttnKernels* kk = nullptr) {
-  const ChunkedKv kv = make_chunks(x.k, x.v, c.pos0 + c.n_q, c.cs, c.n_kv, c.hd, c.type);
-  std::vector<float> scratch(attention_scratch_floats(pool.size(), c.hd, c.cs), NAN);
-  std::vector<float> q = x.q, out(q.size(), NAN);
+// The arguments of case c over kv, queries q, output out.
+AttentionArgs args_for(const Case& c, const ChunkedKv& kv, const float* q, float* out, float scale, float* scratch) {
   AttentionArgs a;
-  a.q = q.data();
-  a.out = in_place ? q.data() : out.data();
+  a.q = q;
+  a.out = out;
   a.n_q = c.n_q;
   a.n_heads = c.n_heads;
   a.n_kv_heads = c.n_kv;
@@ -199,7 +195,17 @@ std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, 
   a.kv_type = c.type;
   a.f16_accumulator = c.type == DType::kF16 && c.f16_acc;
   a.scale = scale;
-  a.scratch = scratch.data();
+  a.scratch = scratch;
+  return a;
+}
+
+// kk: run these kernels instead of the ones attention() picks for isa.
+std::vector<float> run(Isa isa, ThreadPool& pool, const Case& c, const Data& x, float scale, bool in_place = false,
+                       const detail::AttnKernels* kk = nullptr) {
+  const ChunkedKv kv = make_chunks(x.k, x.v, c.pos0 + c.n_q, c.cs, c.n_kv, c.hd, c.type);
+  std::vector<float> scratch(attention_scratch_floats(pool.size(), c.hd, c.cs), NAN);
+  std::vector<float> q = x.q, out(q.size(), NAN);
+  const AttentionArgs a = args_for(c, kv, q.data(), in_place ? q.data() : out.data(), scale, scratch.data());
   if (kk)
     detail::attention_with(*kk, a, pool);
   else
@@ -600,21 +606,7 @@ struct BatchCall {
   ChunkedKv kv;
   std::vector<float> out;
   AttentionArgs args(float* scratch) {
-    AttentionArgs a;
-    a.q = x.q.data();
-    a.out = out.data();
-    a.n_q = c.n_q;
-    a.n_heads = c.n_heads;
-    a.n_kv_heads = c.n_kv;
-    a.head_dim = c.hd;
-    a.pos0 = c.pos0;
-    a.chunks = kv.refs.data();
-    a.chunk_size = c.cs;
-    a.kv_type = c.type;
-    a.f16_accumulator = c.type == DType::kF16 && c.f16_acc;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-    a.scratch = scratch;
-    return a;
+    return args_for(c, kv, x.q.data(), out.data(), 1.0f / std::sqrt(static_cast<float>(c.hd)), scratch);
   }
 };
 
