@@ -92,9 +92,9 @@ void attention(Isa isa, const AttentionArgs& args, ThreadPool& pool);
 // n_heads <= 64) sweeps its whole context on one thread (attention()'s
 // sweep over a single range), and every other call computes as in
 // attention() (whole items; a sweep or split-K there runs as its own call).
-// So a call's output does not depend on the other calls or on the thread
-// count, and a decode row in a batch differs from the same row alone by
-// rounding only (another cut of the online softmax). Up to 64 calls share
+// So a decode call's output does not depend on the other calls or on the
+// thread count, and differs from the same call alone by rounding only
+// (another cut of the online softmax); any other call's is attention()'s. Up to 64 calls share
 // a dispatch; args of one head_dim may share one scratch (one slice per thread).
 void attention_batch(Isa isa, std::span<const AttentionArgs> args, ThreadPool& pool);
 
