@@ -567,6 +567,27 @@ TEST_P(MatmulProduct, BatchSplitDoesNotChangeResults) {
   }
 }
 
+// matmul_multi over three products of one input x ([n_tok, cols]) against
+// a matmul() call for each: every output bit for bit.
+void expect_multi_matches_separate(const KernelSet& ks, const WeightView* w, const int64_t* rows_of, int64_t cols,
+                                   int64_t n_tok, const std::vector<float>& x, ThreadPool& pool,
+                                   const std::string& where) {
+  AlignedBuf scratch(matmul_scratch_bytes(w[0].type, cols, n_tok));
+  std::vector<std::vector<float>> got(3), want(3);
+  MatmulArgs args[3];
+  for (int i = 0; i < 3; ++i) {
+    got[i].assign(n_tok * rows_of[i], -3.f);
+    want[i].assign(n_tok * rows_of[i], -4.f);
+    MatmulArgs one{&w[i], x.data(), cols, n_tok, want[i].data(), rows_of[i], scratch.p};
+    matmul(ks, one, pool);
+    args[i] = MatmulArgs{&w[i], x.data(), cols, n_tok, got[i].data(), rows_of[i], scratch.p};
+  }
+  matmul_multi(ks, args, 3, pool);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)), 0)
+        << "matrix " << i << " n_tok " << n_tok << " threads " << pool.size() << " " << where;
+}
+
 // matmul_multi gives exactly what separate matmul() calls give (one token:
 // one fused dispatch; several: the input converted once and one dispatch,
 // on the calling thread for a small batch and split over the threads for a
@@ -591,24 +612,9 @@ TEST_P(MatmulProduct, MultiMatchesSeparateCalls) {
   }
   for (int threads : {1, 2}) {
     ThreadPool& pool = test_pool(threads);
-    for (int64_t n_tok : {1, 5, 130}) {
-      const auto x = normal(n_tok * cols, 7 + static_cast<uint32_t>(n_tok));
-      AlignedBuf scratch(matmul_scratch_bytes(type, cols, n_tok));
-      std::vector<std::vector<float>> got(3), want(3);
-      MatmulArgs args[3];
-      for (int i = 0; i < 3; ++i) {
-        got[i].assign(n_tok * rows_of[i], -3.f);
-        want[i].assign(n_tok * rows_of[i], -4.f);
-        MatmulArgs one{&w[i], x.data(), cols, n_tok, want[i].data(), rows_of[i], scratch.p};
-        matmul(ks, one, pool);
-        args[i] = MatmulArgs{&w[i], x.data(), cols, n_tok, got[i].data(), rows_of[i], scratch.p};
-      }
-      matmul_multi(ks, args, 3, pool);
-      for (int i = 0; i < 3; ++i)
-        for (size_t k = 0; k < got[i].size(); ++k)
-          ASSERT_EQ(std::memcmp(&got[i][k], &want[i][k], 4), 0)
-              << "matrix " << i << " index " << k << " threads " << threads << " n_tok " << n_tok;
-    }
+    for (int64_t n_tok : {1, 5, 130})
+      expect_multi_matches_separate(ks, w.data(), rows_of, cols, n_tok,
+                                    normal(n_tok * cols, 7 + static_cast<uint32_t>(n_tok)), pool, "plain");
   }
 }
 
@@ -763,23 +769,10 @@ TEST_P(MatmulPacked, MultiMatchesSeparateCalls) {
     for (const auto& m : ms) w.push_back(m.packed_view());
     if (first_plain) w[0] = ms[0].plain_view();
     for (int threads : {1, 2}) {
-      for (int64_t n_tok : {1, 4, 8, 11}) {
-        const auto x = normal(n_tok * cols, 17 + static_cast<uint32_t>(n_tok));
-        AlignedBuf scratch(matmul_scratch_bytes(type, cols, n_tok));
-        std::vector<std::vector<float>> got(3), want(3);
-        MatmulArgs args[3];
-        for (int i = 0; i < 3; ++i) {
-          got[i].assign(n_tok * rows_of[i], -3.f);
-          want[i].assign(n_tok * rows_of[i], -4.f);
-          MatmulArgs one{&w[i], x.data(), cols, n_tok, want[i].data(), rows_of[i], scratch.p};
-          matmul(ks, one, test_pool(threads));
-          args[i] = MatmulArgs{&w[i], x.data(), cols, n_tok, got[i].data(), rows_of[i], scratch.p};
-        }
-        matmul_multi(ks, args, 3, test_pool(threads));
-        for (int i = 0; i < 3; ++i)
-          ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)), 0)
-              << "matrix " << i << " n_tok " << n_tok << " threads " << threads << " first plain " << first_plain;
-      }
+      for (int64_t n_tok : {1, 4, 8, 11})
+        expect_multi_matches_separate(ks, w.data(), rows_of, cols, n_tok,
+                                      normal(n_tok * cols, 17 + static_cast<uint32_t>(n_tok)), test_pool(threads),
+                                      first_plain ? "first plain" : "all packed");
     }
   }
 }
