@@ -2,6 +2,7 @@
 // writing into it, and elastic memory moves a shared chunk once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -159,6 +160,101 @@ TEST(KvPool, ChunkTablesGrowWithTheContext) {
   s.feed(random_tokens(20, e->config().n_vocab, 9));
   EXPECT_LT(rss_bytes(), rss0 + (uint64_t{64} << 20));
   EXPECT_EQ(s.kv().n_chunks(0), 2);
+}
+
+// Spare buffers: a released chunk's storage goes to the next chunks of its
+// size instead of being unmapped, counted in the footprint until it does.
+TEST(KvPool, SpareBuffersAreReusedWhateverTheyHeldAndCountedUntilReleased) {
+  auto e = engine_for("stories260K.gguf");
+  const int64_t nv = e->config().n_vocab, nl = e->config().n_layer;
+  const std::vector<TokenId> p = random_tokens(40, nv, 21), q = random_tokens(20, nv, 22);
+  std::vector<float> want;
+  {
+    Session fresh(*e);
+    want = copy(fresh.feed(q));
+  }
+  EXPECT_EQ(e->footprint().kv_spare, 0u) << "off by default";
+  e->set_kv_spare_limit(uint64_t{1} << 30);
+  std::vector<const void*> held;
+  uint64_t chunk_bytes = 0;
+  {
+    Session a(*e);
+    a.feed(p);  // 3 chunks per layer
+    chunk_bytes = a.kv().chunk_alloc_bytes();
+    for (int64_t l = 0; l < nl; ++l)
+      for (int64_t c = 0; c < 3; ++c) {
+        Buffer& b = a.kv().chunk(l, c).storage;
+        held.push_back(b.data());
+        std::memset(b.data(), 0xFF, b.size());  // NaN in F16: must never be read
+      }
+  }
+  Footprint f = e->footprint();
+  EXPECT_EQ(f.kv(), 0u);
+  EXPECT_EQ(f.kv_spare, static_cast<uint64_t>(3 * nl) * chunk_bytes);
+  EXPECT_EQ(static_cast<int64_t>(f.total()), e->ledger().total()) << "spare bytes are in the footprint";
+
+  Session b(*e);
+  EXPECT_TRUE(same_bits(b.feed(q), want)) << "reused buffers hold another session's rows and NaN";
+  for (int64_t l = 0; l < nl; ++l)
+    for (int64_t c = 0; c < 2; ++c)
+      EXPECT_NE(std::find(held.begin(), held.end(), b.kv().chunk(l, c).storage.data()), held.end())
+          << "layer " << l << " chunk " << c << " was mapped anew";
+  f = e->footprint();
+  EXPECT_EQ(f.kv_spare, static_cast<uint64_t>(nl) * chunk_bytes);
+  EXPECT_EQ(static_cast<int64_t>(f.total()), e->ledger().total());
+
+  const int64_t ledger = e->ledger().total();
+  EXPECT_EQ(e->kv_pool().release_spare(), static_cast<uint64_t>(nl) * chunk_bytes);
+  EXPECT_EQ(e->ledger().total(), ledger - static_cast<int64_t>(nl * chunk_bytes));
+  EXPECT_EQ(e->footprint().kv_spare, 0u);
+}
+
+TEST(KvPool, SpareBuffersStayWithinTheirLimitAndGoFirstOnEviction) {
+  auto e = engine_for("stories260K.gguf");
+  const int64_t nv = e->config().n_vocab, nl = e->config().n_layer;
+  e->set_kv_spare_limit(uint64_t{1} << 30);
+  uint64_t chunk_bytes = 0;
+  {
+    Session a(*e);
+    a.feed(random_tokens(40, nv, 23));
+    chunk_bytes = a.kv().chunk_alloc_bytes();
+  }
+  ASSERT_EQ(e->footprint().kv_spare, static_cast<uint64_t>(3 * nl) * chunk_bytes);
+  // A lower limit gives back what is over it.
+  e->set_kv_spare_limit(static_cast<uint64_t>(nl) * chunk_bytes);
+  EXPECT_EQ(e->footprint().kv_spare, static_cast<uint64_t>(nl) * chunk_bytes);
+  Session live(*e);
+  live.feed(random_tokens(20, nv, 25));  // takes those and maps one chunk per layer
+  EXPECT_EQ(e->footprint().kv_spare, 0u);
+  {
+    Session a(*e);
+    a.feed(random_tokens(40, nv, 24));
+  }
+  EXPECT_EQ(e->footprint().kv_spare, static_cast<uint64_t>(nl) * chunk_bytes) << "no more than the limit is kept";
+
+  // Eviction gives the spare buffers back before anything that holds KV.
+  const uint64_t kv = e->footprint().kv();
+  const EvictReport r = e->evict(1);
+  EXPECT_GE(r.freed, static_cast<uint64_t>(nl) * chunk_bytes);
+  EXPECT_EQ(r.kv_to_compressed + r.kv_to_storage, 0);
+  EXPECT_EQ(r.weights_dropped, 0);
+  EXPECT_EQ(e->footprint().kv_spare, 0u);
+  EXPECT_EQ(e->footprint().kv(), kv);
+
+  // Under a memory limit nothing is kept: the limit bounds what is held.
+  e->set_kv_spare_limit(uint64_t{1} << 30);
+  e->set_memory_limit(e->footprint().total() * 4);
+  {
+    Session a(*e);
+    a.feed(random_tokens(40, nv, 26));
+  }
+  EXPECT_EQ(e->footprint().kv_spare, 0u);
+  e->set_memory_limit(0);
+  {
+    Session a(*e);
+    a.feed(random_tokens(40, nv, 27));
+  }
+  EXPECT_EQ(e->footprint().kv_spare, static_cast<uint64_t>(3 * nl) * chunk_bytes) << "kept again without the limit";
 }
 
 }  // namespace

@@ -100,6 +100,7 @@ ElasticFootprint ElasticMemory::footprint() const {
     (u.resident() ? f.weights_resident : f.weights_stored) += u.bytes();
   }
   f.kv_resident = kv_->total_bytes();
+  f.kv_spare = kv_->spare_bytes();
   for (const KvChunk* c : kv_->all_chunks()) {
     const KvChunkMeta& m = c->meta;
     if (m.state == UnitState::kStored || m.state == UnitState::kStoredCompressed) f.kv_stored += m.slot.stored;

@@ -88,7 +88,8 @@ struct ElasticFootprint {
   uint64_t compressed = 0;         // compressed stack segments in RAM
   uint64_t kv_stored = 0;          // swap-file slot bytes (raw and compressed chunks)
   uint64_t stream_window = 0;      // weight streaming buffers (over the memory limit)
-  uint64_t in_ram() const { return weights_resident + kv_resident + compressed + stream_window; }
+  uint64_t kv_spare = 0;           // spare KV chunk buffers (KvPool), given back first
+  uint64_t in_ram() const { return weights_resident + kv_resident + kv_spare + compressed + stream_window; }
 };
 
 struct EvictReport {

@@ -245,6 +245,10 @@ EvictReport ElasticMemory::evict(uint64_t bytes) {
     return r;
   };
 
+  // Spare KV buffers hold nothing anyone needs: they go first.
+  kv_->release_spare();
+  if (freed() >= static_cast<int64_t>(bytes)) return finish();
+
   if (opts_.policy == EvictPolicyKind::kPartialOffload) {
     evict_partial_offload(bytes, r, freed);
     return finish();

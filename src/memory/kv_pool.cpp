@@ -32,7 +32,23 @@ std::vector<KvChunkHandle> KvPool::create(const std::vector<int32_t>& layers, in
   const uint64_t row_bytes =
       static_cast<uint64_t>(shape_.n_kv_heads * shape_.head_dim) * (type == DType::kF16 ? 2 : 4);
   const uint64_t alloc_bytes = (2 * row_bytes * static_cast<uint64_t>(chunk_size) + 4095) & ~uint64_t{4095};
-  std::vector<Buffer> bufs = alloc_->allocate_group(layers.size(), alloc_bytes, MemCategory::kKvCache, populate);
+  std::vector<Buffer> bufs;
+  bufs.reserve(layers.size());
+  {
+    // Spare buffers of this size first (already faulted in).
+    std::lock_guard lock(mu_);
+    for (size_t i = spare_.size(); i-- > 0 && bufs.size() < layers.size();) {
+      if (spare_[i].size() != alloc_bytes) continue;
+      spare_bytes_ -= spare_[i].size();
+      bufs.push_back(std::move(spare_[i]));
+      spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  if (bufs.size() < layers.size()) {
+    std::vector<Buffer> fresh =
+        alloc_->allocate_group(layers.size() - bufs.size(), alloc_bytes, MemCategory::kKvCache, populate);
+    for (Buffer& b : fresh) bufs.push_back(std::move(b));
+  }
   out.reserve(layers.size());
   std::lock_guard lock(mu_);
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -116,8 +132,38 @@ void KvPool::release(KvChunk* c) {
     std::lock_guard lock(mu_);
     auto& l = by_layer_[static_cast<size_t>(c->layer)];
     l.erase(std::find(l.begin(), l.end(), c));
+    const uint64_t n = c->storage.size();
+    if (n > 0 && spare_bytes_.load() + n <= spare_limit_.load()) {
+      spare_bytes_ += n;
+      spare_.push_back(std::move(c->storage));
+    }
   }
   delete c;
+}
+
+void KvPool::set_spare_limit(uint64_t bytes) {
+  std::vector<Buffer> drop;  // unmapped outside the lock
+  {
+    std::lock_guard lock(mu_);
+    spare_limit_ = bytes;
+    while (!spare_.empty() && spare_bytes_.load() > bytes) {
+      spare_bytes_ -= spare_.back().size();
+      drop.push_back(std::move(spare_.back()));
+      spare_.pop_back();
+    }
+  }
+}
+
+uint64_t KvPool::release_spare() {
+  std::vector<Buffer> drop;
+  {
+    std::lock_guard lock(mu_);
+    drop.swap(spare_);
+    spare_bytes_ = 0;
+  }
+  uint64_t n = 0;
+  for (const Buffer& b : drop) n += b.size();
+  return n;
 }
 
 }  // namespace ebb

@@ -126,7 +126,14 @@ EvictReport Engine::evict(uint64_t bytes) {
 
 EvictReport Engine::set_memory_limit(uint64_t bytes) {
   if (!elastic_) throw Error("elastic memory is off (budget mode): the memory budget already bounds the weights");
+  kv_pool_->set_spare_limit(bytes > 0 ? 0 : kv_spare_wanted_);
   return elastic_->set_memory_limit(bytes);
+}
+
+void Engine::set_kv_spare_limit(uint64_t bytes) {
+  kv_spare_wanted_ = bytes;
+  const bool capped = !elastic_ || elastic_->memory_limit() > 0;
+  kv_pool_->set_spare_limit(capped ? 0 : bytes);
 }
 
 RestoreReport Engine::restore() {
@@ -166,6 +173,7 @@ Footprint Engine::footprint() const {
     for (const Session* s : sessions_) f.scratch += s->scratch_bytes();
   }
   for (int l = 0; l < nl; ++l) f.kv_per_layer[l] = kv_pool_->layer_bytes(l);
+  f.kv_spare = kv_pool_->spare_bytes();
   f.scratch += forward_->scratch_bytes();
   f.io_buffers = static_cast<uint64_t>(ledger_.bytes(MemCategory::kIoBuffer));
   f.adapters = static_cast<uint64_t>(ledger_.bytes(MemCategory::kAdapter));

@@ -49,6 +49,7 @@ struct Footprint {
   std::vector<uint64_t> weights_per_layer;  // resident bytes of each layer unit
   uint64_t globals = 0;                     // embedding, output norm, output head
   std::vector<uint64_t> kv_per_layer;       // resident KV chunk bytes per layer (the pool: shared chunks once)
+  uint64_t kv_spare = 0;                    // spare KV chunk buffers, kept for the next sessions (KvPool)
   uint64_t scratch = 0;                     // planned work buffers
   uint64_t compressed = 0;                  // compressed KV stack (elastic memory)
   uint64_t io_buffers = 0;                  // direct-I/O staging and streaming windows
@@ -60,7 +61,7 @@ struct Footprint {
   uint64_t weights() const;
   uint64_t kv() const;
   uint64_t total() const {
-    return weights() + globals + kv() + scratch + compressed + io_buffers + adapters + training;
+    return weights() + globals + kv() + kv_spare + scratch + compressed + io_buffers + adapters + training;
   }
 };
 
@@ -116,6 +117,10 @@ class Engine {
   // Caps weights + KV + compressed KV + streaming buffers in RAM (0: no cap),
   // evicting down to it now; requests over it stream weight layers.
   EvictReport set_memory_limit(uint64_t bytes);
+  // Keeps up to `bytes` of released KV chunk buffers for the next sessions
+  // (KvPool::set_spare_limit; 0: none). None while a memory limit is set (a
+  // limit bounds what is held) or in budget mode.
+  void set_kv_spare_limit(uint64_t bytes);
   // A short identity of the model (architecture, shapes, types and sampled
   // weight bytes), recorded in saved sessions.
   uint64_t model_fingerprint() const { return fingerprint_; }
@@ -136,6 +141,7 @@ class Engine {
   uint64_t fingerprint_ = 0;
   WeightSource* weight_source_ = nullptr;
   std::unique_ptr<WeightSource> budget_source_;  // budget mode
+  uint64_t kv_spare_wanted_ = 0;
   std::unique_ptr<KvPool> kv_pool_;               // outlives every holder of its chunks
   std::unique_ptr<ElasticMemory> elastic_;        // declared after model_ and kv_pool_: destroyed first
   std::unique_ptr<CacheStore> cache_store_;       // the prefix cache's persistent tier
