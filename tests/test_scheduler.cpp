@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "platform/timer.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/scheduler.h"
@@ -466,6 +467,37 @@ TEST(Scheduler, ControlCallsRunOnTheSchedulerThreadBetweenSteps) {
   EXPECT_THROW(sched.call([](Engine&) { return 0; }), SchedulerBusy);
   Scheduler none(nullptr, fake_options(SchedPolicy::kFifo));
   EXPECT_THROW(none.call([](Engine&) { return 0; }), Error);
+}
+
+// A finished request's KV buffers serve the next request, and go back once
+// the scheduler has been idle for kv_spare_idle_s.
+TEST(Scheduler, SpareKvBuffersServeTheNextRequestAndGoBackWhenIdle) {
+  auto e = tiny_engine();
+  SchedulerOptions o;
+  o.kv_spare_idle_s = 0.5;
+  Scheduler sched(e.get(), o);
+  auto run = [&](const std::string& prompt) {
+    GenerationRequest r;
+    r.prompt = e->tokenizer().encode(prompt);  // with 4 more tokens, shorter than a chunk: nothing is cached
+    r.options = greedy(4);
+    collect(*sched.submit_generation(std::move(r)));
+  };
+  auto spare_and_total = [&] {
+    return sched.call([](Engine& eng) { return std::make_pair(eng.footprint().kv_spare, eng.ledger().total()); }).get();
+  };
+  run("Once upon a time");
+  const auto [spare, total] = spare_and_total();
+  EXPECT_GT(spare, 0u) << "the request's chunks are kept";
+  run("A dog ran");
+  const auto [spare2, total2] = spare_and_total();
+  EXPECT_EQ(spare2, spare) << "the next request took them and gave them back: nothing new was mapped";
+  EXPECT_EQ(total2, total);
+  // Idle: they go back (the scheduler checks at least every 0.1 s).
+  const double t0 = now_seconds();
+  while (sched.metrics().footprint.kv_spare > 0 && now_seconds() - t0 < 10) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(sched.metrics().footprint.kv_spare, 0u);
+  EXPECT_GE(now_seconds() - t0, 0.3) << "not before the idle time";
+  EXPECT_EQ(sched.call([](Engine& eng) { return eng.ledger().total(); }).get(), total - static_cast<int64_t>(spare));
 }
 
 }  // namespace

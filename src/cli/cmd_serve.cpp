@@ -36,6 +36,7 @@ struct ServeArgs {
   int port = 8080;
   std::string api_key;
   std::string max_body = "4MiB";
+  std::string kv_spare = "256MiB";
   std::string policy = "foreground-first";
   std::string format;
   int max_batch = 8;
@@ -82,6 +83,12 @@ int serve(ServeArgs& a) {
     throw UsageError(std::string("--max-body: ") + e.what());
   }
   if (max_body == 0) throw UsageError("--max-body must be at least 1 byte");
+  uint64_t kv_spare = 0;
+  try {
+    kv_spare = parse_size(a.kv_spare, 0);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--kv-spare: ") + e.what());
+  }
   if (a.api_key.empty()) {
     if (const char* k = std::getenv("EBB_API_KEY")) a.api_key = k;
   }
@@ -131,6 +138,7 @@ int serve(ServeArgs& a) {
   sched_opts.background_window_s = a.background_window;
   sched_opts.window_starvation_s = a.background_starvation;
   sched_opts.max_queue = a.max_queue;
+  sched_opts.kv_spare_bytes = kv_spare;
   Scheduler scheduler(engine.get(), sched_opts);  // owns the engine from here on
   serve::Server server(*engine, scheduler, so);
   const int port = server.bind();
@@ -178,6 +186,10 @@ void add_serve_command(CLI::App& app, int* rc) {
   sub->add_option("--api-key", a->api_key,
                   "Require 'Authorization: Bearer KEY' on every route but /health (default: $EBB_API_KEY, else none)");
   sub->add_option("--max-body", a->max_body, "Largest request body (bytes, or 64KiB, 4MiB, ...); 413 beyond")
+      ->capture_default_str();
+  sub->add_option("--kv-spare", a->kv_spare,
+                  "KV chunk buffers of finished requests kept for the next ones (bytes, or 256MiB, ...; 0: none), "
+                  "given back after 2 s idle, under pressure, or when a memory limit is set")
       ->capture_default_str();
   sub->add_option("--policy", a->policy, "Scheduling policy: foreground-first, round-robin, fifo")->capture_default_str();
   sub->add_option("--format", a->format, "Chat template: chatml, llama3, llama2, plain (default: the model's)");

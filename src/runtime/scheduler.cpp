@@ -179,8 +179,10 @@ Scheduler::Scheduler(Engine* engine, SchedulerOptions opts)
   m_.has_engine = engine_ != nullptr;
   if (engine_) {
     m_.prefix_cache_on = engine_->prefix_cache() != nullptr;
+    engine_->set_kv_spare_limit(opts_.kv_spare_bytes);
     m_.footprint = engine_->footprint();
   }
+  last_work_ = now_seconds();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -532,7 +534,10 @@ bool Scheduler::run_control() {
 void Scheduler::loop() {
   set_current_thread_name("ebb-sched");
   for (;;) {
-    if (run_control()) refresh_snapshot(true);
+    if (run_control()) {
+      refresh_snapshot(true);
+      last_work_ = now_seconds();
+    }
     std::vector<std::function<void()>> after;  // completion callbacks, run without the lock
     Unit u;
     bool quit = false;
@@ -551,6 +556,12 @@ void Scheduler::loop() {
         u = pick_locked(free_memory());
         if (u.type == Unit::Type::kNone && after.empty() && control_.empty()) {
           lock.unlock();
+          // Idle: spare KV buffers kept for the next request go back after
+          // a while (a burst reuses them; a quiet server holds nothing).
+          if (engine_ && engine_->kv_pool().spare_bytes() > 0 && now_seconds() - last_work_ >= opts_.kv_spare_idle_s) {
+            engine_->kv_pool().release_spare();
+            snapshot_dirty_ = true;
+          }
           refresh_snapshot(true);
           lock.lock();
           // Woken by a submission, a cancellation or shutdown; the timeout
@@ -575,8 +586,10 @@ void Scheduler::loop() {
     } else if (u.type == Unit::Type::kBackground) {
       run_background_step(*u.bg);
     }
+    last_work_ = now_seconds();
     refresh_snapshot(false);
   }
+  if (engine_) engine_->set_kv_spare_limit(0);  // the engine's next owner starts without spare buffers
   refresh_snapshot(true);
 }
 

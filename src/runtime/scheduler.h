@@ -189,6 +189,11 @@ struct SchedulerOptions {
   // How often the scheduler thread refreshes the engine snapshot (footprint,
   // prefix cache) that metrics() returns.
   double snapshot_interval_s = 0.25;
+  // Released KV chunk buffers kept for the next requests (Engine::
+  // set_kv_spare_limit: none under a memory limit), and given back once the
+  // scheduler has had nothing to run for kv_spare_idle_s.
+  uint64_t kv_spare_bytes = 256ull << 20;
+  double kv_spare_idle_s = 2.0;
 };
 
 struct SchedulerMetrics {
@@ -330,6 +335,7 @@ class Scheduler {
   // The scheduler thread's own: what runs now.
   std::vector<std::unique_ptr<Running>> running_;
   double last_snapshot_ = -1e9;
+  double last_work_ = 0;  // when a unit or control call last ran
   bool snapshot_dirty_ = true;
   Ema decode_rate_;
   int64_t made_before_ = 0;

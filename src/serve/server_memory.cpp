@@ -99,7 +99,7 @@ double unix_now() {
 
 json footprint_json(const Footprint& f) {
   return {{"weights", f.weights()},       {"globals", f.globals},       {"kv", f.kv()},
-          {"scratch", f.scratch},         {"compressed", f.compressed}, {"io_buffers", f.io_buffers},
+          {"kv_spare", f.kv_spare},       {"scratch", f.scratch},         {"compressed", f.compressed}, {"io_buffers", f.io_buffers},
           {"adapters", f.adapters},       {"training", f.training},     {"kv_stored", f.kv_stored},
           {"weights_stored", f.weights_stored}, {"total", f.total()}};
 }
@@ -108,6 +108,7 @@ json elastic_footprint_json(const ElasticFootprint& e) {
   return {{"weights_resident", e.weights_resident}, {"weights_stored", e.weights_stored},
           {"kv_resident", e.kv_resident},           {"compressed", e.compressed},
           {"kv_stored", e.kv_stored},               {"stream_window", e.stream_window},
+          {"kv_spare", e.kv_spare},
           {"in_ram", e.in_ram()}};
 }
 
@@ -271,7 +272,7 @@ struct Server::Impl::MemoryState {
     s.globals = f.globals;
     s.kv = f.kv();
     s.compressed = f.compressed;
-    s.other = f.scratch + f.io_buffers + f.adapters + f.training;
+    s.other = f.scratch + f.kv_spare + f.io_buffers + f.adapters + f.training;
     s.kv_stored = f.kv_stored;
     s.weights_stored = f.weights_stored;
     s.total = f.total();
@@ -320,12 +321,13 @@ std::string memory_json(const MemoryRead& r, const json& counters, bool map_stal
             {"restoring", r.restoring},
             {"footprint", footprint_json(f)},
             // In RAM as it is (weights, globals, KV), compressed (in RAM),
-            // working memory (scratch, I/O buffers, adapters, training),
+            // working memory (scratch, spare KV buffers, I/O buffers,
+            // adapters, training),
             // and on storage (not in RAM, not in the total).
             {"by_state",
              {{"resident", f.weights() + f.globals + f.kv()},
               {"compressed", f.compressed},
-              {"working", f.scratch + f.io_buffers + f.adapters + f.training},
+              {"working", f.scratch + f.kv_spare + f.io_buffers + f.adapters + f.training},
               {"stored", f.kv_stored + f.weights_stored}}},
             {"counters", counters}};
   if (r.elastic) j["elastic_footprint"] = elastic_footprint_json(r.ef);

@@ -107,6 +107,7 @@ std::string Server::Impl::metrics() const {
   const std::pair<const char*, uint64_t> cats[] = {{"weights", weights},
                                                    {"globals", f.globals},
                                                    {"kv", kv},
+                                                   {"kv_spare", f.kv_spare},
                                                    {"scratch", f.scratch},
                                                    {"compressed", f.compressed},
                                                    {"io_buffers", f.io_buffers},
