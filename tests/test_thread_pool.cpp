@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,6 +117,50 @@ TEST(ThreadPool, ParallelForDynamicCoversRangeOnceAndBalances) {
   });
   EXPECT_EQ(pieces[0].load() + pieces[1].load(), 64);
   EXPECT_EQ(std::min(pieces[0].load(), pieces[1].load()), 1);
+}
+
+// Guided pieces: every index once, pieces of whole grains starting on
+// multiples of the grain, long runs first (a quarter of the range for two
+// threads), and a thread held up on its first piece leaves the rest to the
+// other.
+TEST(ThreadPool, ParallelForGuidedCoversRangeOnceInShrinkingRunsAndBalances) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(ThreadPoolOptions{.n_threads = threads});
+    for (int64_t n : {1, 7, 16, 100, 1001, 4096}) {
+      std::vector<std::atomic<int>> hits(n);
+      std::mutex mu;
+      int64_t longest = 0;
+      pool.parallel_for_guided(n, 16, [&](int64_t b, int64_t e, int) {
+        EXPECT_EQ(b % 16, 0);
+        EXPECT_TRUE((e - b) % 16 == 0 || e == n) << b << ".." << e;
+        {
+          std::lock_guard lock(mu);
+          longest = std::max(longest, e - b);
+        }
+        for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << "threads=" << threads << " n=" << n;
+      if (threads == 2 && n == 4096) EXPECT_EQ(longest, 1024) << "the first claim takes a quarter";
+    }
+  }
+  ThreadPool pool(ThreadPoolOptions{.n_threads = 2});
+  std::vector<std::atomic<int64_t>> done_by(2), pieces(2);
+  std::atomic<bool> slow_taken{false};
+  std::atomic<int64_t> done{0};
+  pool.parallel_for_guided(1024, 1, [&](int64_t b, int64_t e, int t) {
+    if (!slow_taken.exchange(true)) {
+      // Held until the other thread has done all the rest (give up after 5 s).
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (done.load() < 1024 - (e - b) && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    done_by[t].fetch_add(e - b);
+    pieces[t].fetch_add(1);
+    done.fetch_add(e - b);
+  });
+  EXPECT_EQ(done_by[0].load() + done_by[1].load(), 1024);
+  EXPECT_EQ(std::min(pieces[0].load(), pieces[1].load()), 1) << "the held thread did its first piece only";
+  EXPECT_LE(std::min(done_by[0].load(), done_by[1].load()), 256);
 }
 
 }  // namespace

@@ -273,8 +273,9 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   const int64_t n_tok = args.n_tokens, cols = w.cols, rows = w.rows;
 
   // Several tokens: the activations converted once (with the packed
-  // kernels' block sums), then output rows in pieces the threads claim as
-  // they go (a thread slowed by the rest of the device takes fewer), each a
+  // kernels' block sums), then output rows in runs the threads claim as
+  // they go (long first, shrinking to one block: a thread slowed by the rest
+  // of the device takes fewer, and each streams contiguous weights), each
   // block of weight rows sized to stay in L2 and reused for every token
   // before moving on, so weights stream from memory once.
   if (n_tok > 1) {
@@ -283,8 +284,8 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
     EBB_CHECK_MSG(fk->quantize_batch_act == nullptr || fk->tile_dot, "batch activations need the batch's own dot");
     const BatchAct b = batch_act(k, packed, args, pool);
     const int64_t block_rows = batch_block_rows(k, w);
-    pool.parallel_for_dynamic(rows, block_rows, [&](int64_t r0, int64_t r1, int) {
-      for (int64_t rb = r0; rb < r1; rb += block_rows)  // one thread: the whole range at once
+    pool.parallel_for_guided(rows, block_rows, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t rb = r0; rb < r1; rb += block_rows)  // a run of blocks, or one thread: the whole range
         batch_rows(k, w, b, n_tok, rb, std::min(r1, rb + block_rows), args.y, args.y_stride);
     });
     return;
@@ -332,7 +333,7 @@ void matmul_multi_batch(const FormatKernels& fk, const MatmulArgs* args, int n, 
     block[i] = batch_block_rows(fk, *args[i].w);
     first[i + 1] = first[i] + (args[i].w->rows + block[i] - 1) / block[i];
   }
-  pool.parallel_for_dynamic(first[n], 1, [&](int64_t p0, int64_t p1, int) {
+  pool.parallel_for_guided(first[n], 1, [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p) {
       int i = 0;
       while (p >= first[i + 1]) ++i;

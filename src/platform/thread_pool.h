@@ -97,6 +97,34 @@ class ThreadPool {
     });
   }
 
+  // parallel_for_dynamic with pieces that shrink as the range runs out: a
+  // claim takes 1/(2 n_threads) of what is left (in whole grains, at least
+  // one), so each thread first walks long contiguous runs and the end is
+  // still balanced grain by grain. For loops that stream memory: a thread's
+  // hardware and software prefetch follow its run, where pieces of one grain
+  // interleaved between threads break every stream at each piece (a batch
+  // product at 4 tokens: 5.5 ms -> 3.9 ms for 151 MB on 2 threads).
+  template <class F>
+  void parallel_for_guided(int64_t n, int64_t grain, F&& fn) {
+    if (n <= 0) return;
+    if (n_threads_ == 1 || n <= grain) {
+      fn(int64_t{0}, n, 0);
+      return;
+    }
+    alignas(64) std::atomic<int64_t> next{0};
+    const int64_t share = 2 * static_cast<int64_t>(n_threads_);
+    run([&](int t, int) {
+      int64_t b = next.load(std::memory_order_relaxed);
+      while (b < n) {
+        const int64_t size = std::max<int64_t>(grain, (n - b) / share / grain * grain);
+        if (next.compare_exchange_weak(b, b + size, std::memory_order_relaxed)) {
+          fn(b, std::min(n, b + size), t);
+          b = next.load(std::memory_order_relaxed);
+        }
+      }
+    });
+  }
+
  private:
   void worker_loop(int index, uint32_t seen);
 
