@@ -591,14 +591,6 @@ void attention_batch(Isa isa, std::span<const AttentionArgs> args, ThreadPool& p
     int64_t units;
   };
   constexpr size_t kMaxParts = 64;
-  Part parts[kMaxParts];
-  size_t n_parts = 0;
-  int64_t total = 0;
-  auto add = [&](const AttentionArgs& a, const detail::AttnKernels& kk, const detail::Plan& pl, bool sweep) {
-    const int64_t units = sweep ? 1 : pl.n_items;
-    parts[n_parts++] = {&a, &kk, pl, sweep, total, units};
-    total += units;
-  };
   for (const AttentionArgs& a : args) {
     detail::check_args(a);
     // A thread's slice is at the same place for every call that shares the scratch.
@@ -606,24 +598,31 @@ void attention_batch(Isa isa, std::span<const AttentionArgs> args, ThreadPool& p
       EBB_CHECK_MSG(b.scratch != a.scratch || b.head_dim == a.head_dim,
                     "attention_batch: calls sharing a scratch must share head_dim");
   }
-  for (int pass = 0; pass < 2; ++pass) {  // decode sweeps first, then items
-    for (const AttentionArgs& a : args) {
-      if (a.n_q == 0) continue;
-      const bool half = a.kv_type == DType::kF16 && a.f16_accumulator;
-      const detail::AttnKernels& kk = detail::select_kernels(isa, a.kv_type, a.head_dim, half);
-      const detail::Route r = detail::route_for(a, nt);
-      const bool sweep = detail::sweepable(a, r.pl);
-      if (pass == 0) {
-        if (sweep && n_parts < kMaxParts) add(a, kk, r.pl, true);
-        continue;
-      }
-      if (sweep && std::any_of(parts, parts + n_parts, [&](const Part& p) { return p.a == &a; })) continue;
-      if (r.kind == detail::Route::kItems && n_parts < kMaxParts) {
-        add(a, kk, r.pl, false);
-      } else {
-        detail::attention_with(kk, a, pool);
-      }
+  // Each call is routed once: a decode sweep (into parts), the items of one
+  // dispatch (into items, appended after the sweeps: longest units first),
+  // or a call of its own now (split over threads, split-K, past kMaxParts).
+  Part parts[kMaxParts], items[kMaxParts];
+  size_t n_parts = 0, n_items = 0;
+  for (const AttentionArgs& a : args) {
+    if (a.n_q == 0) continue;
+    const bool half = a.kv_type == DType::kF16 && a.f16_accumulator;
+    const detail::AttnKernels& kk = detail::select_kernels(isa, a.kv_type, a.head_dim, half);
+    const detail::Route r = detail::route_for(a, nt);
+    const bool room = n_parts + n_items < kMaxParts;
+    if (room && detail::sweepable(a, r.pl)) {
+      parts[n_parts++] = {&a, &kk, r.pl, true, 0, 1};
+    } else if (room && r.kind == detail::Route::kItems) {
+      items[n_items++] = {&a, &kk, r.pl, false, 0, r.pl.n_items};
+    } else {
+      detail::attention_with(kk, a, pool);
     }
+  }
+  std::copy(items, items + n_items, parts + n_parts);
+  n_parts += n_items;
+  int64_t total = 0;
+  for (size_t i = 0; i < n_parts; ++i) {
+    parts[i].first = total;
+    total += parts[i].units;
   }
   if (n_parts == 0) return;
   alignas(64) std::atomic<int64_t> next{0};
