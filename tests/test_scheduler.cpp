@@ -405,6 +405,43 @@ TEST(Scheduler, ConcurrentGenerationsMatchEachAlone) {
   EXPECT_LT(m.rounds, 4 * 25);  // batched: the four advanced together
 }
 
+// TTFT is to the first sampled token. A stop string that the whole answer
+// but its last token begins holds all text back to the end, so the first
+// token is timed while no text has come yet.
+TEST(Scheduler, AStreamTimesItsFirstTokenEvenWhenItsTextComesLater) {
+  auto e = tiny_engine();
+  const std::vector<TokenId> prompt = e->tokenizer().encode("Once upon a time");
+  constexpr int64_t kTokens = 120;  // a window of 119 decode steps without text
+  Session alone(*e);
+  const GenerateStats ref = generate(alone, prompt, greedy(kTokens), nullptr);
+  ASSERT_EQ(ref.generated_tokens, kTokens);
+  const std::string held = e->tokenizer().decode(std::span<const TokenId>(ref.tokens.data(), kTokens - 1));
+  ASSERT_FALSE(held.empty());
+  Scheduler sched(e.get());
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.options = greedy(kTokens);
+  r.options.stop_strings = {held + "\x01"};  // never matches
+  const double submitted = now_seconds();
+  auto stream = sched.submit_generation(std::move(r));
+  double first_token = 0;
+  while ((first_token = stream->first_token_at()) == 0) std::this_thread::yield();
+  EXPECT_GT(first_token, submitted);
+  EXPECT_FALSE(stream->next(0.0)) << "text came with the first token: nothing was held";
+  std::string text;
+  const GenerateStats st = collect(*stream, &text);
+  EXPECT_EQ(st.tokens, ref.tokens);
+  EXPECT_EQ(text, ref.text);
+  EXPECT_EQ(stream->first_token_at(), first_token) << "set once";
+
+  GenerationRequest none;  // no token sampled: no time
+  none.prompt = prompt;
+  none.options = greedy(0);
+  auto s0 = sched.submit_generation(std::move(none));
+  collect(*s0);
+  EXPECT_EQ(s0->first_token_at(), 0.0);
+}
+
 TEST(Scheduler, AGenerationIsCancelledBetweenSteps) {
   auto e = tiny_engine();
   Scheduler sched(e.get());

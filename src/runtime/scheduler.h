@@ -154,6 +154,10 @@ class GenerationStream {
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
   uint64_t id() const { return id_; }
+  // When the request's first token was sampled (now_seconds()), 0 until then
+  // or if none was. Its text can come later: a token that ends inside a UTF-8
+  // character, or text held back by a stop string, shows with a later one.
+  double first_token_at() const { return first_token_at_.load(std::memory_order_acquire); }
 
  private:
   friend class Scheduler;
@@ -164,6 +168,7 @@ class GenerationStream {
   std::condition_variable cv_;
   std::deque<GenerationEvent> events_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<double> first_token_at_{0};
 };
 
 struct SchedulerOptions {
