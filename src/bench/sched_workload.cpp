@@ -212,20 +212,19 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
         seen_publishes = pubs;
         const double t_submit = now_seconds();
         std::shared_ptr<GenerationStream> s = sched.submit_generation(req);
-        double ttft = -1;
         GenerateStats stats;
         for (;;) {
           std::optional<GenerationEvent> e = s->next(60.0);
           if (!e) throw Error("bench sched: no answer within 60 s");
-          if (e->kind == GenerationEvent::Kind::kText) {
-            if (ttft < 0) ttft = now_seconds() - t_submit;
-            continue;
-          }
+          if (e->kind == GenerationEvent::Kind::kText) continue;
           if (e->kind == GenerationEvent::Kind::kError) throw Error("bench sched: a turn failed: " + e->error);
           stats = e->stats;
           break;
         }
-        if (ttft < 0) ttft = now_seconds() - t_submit;
+        // To the first sampled token: the synthetic model's random tokens
+        // often end inside a UTF-8 character, and their text would come a
+        // few decode steps later, adding steps that are not a wait.
+        const double ttft = (s->first_token_at() > 0 ? s->first_token_at() : now_seconds()) - t_submit;
         conv = req.prompt;
         conv.insert(conv.end(), stats.tokens.begin(), stats.tokens.end());
         {

@@ -46,7 +46,7 @@ struct SchedRun {
   double run_s = 0;   // the whole run (>= duration_s)
   int64_t turns = 0;
   double wait_p50 = 0, wait_p95 = 0, wait_p99 = 0, wait_max = 0;  // the scheduler's foreground waits
-  std::vector<double> ttft_s;                                     // per turn, client side
+  std::vector<double> ttft_s;  // per turn: submission to the first sampled token
   std::vector<double> post_publish_prefill_s;  // each agent's first request after a publish: its prefill
   int64_t commits = 0, publishes = 0, train_steps = 0, judge_calls = 0, stale_tasks = 0;
   int64_t stale_completed = 0, stale_tokens = 0, stale_chunks = 0;  // the warm-up's tasks done, tokens run, chunks cached
