@@ -20,10 +20,10 @@
 // non-preemptible (foreground-first, but each training unit is a whole
 // optimizer step); no-stale-prefill (foreground-first without warm-up).
 // Reported per system: foreground queue wait (submission to admission,
-// the scheduler's measure) p50/p95/p99, TTFT (client side) p50/p95/p99,
-// training commits and publishes, the prefill seconds of each agent's first
-// request after a publish (p50/p99), and the wait attributed to each kind
-// of work that ran meanwhile.
+// the scheduler's measure) p50/p95/p99, TTFT (client side, submission to
+// the first sampled token) p50/p95/p99, training commits and publishes, the
+// prefill seconds of each agent's first request after a publish (p50/p99),
+// and the wait attributed to each kind of work that ran meanwhile.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
