@@ -121,7 +121,9 @@ int run_sched_bench(SchedBenchArgs& a) {
   }
   if (ff && np) ratios["nonpreempt_over_ff_ttft_p95"] = ratio(pct(np->ttft_s, 0.95), pct(ff->ttft_s, 0.95));
   if (ff && rr) ratios["ff_minus_rr_commits"] = ff->commits - rr->commits;
-  if (ff && ns) {
+  // Only when both systems had a request after a publish (a run whose
+  // publishes all came after the agents' last turns measures nothing).
+  if (ff && ns && !ff->post_publish_prefill_s.empty() && !ns->post_publish_prefill_s.empty()) {
     const double with = pct(ff->post_publish_prefill_s, 0.99), without = pct(ns->post_publish_prefill_s, 0.99);
     ratios["stale_prefill_p99_reduction"] = without > 0 ? 1.0 - with / without : 0.0;
   }
