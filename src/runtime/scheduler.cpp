@@ -623,9 +623,7 @@ void Scheduler::start_generation(FgItem& item) {
     if (!req.adapters.empty()) r->session->set_adapters(req.adapters);
     GenerationStream* s = r->stream.get();
     r->gen = std::make_unique<Generation>(*r->session, req.prompt, req.options, [s](std::string_view text) {
-      // Text means a token: its time is set before the client can see it.
-      if (s->first_token_at_.load(std::memory_order_relaxed) == 0)
-        s->first_token_at_.store(now_seconds(), std::memory_order_release);
+      s->mark_first_token();  // text means a token: timed before the client can see it
       GenerationEvent e;
       e.kind = GenerationEvent::Kind::kText;
       e.text = std::string(text);
@@ -733,9 +731,7 @@ void Scheduler::run_foreground_round(std::vector<std::unique_ptr<FgItem>> admitt
         continue;
       }
       const int64_t n = r.gen->stats().generated_tokens;
-      // A first token without text yet (inside a UTF-8 character, held by a stop string).
-      if (n > 0 && r.stream->first_token_at_.load(std::memory_order_relaxed) == 0)
-        r.stream->first_token_at_.store(now_seconds(), std::memory_order_release);
+      if (n > 0) r.stream->mark_first_token();  // also a first token without text yet
       {
         std::lock_guard lock(mu_);
         m_.generated_tokens += n - r.counted_tokens;

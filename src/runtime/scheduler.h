@@ -57,6 +57,7 @@
 
 #include "memory/prefix_cache.h"
 #include "platform/error.h"
+#include "platform/timer.h"
 #include "runtime/adapters.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -162,6 +163,11 @@ class GenerationStream {
  private:
   friend class Scheduler;
   void push(GenerationEvent e);
+  // Records now as the first token's time, once.
+  void mark_first_token() {
+    if (first_token_at_.load(std::memory_order_relaxed) == 0)
+      first_token_at_.store(now_seconds(), std::memory_order_release);
+  }
 
   uint64_t id_ = 0;
   std::mutex mu_;
