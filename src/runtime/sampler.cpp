@@ -6,6 +6,7 @@
 #include <string>
 
 #include "platform/error.h"
+#include "runtime/grammar/constraint.h"
 
 namespace ebb {
 namespace {
@@ -64,13 +65,20 @@ Sampler::Sampler(SamplerOptions opts, int32_t n_vocab) : opts_(opts), n_vocab_(n
 
 void Sampler::accept(int32_t token) {
   EBB_CHECK_MSG(token >= 0 && token < n_vocab_, "accepted token outside the vocabulary");
+  if (constraint_) constraint_->accept(token);
   if (history_.empty()) return;
   history_[history_next_] = token;
   history_next_ = (history_next_ + 1) % history_.size();
   history_size_ = std::min(history_size_ + 1, history_.size());
 }
 
+void Sampler::set_constraint(std::shared_ptr<grammar::GrammarConstraint> constraint) {
+  constraint_ = std::move(constraint);
+  if (constraint_) mask_.resize(static_cast<size_t>(n_vocab_));
+}
+
 void Sampler::reset() {
+  if (constraint_) constraint_->reset();
   history_next_ = 0;
   history_size_ = 0;
   rng_.seed(seed_);
@@ -79,6 +87,7 @@ void Sampler::reset() {
 int32_t Sampler::sample(std::span<const float> logits) {
   EBB_CHECK_MSG(logits.size() == static_cast<size_t>(n_vocab_), "logits row is not n_vocab long");
   fill_and_penalize(logits);
+  if (constraint_ && constraint_->active()) return sample_constrained();
   if (opts_.temperature == 0.0f) return argmax();
 
   apply_top_k();
@@ -238,6 +247,43 @@ int32_t Sampler::draw() {
     if (cum > u) return candidates_[i].id;
   }
   return candidates_[last_nonzero].id;  // rounding left u just past the total
+}
+
+int32_t Sampler::sample_constrained() {
+  if (opts_.temperature == 0.0f) {
+    // Fast path: the unconstrained argmax, if the grammar takes it, is the
+    // constrained argmax too.
+    const int32_t best = argmax();
+    if (constraint_->allows(best)) return best;
+  }
+  const size_t n_allowed = constraint_->fill_mask(mask_);
+  if (n_allowed == 0)
+    throw Error("grammar constraint: no token is allowed here (the grammar needs text that no token of the "
+                "vocabulary starts, or it is complete and the vocabulary has no end-of-generation token)");
+  // Drop the refused tokens, keeping id order (argmax ties and the draws
+  // stay a pure function of the logits).
+  size_t j = 0;
+  float max_logit = -INFINITY;
+  for (int32_t i = 0; i < n_vocab_; ++i) {
+    if (!mask_[static_cast<size_t>(i)]) continue;
+    max_logit = std::max(max_logit, candidates_[static_cast<size_t>(i)].logit);
+    candidates_[j++] = candidates_[static_cast<size_t>(i)];
+  }
+  if (!std::isfinite(max_logit))
+    throw Error("grammar constraint: every token the grammar allows (" + std::to_string(n_allowed) +
+                ") has logit -inf");
+  n_candidates_ = j;
+  sorted_ = 0;
+  if (opts_.temperature == 0.0f) {
+    size_t best = 0;  // strict '>' in id order: ties go to the lowest id
+    for (size_t i = 1; i < n_candidates_; ++i)
+      if (candidates_[i].logit > candidates_[best].logit) best = i;
+    return candidates_[best].id;
+  }
+  apply_top_k();
+  apply_top_p();
+  apply_min_p();
+  return draw();
 }
 
 double Sampler::uniform01() {

@@ -1,6 +1,8 @@
 // Picks the next token from a row of logits.
 //
 // The order of the steps, fixed and the same for every call:
+//   0. grammar (only with a constraint set, see set_constraint): tokens the
+//      grammar does not allow are dropped before any later step sees them;
 //   1. penalties, over the last `penalty_last_n` accepted tokens:
 //        repetition (CTRL, Keskar et al. 2019): a positive logit is divided by
 //          repeat_penalty, a negative one multiplied, so both move down;
@@ -19,6 +21,15 @@
 // and the random generator is not touched. Truncation cannot change the
 // argmax, so greedy skips steps 2-4.
 //
+// With a grammar constraint (set_constraint), greedy sampling first checks
+// the argmax with GrammarConstraint::allows() and computes the full mask
+// only when it is refused; that is exact, since the argmax of the allowed
+// tokens is the overall argmax whenever the grammar allows it. Sampling at
+// temperature > 0 always applies the full mask before the filters, so the
+// draw comes from the masked distribution exactly (no sample-then-resample
+// shortcut, which would skew it). When the grammar allows no token, or every
+// allowed token has logit -inf, sample() throws ebb::Error.
+//
 // Randomness comes from std::mt19937_64, whose output is fixed by the C++
 // standard, and is turned into a uniform double by bit arithmetic rather than
 // std::uniform_real_distribution (whose algorithm each standard library picks),
@@ -33,11 +44,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
 
 namespace ebb {
+
+namespace grammar {
+class GrammarConstraint;
+}
 
 struct SamplerOptions {
   float temperature = 0.8f;       // >= 0; 0: greedy
@@ -72,11 +88,20 @@ class Sampler {
   // -inf is fine (a masked token).
   int32_t sample(std::span<const float> logits);
 
-  // Records a token (prompt or generated) for the penalties.
+  // Records a token (prompt or generated) for the penalties; with a
+  // constraint set, also advances the grammar by it (ebb::Error, before
+  // anything is recorded, when the grammar refuses it).
   void accept(int32_t token);
 
+  // Constrains every later sample() to the grammar (nullptr: no constraint).
+  // Set it after the prompt's tokens were accepted: from then on accept()
+  // feeds each token to the grammar. Sizes a [n_vocab] mask buffer once.
+  void set_constraint(std::shared_ptr<grammar::GrammarConstraint> constraint);
+  grammar::GrammarConstraint* constraint() const { return constraint_.get(); }
+
   // Forgets the history and restarts the random sequence from seed(), so a
-  // reset sampler repeats its first run exactly.
+  // reset sampler repeats its first run exactly; a constraint goes back to
+  // its start.
   void reset();
 
   // The seed in use: opts.seed, or the one drawn when opts.seed was 0.
@@ -99,6 +124,7 @@ class Sampler {
   void apply_top_p();
   void apply_min_p();
   int32_t draw();
+  int32_t sample_constrained();  // steps 0-5 with constraint_ active
   double uniform01();  // in [0, 1), 53 random bits
 
   SamplerOptions opts_;
@@ -115,6 +141,9 @@ class Sampler {
   size_t history_next_ = 0;            // ring write position
   size_t history_size_ = 0;            // valid entries, <= penalty_last_n
   std::vector<int32_t> counts_;        // [n_vocab] scratch, all zero between calls
+
+  std::shared_ptr<grammar::GrammarConstraint> constraint_;  // null: unconstrained
+  std::vector<uint8_t> mask_;          // [n_vocab] allowed tokens, when constrained
 };
 
 }  // namespace ebb

@@ -1,0 +1,122 @@
+#include "runtime/grammar/constraint.h"
+
+#include <algorithm>
+
+#include "platform/error.h"
+
+namespace ebb::grammar {
+
+GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenTrie> vocab,
+                                     ConstraintOptions opts)
+    : vocab_(std::move(vocab)), opts_(std::move(opts)), matcher_(std::move(grammar), opts_.limits) {
+  EBB_CHECK(vocab_ != nullptr);
+  if (opts_.lazy && opts_.trigger_tokens.empty() && opts_.trigger_words.empty())
+    throw Error("grammar constraint: lazy, but no trigger token or word");
+  for (const std::string& w : opts_.trigger_words) {
+    if (w.empty()) throw Error("grammar constraint: an empty trigger word");
+    max_word_ = std::max(max_word_, w.size());
+  }
+  active_ = !opts_.lazy;
+  depth_states_.resize(vocab_->max_depth() + 1);
+}
+
+void GrammarConstraint::reset() {
+  matcher_.reset();
+  active_ = !opts_.lazy;
+  recent_.clear();
+}
+
+bool GrammarConstraint::allows(int32_t token) {
+  if (!active_) return true;
+  if (token < 0 || token >= vocab_->n_vocab()) return false;
+  const bool complete = matcher_.is_accepting();
+  if (vocab_->is_eog(token)) return complete;
+  const std::string_view p = vocab_->piece(token);
+  if (p.empty()) return complete;
+  return matcher_.run(matcher_.state(), p) != GrammarMatcher::kReject;
+}
+
+size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
+  if (!active_) {
+    std::fill(allowed.begin(), allowed.end(), uint8_t{1});
+    return allowed.size();
+  }
+  std::fill(allowed.begin(), allowed.end(), uint8_t{0});
+  const size_t n_ids = std::min(allowed.size(), static_cast<size_t>(vocab_->n_vocab()));
+  const auto& nodes = vocab_->nodes();
+  const int32_t* toks = vocab_->node_tokens().data();
+  GrammarMatcher::StateId* states = depth_states_.data();
+  states[0] = matcher_.state();
+  size_t count = 0;
+  const size_t n = nodes.size();
+  for (size_t i = 0; i < n;) {
+    const TokenTrie::Node& nd = nodes[i];
+    const GrammarMatcher::StateId t = matcher_.step(states[nd.depth - 1], nd.byte);
+    if (t == GrammarMatcher::kReject) {
+      i = nd.subtree_end;  // no token below this prefix can be taken
+      continue;
+    }
+    states[nd.depth] = t;
+    for (uint32_t k = nd.tok_begin; k < nd.tok_end; ++k) {
+      const auto id = static_cast<size_t>(toks[k]);
+      if (id < n_ids) {
+        allowed[id] = 1;
+        ++count;
+      }
+    }
+    ++i;
+  }
+  if (matcher_.is_accepting()) {
+    for (const int32_t id : vocab_->eog_tokens())
+      if (static_cast<size_t>(id) < n_ids) allowed[static_cast<size_t>(id)] = 1, ++count;
+    for (const int32_t id : vocab_->empty_tokens())
+      if (static_cast<size_t>(id) < n_ids) allowed[static_cast<size_t>(id)] = 1, ++count;
+  }
+  return count;
+}
+
+void GrammarConstraint::activate_with(std::string_view text) {
+  active_ = true;
+  recent_.clear();
+  if (!matcher_.accept_bytes(text))
+    throw Error("grammar constraint: the grammar refuses the text from its lazy trigger on: \"" + std::string(text) +
+                "\" (a lazy grammar must begin with its trigger)");
+}
+
+void GrammarConstraint::accept(int32_t token) {
+  if (token < 0 || token >= vocab_->n_vocab()) {
+    if (!active_) return;
+    throw Error("grammar constraint: token " + std::to_string(token) + " is outside the vocabulary");
+  }
+  const std::string_view p = vocab_->piece(token);
+  if (!active_) {
+    if (std::find(opts_.trigger_tokens.begin(), opts_.trigger_tokens.end(), token) != opts_.trigger_tokens.end()) {
+      activate_with(p);
+      return;
+    }
+    if (max_word_ == 0) return;
+    recent_ += p;
+    size_t best = std::string::npos;
+    for (const std::string& w : opts_.trigger_words) best = std::min(best, recent_.find(w));
+    if (best != std::string::npos) {
+      const std::string text = recent_.substr(best);
+      activate_with(text);
+      return;
+    }
+    if (recent_.size() >= max_word_) recent_.erase(0, recent_.size() - (max_word_ - 1));
+    return;
+  }
+  if (vocab_->is_eog(token) || p.empty()) {
+    if (!matcher_.is_accepting())
+      throw Error("grammar constraint: token " + std::to_string(token) +
+                  (vocab_->is_eog(token) ? " ends generation" : " is a control token") +
+                  " but the grammar is not complete");
+    return;
+  }
+  if (!matcher_.accept_bytes(p))
+    throw Error("grammar constraint: token " + std::to_string(token) + " (\"" + std::string(p) +
+                "\") is not allowed by the grammar here");
+  matcher_.trim();
+}
+
+}  // namespace ebb::grammar

@@ -1,0 +1,89 @@
+// The sampler-facing grammar constraint of one sequence: which tokens may
+// come next, and advancing by the token chosen.
+//
+// Rules, per token id:
+//  - a token with bytes (a trie token) is allowed when the grammar can take
+//    its bytes from the current state (it may end inside a UTF-8 character:
+//    the state keeps the partial character);
+//  - an end-of-generation token (Tokenizer::is_eog) is allowed exactly when
+//    the grammar is complete (an accepting state);
+//  - a token with an empty piece (a control token) is allowed only when the
+//    grammar is complete, since it adds no text;
+//  - ids the vocabulary does not have (a logits row wider than the
+//    tokenizer, as Qwen's 151,936 vs its tokenizer) are never allowed.
+//
+// Cost: fill_mask() walks the token trie once from the current state,
+// skipping every subtree whose prefix is refused, with one table lookup per
+// trie node once the matcher's DFA has seen the states; allows() checks one
+// token (the fast path: check the sampled token, mask only when refused).
+// Buffers are sized at construction; a step in a state seen before allocates
+// nothing.
+//
+// Lazy constraints (ConstraintOptions::lazy): inactive, allowing everything,
+// until a trigger token is accepted or a trigger word appears in the
+// accepted text; the grammar is then fed the text from the trigger's start
+// (the trigger token's piece, or the trigger word and what followed it in
+// the same token) and constrains every token after. A grammar for a lazy
+// constraint therefore begins with its trigger, e.g.
+// root ::= "<tool_call>" ...
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/grammar/grammar.h"
+#include "runtime/grammar/grammar_matcher.h"
+#include "runtime/grammar/token_trie.h"
+
+namespace ebb::grammar {
+
+struct ConstraintOptions {
+  bool lazy = false;
+  std::vector<int32_t> trigger_tokens;     // lazy: accepting one of these activates
+  std::vector<std::string> trigger_words;  // lazy: one appearing in the text activates
+  MatcherLimits limits;
+};
+
+class GrammarConstraint {
+ public:
+  // Throws ebb::Error when a lazy constraint has no trigger, or a trigger
+  // word is empty.
+  GrammarConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenTrie> vocab,
+                    ConstraintOptions opts = {});
+
+  // False while a lazy constraint waits for its trigger.
+  bool active() const { return active_; }
+  // True when `token` may come next (always, while inactive).
+  bool allows(int32_t token);
+  // allowed: [n] with n >= 1 (usually the logits row); sets allowed[id] = 1
+  // for every token that may come next and 0 for the rest. Returns how many
+  // are allowed.
+  size_t fill_mask(std::span<uint8_t> allowed);
+  // Advances by `token`. Throws ebb::Error naming the token when the grammar
+  // does not allow it (the state is unchanged), or when a lazy trigger's
+  // text is refused by the grammar.
+  void accept(int32_t token);
+  // Active and the text so far is a complete sentence of the grammar.
+  bool is_complete() const { return active_ && matcher_.is_accepting(); }
+  // Back to the start (and, when lazy, to waiting for the trigger).
+  void reset();
+
+  const TokenTrie& vocab() const { return *vocab_; }
+  GrammarMatcher& matcher() { return matcher_; }
+
+ private:
+  void activate_with(std::string_view text);
+
+  std::shared_ptr<const TokenTrie> vocab_;
+  ConstraintOptions opts_;
+  GrammarMatcher matcher_;
+  bool active_ = true;
+  std::string recent_;  // lazy: the tail of the accepted text, shorter than the longest trigger word
+  size_t max_word_ = 0;
+  std::vector<GrammarMatcher::StateId> depth_states_;  // [max_depth + 1] scratch for the trie walk
+};
+
+}  // namespace ebb::grammar

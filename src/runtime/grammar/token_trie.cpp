@@ -1,0 +1,76 @@
+#include "runtime/grammar/token_trie.h"
+
+#include <algorithm>
+
+#include "model/tokenizer.h"
+#include "platform/error.h"
+
+namespace ebb::grammar {
+
+TokenTrie::TokenTrie(const std::vector<std::string>& pieces, const std::vector<uint8_t>& eog) {
+  const size_t n = pieces.size();
+  if (!eog.empty() && eog.size() != n) throw Error("token trie: " + std::to_string(eog.size()) +
+                                                   " end-of-generation flags for " + std::to_string(n) + " tokens");
+  eog_ = eog.empty() ? std::vector<uint8_t>(n, 0) : eog;
+  offsets_.reserve(n + 1);
+  offsets_.push_back(0);
+  for (const std::string& p : pieces) {
+    if (p.size() > 65535) throw Error("token trie: a token of " + std::to_string(p.size()) + " bytes (limit 65535)");
+    bytes_ += p;
+    offsets_.push_back(static_cast<uint32_t>(bytes_.size()));
+  }
+  // Sorting the pieces puts them in the trie's pre-order; each new piece opens
+  // nodes below its common prefix with the previous one.
+  std::vector<int32_t> order;
+  for (size_t i = 0; i < n; ++i) {
+    const auto id = static_cast<int32_t>(i);
+    if (eog_[i]) eog_tokens_.push_back(id);
+    else if (pieces[i].empty()) empty_tokens_.push_back(id);
+    else order.push_back(id);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return piece(a) < piece(b); });
+  std::vector<uint32_t> open;  // node index at each depth - 1 on the current path
+  std::string_view prev;
+  for (const int32_t id : order) {
+    const std::string_view p = piece(id);
+    size_t common = 0;
+    while (common < p.size() && common < prev.size() && p[common] == prev[common]) ++common;
+    // Close the nodes deeper than the common prefix.
+    while (open.size() > common) {
+      nodes_[open.back()].subtree_end = static_cast<uint32_t>(nodes_.size());
+      open.pop_back();
+    }
+    for (size_t d = common; d < p.size(); ++d) {
+      open.push_back(static_cast<uint32_t>(nodes_.size()));
+      const auto t = static_cast<uint32_t>(node_tokens_.size());
+      nodes_.push_back({0, t, t, static_cast<uint16_t>(d + 1), static_cast<uint8_t>(p[d])});
+    }
+    // The token ends at the deepest open node; identical pieces share it, and
+    // a node's tokens are pushed before any node below it is opened.
+    Node& end = nodes_[open.back()];
+    if (end.tok_end != node_tokens_.size()) {
+      end.tok_begin = end.tok_end = static_cast<uint32_t>(node_tokens_.size());
+    }
+    node_tokens_.push_back(id);
+    end.tok_end = static_cast<uint32_t>(node_tokens_.size());
+    max_depth_ = std::max(max_depth_, p.size());
+    prev = p;
+  }
+  while (!open.empty()) {
+    nodes_[open.back()].subtree_end = static_cast<uint32_t>(nodes_.size());
+    open.pop_back();
+  }
+}
+
+std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const Tokenizer& tok) {
+  const int32_t n = tok.n_vocab();
+  std::vector<std::string> pieces(static_cast<size_t>(n));
+  std::vector<uint8_t> eog(static_cast<size_t>(n), 0);
+  for (int32_t i = 0; i < n; ++i) {
+    eog[static_cast<size_t>(i)] = tok.is_eog(i) ? 1 : 0;
+    pieces[static_cast<size_t>(i)] = tok.token_to_piece(i, /*special=*/false);
+  }
+  return std::make_shared<const TokenTrie>(pieces, eog);
+}
+
+}  // namespace ebb::grammar
