@@ -80,8 +80,8 @@ struct ChatStreamParser::State {
   bool finished = false;
   std::string marker;  // kCall: the marker that opened it
   int n_calls = 0;
-  Channel content{ChatDelta::Kind::kContent};
-  Channel reasoning{ChatDelta::Kind::kReasoning};
+  Channel content{ChatDelta::Kind::kContent, false, {}};
+  Channel reasoning{ChatDelta::Kind::kReasoning, false, {}};
   std::vector<std::string> markers;  // call markers recognised anywhere in content
 
   bool bare_json() const {
