@@ -189,6 +189,25 @@ TEST(ToolCalls, StreamedAtEverySplitEqualsWhole) {
   }
 }
 
+// What a grammar writes from a format's call_prefix / call_suffix (one call,
+// or parallel calls repeated with whitespace between) is read back as calls.
+TEST(ToolCalls, GrammarShapedCallsParse) {
+  const std::string j1 = R"({"name": "a", "arguments": {"x": 1}})", j2 = R"({"name": "b", "arguments": {}})";
+  for (ToolCallSyntax s : {ToolCallSyntax::kHermes, ToolCallSyntax::kLlama3, ToolCallSyntax::kMistral,
+                           ToolCallSyntax::kGeneric}) {
+    const ChatOutputFormat f = ebb::chat_output_format(s);
+    Case one{"grammar one call", s, false, false, true, f.call_prefix + j1 + f.call_suffix, "", "", {{"a", R"({"x":1})"}}};
+    Case two{"grammar parallel calls", s, false, false, true,
+             f.call_prefix + j1 + f.call_suffix + "\n" + f.call_prefix + j2 + f.call_suffix, "", "",
+             {{"a", R"({"x":1})"}, {"b", "{}"}}};
+    for (const Case& c : {one, two}) {
+      SCOPED_TRACE(std::string(ebb::tool_call_syntax_name(s)));
+      expect_parsed(ebb::parse_chat_output(f, c.text, true, counting_ids()), c, "whole");
+      for (size_t k = 0; k <= c.text.size(); ++k) expect_parsed(stream(c, {k}), c, "split at " + std::to_string(k));
+    }
+  }
+}
+
 TEST(ToolCalls, StreamHoldsBackAPossibleMarker) {
   ebb::ChatStreamParser p(ebb::chat_output_format(ToolCallSyntax::kHermes), true, counting_ids());
   std::vector<ChatDelta> d = p.feed("Hello <tool_c");

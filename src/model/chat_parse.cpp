@@ -28,14 +28,12 @@ ChatOutputFormat chat_output_format(ToolCallSyntax s, bool thinking) {
     case ToolCallSyntax::kHermes:
       f.triggers = {"<tool_call>"};
       f.call_prefix = "<tool_call>\n";
-      f.call_separator = "\n";
       f.call_suffix = "\n</tool_call>";
       f.preserved_tokens = {"<tool_call>", "</tool_call>"};
       break;
     case ToolCallSyntax::kLlama3:
       f.triggers = {"<|python_tag|>"};
       f.start_triggers = {"{"};
-      f.call_separator = "; ";
       f.arguments_key = "parameters";
       f.stop_strings = {"<|eom_id|>"};
       f.preserved_tokens = {"<|python_tag|>", "<|eom_id|>"};
@@ -43,15 +41,11 @@ ChatOutputFormat chat_output_format(ToolCallSyntax s, bool thinking) {
     case ToolCallSyntax::kMistral:
       f.triggers = {"[TOOL_CALLS]"};
       f.call_prefix = "[TOOL_CALLS][";
-      f.call_separator = ", ";
       f.call_suffix = "]";
       f.preserved_tokens = {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"};
       break;
     case ToolCallSyntax::kGeneric:
       f.start_triggers = {"{"};
-      f.call_prefix = "{\"tool_calls\": [";
-      f.call_separator = ", ";
-      f.call_suffix = "]}";
       break;
   }
   if (thinking) {

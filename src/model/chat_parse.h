@@ -20,8 +20,9 @@
 //   kMistral  [TOOL_CALLS][J, J, ...] (v3), [TOOL_CALLS]J, and the newer
 //             [TOOL_CALLS]name[ARGS]{...} (optionally name[CALL_ID]id[ARGS]),
 //             repeated for several calls.
-//   kGeneric  any other model: the whole output is {"tool_calls": [J, ...]}
-//             (with an optional "content" string) or J itself.
+//   kGeneric  any other model: the output is {"tool_calls": [J, ...]}
+//             (with an optional "content" string), or J, or several J
+//             separated by whitespace or ';'.
 // A bare-JSON call (kLlama3 without the tag, kGeneric) must carry its
 // arguments; only a call inside an explicit marker may omit them.
 //
@@ -75,10 +76,13 @@ struct ChatOutputFormat {
   // kGeneric's bare '{'.
   std::vector<std::string> triggers;
   std::vector<std::string> start_triggers;
-  // What a grammar writes around one call's JSON object, and the key of its
-  // arguments ("arguments" or "parameters"). kMistral's v3 calls are an
-  // array: call_prefix "[TOOL_CALLS][", separator ", ", call_suffix "]".
-  std::string call_prefix, call_separator, call_suffix;
+  // What a grammar writes around one call's JSON object {"name",
+  // "arguments"}; parallel calls repeat prefix + call + suffix with
+  // whitespace between, which the parser reads for every syntax (kMistral:
+  // "[TOOL_CALLS][" J "]" each; kLlama3, kGeneric: bare objects). The
+  // family's own key for the arguments is arguments_key (Llama 3 writes
+  // "parameters"); the parser takes either.
+  std::string call_prefix, call_suffix;
   std::string arguments_key = "arguments";
   // Stop strings the family needs beyond its template's end-of-turn token.
   std::vector<std::string> stop_strings;

@@ -321,7 +321,7 @@ struct ChatStreamParser::State {
     }
     content.emit(text, out);
     emit_calls(std::move(*calls), sc.end, out);
-    mode = f.syntax == ToolCallSyntax::kLlama3 ? Mode::kAfterBare : Mode::kContent;
+    mode = Mode::kAfterBare;
     return true;
   }
 
