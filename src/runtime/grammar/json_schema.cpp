@@ -26,7 +26,7 @@ struct Prim {
 const Prim* find_prim(const std::string& name) {
   static const Prim prims[] = {
       {"ws", R"(( " " | "\n" [ \t]{0,32} )?)", {}},
-      {"json-char", R"([^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ))", {}},
+      {"json-char", R"([^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} ) ))", {}},
       {"json-string", R"("\"" json-char* "\"")", {"json-char"}},
       {"json-int", R"("-"? ( "0" | [1-9] [0-9]{0,17} ))", {}},
       {"json-frac", R"("." [0-9]{1,16})", {}},
@@ -48,7 +48,7 @@ const Prim* find_prim(const std::string& name) {
       {"json-date-time", R"(json-date [Tt] json-time)", {"json-date", "json-time"}},
       {"json-uuid",
        R"([0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12})", {}},
-      {"regex-char", R"([^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ))", {}},
+      {"regex-char", R"([^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} ) ))", {}},
   };
   for (const Prim& p : prims)
     if (name == p.name) return &p;
