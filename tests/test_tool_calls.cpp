@@ -102,6 +102,8 @@ std::vector<Case> cases() {
       {"the prompt opened think", S::kHermes, true, true, true,
        "I will call it.\n</think>\n<tool_call>" + kWeather + "</tool_call>", "", "I will call it.",
        {{"get_weather", kWeatherArgs}}},
+      {"the prompt opened think and the model wrote it again", S::kHermes, true, true, false,
+       "\n<think>\nHmm.</think>Yes.", "Yes.", "Hmm.", {}},
       {"an unclosed think is all reasoning", S::kHermes, true, false, true, "<think>going on and on", "",
        "going on and on", {}},
       {"think later in the text is content", S::kHermes, true, false, true, "Hi <think>x</think>", "Hi <think>x</think>",

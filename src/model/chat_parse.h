@@ -31,7 +31,8 @@
 //   - <think>...</think> (format.thinking) at the start of the output is
 //     reasoning_content; with format.open_think (the prompt already opened
 //     <think>, as DeepSeek-R1's and some Qwen3 templates do) the output
-//     starts inside it. Text that looks like a call inside the reasoning is
+//     starts inside it (a <think> the model writes again there is dropped).
+//     Text that looks like a call inside the reasoning is
 //     reasoning. An unclosed <think> is reasoning to the end.
 //   - A call whose JSON is malformed, lacks a name, has non-object arguments
 //     or is cut off stays in the content as written: never a half call.

@@ -77,6 +77,7 @@ struct ChatStreamParser::State {
   std::string buf;
   Mode mode = Mode::kContent;
   bool seen_reasoning = false;
+  bool opened_here = false;  // the output wrote <think> itself
   bool finished = false;
   std::string marker;  // kCall: the marker that opened it
   int n_calls = 0;
@@ -135,6 +136,7 @@ struct ChatStreamParser::State {
       if (think_here && rest.substr(0, f.think_start.size()) == f.think_start) {
         buf.erase(0, i + f.think_start.size());
         seen_reasoning = true;
+        opened_here = true;
         mode = Mode::kReasoning;
         return true;
       }
@@ -169,6 +171,18 @@ struct ChatStreamParser::State {
 
   bool step_reasoning(bool final, std::vector<ChatDelta>& out) {
     if (buf.empty()) return false;
+    if (!reasoning.started && !opened_here) {
+      // The prompt opened <think>, yet some models write it again.
+      size_t i = 0;
+      while (i < buf.size() && is_space(buf[i])) ++i;
+      const std::string_view rest = std::string_view(buf).substr(i);
+      if (rest.substr(0, f.think_start.size()) == f.think_start) {
+        buf.erase(0, i + f.think_start.size());
+        opened_here = true;
+        return true;
+      }
+      if (!final && is_prefix(rest, f.think_start)) return false;
+    }
     const size_t p = buf.find(f.think_end);
     if (p != std::string::npos) {
       reasoning.emit(std::string_view(buf).substr(0, p), out);
