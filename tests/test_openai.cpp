@@ -6,8 +6,14 @@
 // so this test compiles openai.h's sources itself.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "support.h"
 
 #include "serve/openai.cpp"
 #include "serve/openai_messages.cpp"
@@ -384,15 +390,23 @@ json fold_stream(const std::vector<json>& chunks, size_t n) {
   return msgs;
 }
 
-TEST(OpenAIResponse, StreamedChunksAddUpToTheWholeResponse) {
+// Two choices of a Hermes-format model with thinking, streamed with their
+// deltas interleaved 5 bytes at a time, and the same outputs parsed whole.
+struct StreamedPair {
+  CompletionRequest r;
+  std::vector<json> chunks;  // as sent (each went through sse())
+  json whole;                // the non-streamed response
+};
+
+StreamedPair stream_two_choices() {
   const ChatOutputFormat f = chat_output_format(ToolCallSyntax::kHermes, true);
   const std::vector<std::string> outputs = {
       "<think>\nThe user wants weather.\n</think>\n\nLet me check.\n<tool_call>\n"
       "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n"
       "{\"name\": \"now\", \"arguments\": {}}\n</tool_call>",
       "<think>short</think>Plain answer, no tools."};
-  CompletionRequest r = parse(chat({{"n", 2}, {"tools", {weather_tool()}}, {"stream", true}}));
-  std::vector<json> chunks;
+  StreamedPair out;
+  out.r = parse(chat({{"n", 2}, {"tools", {weather_tool()}}, {"stream", true}}));
   std::vector<Choice> whole(outputs.size());
   std::vector<std::unique_ptr<ChatStreamParser>> parsers;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -401,25 +415,33 @@ TEST(OpenAIResponse, StreamedChunksAddUpToTheWholeResponse) {
     parsers.push_back(std::make_unique<ChatStreamParser>(f, true, ids));
     whole[i].parsed = parse_chat_output(f, outputs[i], true, ids);
   }
-  // The two choices interleave, 5 bytes at a time.
   for (size_t at = 0; at < 400; at += 5) {
     std::vector<StreamChoice> cs;
     for (size_t i = 0; i < outputs.size(); ++i) {
       StreamChoice c;
       c.index = static_cast<int>(i);
       c.first = at == 0;
-      if (at < outputs[i].size()) c.deltas = parsers[i]->feed(outputs[i].substr(at, 5));
-      else if (at - 5 < outputs[i].size()) {
+      if (at < outputs[i].size()) {
+        c.deltas = parsers[i]->feed(outputs[i].substr(at, 5));
+      } else if (at - 5 < outputs[i].size()) {
         c.deltas = parsers[i]->finish();
-        c.finish_reason = finish_reason(StopReason::kEndOfGeneration, whole[i].parsed->tool_calls.size() > 0);
-      } else continue;
+        c.finish_reason = finish_reason(StopReason::kEndOfGeneration, !whole[i].parsed->tool_calls.empty());
+      } else {
+        continue;
+      }
       cs.push_back(std::move(c));
     }
-    if (!cs.empty()) chunks.push_back(json::parse(sse(stream_chunk(r, "s", 1, cs)).substr(6)));
+    if (!cs.empty()) out.chunks.push_back(json::parse(sse(stream_chunk(out.r, "s", 1, cs)).substr(6)));
   }
-  const json got = fold_stream(chunks, outputs.size());
-  const json want = completion_response(r, "s", 1, whole, Usage{});
-  for (size_t i = 0; i < outputs.size(); ++i) {
+  out.whole = completion_response(out.r, "s", 1, whole, Usage{});
+  return out;
+}
+
+TEST(OpenAIResponse, StreamedChunksAddUpToTheWholeResponse) {
+  const StreamedPair s = stream_two_choices();
+  const json got = fold_stream(s.chunks, 2);
+  const json& want = s.whole;
+  for (size_t i = 0; i < 2; ++i) {
     SCOPED_TRACE(i);
     const json& m = want["choices"][i]["message"];
     EXPECT_EQ(got[i]["content"], m["content"].is_null() ? json("") : m["content"]);
@@ -430,6 +452,79 @@ TEST(OpenAIResponse, StreamedChunksAddUpToTheWholeResponse) {
   EXPECT_EQ(want["choices"][0]["message"]["tool_calls"].size(), 2u);
   EXPECT_EQ(want["choices"][0]["finish_reason"], "tool_calls");
   EXPECT_EQ(got[0]["tool_calls"][1]["id"], "call_0_1");
+}
+
+// The official client (npm's openai, installed by scripts/setup.sh into
+// BUILD/npm) reads the same stream with its own accumulator
+// (chat.completions.stream -> finalChatCompletion) and the whole response,
+// through a fetch that serves them without a server.
+TEST(OpenAIResponse, TheOfficialClientReadsStreamAndWhole) {
+  const std::string cli = EBB_CLI_PATH;
+  const std::string prefix = cli.substr(0, cli.rfind('/')) + "/npm";
+  if (std::system("node --version >/dev/null 2>&1") != 0 ||
+      !std::filesystem::exists(prefix + "/node_modules/openai/package.json"))
+    GTEST_SKIP() << "node or the openai npm package (" << prefix << ") is missing: run scripts/setup.sh";
+  const StreamedPair s = stream_two_choices();
+  ebb::test::TempDir dir("ebb-openai");
+  {
+    std::ofstream sse_file(dir.file("stream.sse"));
+    for (const json& c : s.chunks) sse_file << sse(c);
+    sse_file << "data: [DONE]\n\n";
+    std::ofstream whole_file(dir.file("whole.json"));
+    whole_file << s.whole.dump();
+    std::ofstream js(dir.file("check.mjs"));
+    js << R"JS(
+import { createRequire } from 'node:module';
+import { join } from 'node:path';
+import { readFileSync } from 'node:fs';
+const [prefix, ssePath, wholePath, toolsJson] = process.argv.slice(2);
+const mod = createRequire(join(prefix, 'package.json'))('openai');
+const OpenAI = mod.OpenAI ?? mod.default ?? mod;
+let body = null;
+const client = new OpenAI({ apiKey: 'k', baseURL: 'http://127.0.0.1:9/v1', maxRetries: 0,
+  fetch: async () => new Response(body.text, { status: 200, headers: { 'content-type': body.type } }) });
+const params = { model: 'm', messages: [{ role: 'user', content: 'hi' }], tools: JSON.parse(toolsJson), n: 2 };
+body = { text: readFileSync(ssePath, 'utf8'), type: 'text/event-stream' };
+const streamed = await client.chat.completions.stream(params).finalChatCompletion();
+body = { text: readFileSync(wholePath, 'utf8'), type: 'application/json' };
+const whole = await client.chat.completions.create(params);
+console.log(JSON.stringify({ streamed, whole }));
+)JS";
+  }
+  const std::string cmd = "timeout 60 node " + dir.file("check.mjs") + " " + prefix + " " + dir.file("stream.sse") + " " +
+                          dir.file("whole.json") + " '" + json::array({weather_tool()}).dump() + "' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  ASSERT_EQ(::pclose(p), 0) << out;
+  const json got = json::parse(out, nullptr, false);
+  ASSERT_FALSE(got.is_discarded()) << out;
+  for (const char* how : {"streamed", "whole"}) {
+    SCOPED_TRACE(how);
+    const json& cs = got[how]["choices"];
+    ASSERT_EQ(cs.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      const json& want = s.whole["choices"][i];
+      EXPECT_EQ(cs[i]["index"], i);
+      EXPECT_EQ(cs[i]["finish_reason"], want["finish_reason"]);
+      EXPECT_EQ(cs[i]["message"]["role"], "assistant");
+      EXPECT_EQ(cs[i]["message"]["content"], want["message"]["content"]);
+      const json calls = want["message"].value("tool_calls", json::array());
+      ASSERT_EQ(cs[i]["message"].value("tool_calls", json::array()).size(), calls.size());
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const json& c = cs[i]["message"]["tool_calls"][k];
+        EXPECT_EQ(c["id"], calls[k]["id"]);
+        EXPECT_EQ(c["type"], "function");
+        EXPECT_EQ(c["function"]["name"], calls[k]["function"]["name"]);
+        EXPECT_EQ(c["function"]["arguments"], calls[k]["function"]["arguments"]);
+      }
+    }
+  }
+  // strict tools: the client parsed the streamed arguments itself.
+  EXPECT_EQ(got["streamed"]["choices"][0]["message"]["tool_calls"][0]["function"]["parsed_arguments"],
+            (json{{"city", "Paris"}}));
 }
 
 TEST(OpenAIResponse, StreamChunkShapes) {
