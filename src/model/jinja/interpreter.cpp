@@ -460,7 +460,7 @@ Value Renderer::eval(const Expr& e) {
       Value b = eval(*e.b);
       pos_ = e.pos;
       Value r = binary_op(*this, e.name, a, b);
-      if (r.is_string()) charge(int64_t(r.str().size() / 64));
+      if (r.is_string()) charge(int64_t(r.str().size() / 16));
       return r;
     }
     case ExprKind::Compare: return eval_compare(e);
@@ -513,7 +513,7 @@ Value Renderer::eval_call(const Expr& e) {
   }
   if (r.is_string()) {
     check_string(r.str().size());
-    charge(int64_t(r.str().size() / 64));
+    charge(int64_t(r.str().size() / 16));
   }
   return r;
 }
@@ -528,7 +528,7 @@ Value Renderer::eval_filter(const Expr& e, const Value* input) {
   Value r = apply_filter(*this, e.name, v, args);
   if (r.is_string()) {
     check_string(r.str().size());
-    charge(int64_t(r.str().size() / 64));
+    charge(int64_t(r.str().size() / 16));
   } else if (r.is_list()) {
     charge(int64_t(r.list().items.size()));
   }

@@ -14,7 +14,7 @@ struct JinjaLimits {
   size_t max_output_bytes = size_t(4) << 20; // the rendered text (and any macro's or block's output)
   size_t max_string_bytes = size_t(4) << 20; // any string a template builds ('x' * n, join, replace, ...)
   size_t max_list_items = size_t(1) << 20;   // any list a template builds (range, list * n, ...)
-  int64_t max_work = 100'000'000;            // evaluation steps in one render (nodes, plus bytes built / 64)
+  int64_t max_work = 100'000'000;            // evaluation steps in one render (nodes, plus bytes built / 16)
   size_t max_stack_bytes = size_t(1) << 20;  // native stack the parser and the renderer may use
 };
 

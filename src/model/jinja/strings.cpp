@@ -1,5 +1,7 @@
 #include "model/jinja/strings.h"
 
+#include <algorithm>
+
 #include "model/jinja/builtins.h"
 #include "model/jinja/interpreter.h"
 
@@ -118,16 +120,11 @@ std::vector<std::string> py_split(std::string_view s, const std::string* sep, in
   }
   if (!from_right) {
     for (int64_t k = 0; k < maxsplit; ++k) out.push_back(text(words[size_t(k)].first, words[size_t(k)].second));
-    size_t rest = words[size_t(maxsplit)].first;
-    size_t e = v.size();
-    while (e > rest && is_py_space(v[e - 1].cp)) --e;
-    out.push_back(text(rest, e));
+    out.push_back(text(words[size_t(maxsplit)].first, v.size()));  // the rest keeps its trailing space
     return out;
   }
   size_t first_kept = words.size() - size_t(maxsplit);
-  size_t b = 0;
-  while (b < v.size() && is_py_space(v[b].cp)) ++b;
-  out.push_back(text(b, words[first_kept - 1].second));
+  out.push_back(text(0, words[first_kept - 1].second));  // the rest keeps its leading space
   for (size_t k = first_kept; k < words.size(); ++k) out.push_back(text(words[k].first, words[k].second));
   return out;
 }
