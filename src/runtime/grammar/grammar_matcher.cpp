@@ -116,6 +116,16 @@ bool GrammarMatcher::transition(const int32_t* stacks, size_t n, uint32_t pcp, u
     }
   } else {
     if ((byte & 0xC0) != 0x80) return false;
+    // Strict UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF
+    // (the byte after E0, ED, F0 or F4 has a narrower range). Right after a
+    // 3-byte lead pcp holds its 4 bits (<= 0xF); after a 4-byte lead's first
+    // continuation it is >= 0x10, since F0 80-8F is refused.
+    if (pleft == 3 || (pleft == 2 && pcp <= 0xF)) {
+      if (pleft == 2 && pcp == 0x0 && byte < 0xA0) return false;   // E0: overlong
+      if (pleft == 2 && pcp == 0xD && byte > 0x9F) return false;   // ED: surrogates
+      if (pleft == 3 && pcp == 0x0 && byte < 0x90) return false;   // F0: overlong
+      if (pleft == 3 && pcp == 0x4 && byte > 0x8F) return false;   // F4: past U+10FFFF
+    }
     const uint32_t v = (pcp << 6) | (byte & 0x3Fu);
     if (pleft == 1) {
       cp = v;
@@ -144,8 +154,13 @@ bool GrammarMatcher::transition(const int32_t* stacks, size_t n, uint32_t pcp, u
     // Inside a character: keep the stacks that could take some code point
     // beginning with these bits (the set stays sorted).
     const int shift = 6 * pleft2;
-    const uint32_t lo = pcp2 << shift;
-    const uint32_t hi = lo | ((1u << shift) - 1);
+    uint32_t lo = pcp2 << shift;
+    uint32_t hi = lo | ((1u << shift) - 1);
+    if (pleft == 0) {  // just the lead byte: the shortest form and the surrogate gap narrow the range
+      lo = std::max(lo, pleft2 == 1 ? 0x80u : pleft2 == 2 ? 0x800u : 0x10000u);
+      if (pleft2 == 2 && pcp2 == 0xD) hi = 0xD7FF;
+      hi = std::min(hi, 0x10FFFFu);
+    }
     for (size_t i = 0; i < n; ++i) {
       const int32_t s = stacks[i];
       if (s == kAccept) continue;

@@ -30,7 +30,7 @@ const Prim* find_prim(const std::string& name) {
       {"json-string", R"("\"" json-char* "\"")", {"json-char"}},
       {"json-int", R"("-"? ( "0" | [1-9] [0-9]{0,17} ))", {}},
       {"json-frac", R"("." [0-9]{1,16})", {}},
-      {"json-exp", R"([eE] [-+]? [0-9]{1,3})", {}},
+      {"json-exp", R"([eE] [-+]? [0-9]{1,2})", {}},
       {"json-number", R"(json-int json-frac? json-exp?)", {"json-int", "json-frac", "json-exp"}},
       {"json-nonneg-number", R"(( "0" | [1-9] [0-9]{0,17} ) json-frac? json-exp?)", {"json-frac", "json-exp"}},
       {"json-boolean", R"("true" | "false")", {}},

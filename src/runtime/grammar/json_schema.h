@@ -28,8 +28,9 @@
 // Whitespace between tokens is optional and bounded: at most one space, or
 // one newline and up to 32 spaces or tabs of indentation, so a model cannot
 // loop on whitespace. Numbers are bounded too (at most 18 integer digits,
-// 16 fraction digits, a 3-digit exponent). No whitespace before or after the
-// top-level value.
+// 16 fraction digits, a 2-digit exponent, so every number fits a double), and
+// \u escapes never name UTF-16 surrogates (a lone one is not valid JSON
+// text). No whitespace before or after the top-level value.
 #pragma once
 
 #include <map>
