@@ -18,6 +18,7 @@ GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar, std
   }
   active_ = !opts_.lazy;
   depth_states_.resize(vocab_->max_depth() + 1);
+  mask_cache_.resize(opts_.mask_cache_entries);
 }
 
 void GrammarConstraint::reset() {
@@ -41,15 +42,30 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
     std::fill(allowed.begin(), allowed.end(), uint8_t{1});
     return allowed.size();
   }
+  const GrammarMatcher::StateId state = matcher_.state();
+  for (CachedMask& c : mask_cache_) {
+    if (c.state != state || c.n_ids != allowed.size()) continue;
+    c.last_use = ++use_clock_;
+    for (size_t w = 0; w < c.bits.size(); ++w) {
+      const uint64_t word = c.bits[w];
+      const size_t base = w * 64, end = std::min(base + 64, allowed.size());
+      if (word == 0) {
+        std::fill(allowed.begin() + static_cast<ptrdiff_t>(base), allowed.begin() + static_cast<ptrdiff_t>(end), uint8_t{0});
+      } else {
+        for (size_t i = base; i < end; ++i) allowed[i] = static_cast<uint8_t>((word >> (i - base)) & 1);
+      }
+    }
+    return c.count;
+  }
   std::fill(allowed.begin(), allowed.end(), uint8_t{0});
   const size_t n_ids = std::min(allowed.size(), static_cast<size_t>(vocab_->n_vocab()));
   const auto& nodes = vocab_->nodes();
   const int32_t* toks = vocab_->node_tokens().data();
   GrammarMatcher::StateId* states = depth_states_.data();
-  states[0] = matcher_.state();
-  size_t count = 0;
+  states[0] = state;
+  size_t count = 0, visited = 0;
   const size_t n = nodes.size();
-  for (size_t i = 0; i < n;) {
+  for (size_t i = 0; i < n; ++visited) {
     const TokenTrie::Node& nd = nodes[i];
     const GrammarMatcher::StateId t = matcher_.step(states[nd.depth - 1], nd.byte);
     if (t == GrammarMatcher::kReject) {
@@ -71,6 +87,19 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
       if (static_cast<size_t>(id) < n_ids) allowed[static_cast<size_t>(id)] = 1, ++count;
     for (const int32_t id : vocab_->empty_tokens())
       if (static_cast<size_t>(id) < n_ids) allowed[static_cast<size_t>(id)] = 1, ++count;
+  }
+  // Keep the mask of a wide state (packing costs about as much as walking
+  // a tenth of the trie, so only walks of more than that are kept).
+  if (!mask_cache_.empty() && visited > n / 10) {
+    CachedMask* slot = &mask_cache_[0];
+    for (CachedMask& c : mask_cache_)
+      if (c.last_use < slot->last_use) slot = &c;
+    slot->state = state;
+    slot->n_ids = allowed.size();
+    slot->count = count;
+    slot->last_use = ++use_clock_;
+    slot->bits.assign((allowed.size() + 63) / 64, 0);
+    for (size_t i = 0; i < allowed.size(); ++i) slot->bits[i / 64] |= uint64_t{allowed[i]} << (i % 64);
   }
   return count;
 }
@@ -116,7 +145,8 @@ void GrammarConstraint::accept(int32_t token) {
   if (!matcher_.accept_bytes(p))
     throw Error("grammar constraint: token " + std::to_string(token) + " (\"" + std::string(p) +
                 "\") is not allowed by the grammar here");
-  matcher_.trim();
+  if (matcher_.trim())
+    for (CachedMask& c : mask_cache_) c.state = -1;  // the state ids changed
 }
 
 }  // namespace ebb::grammar

@@ -17,7 +17,8 @@
 // trie node once the matcher's DFA has seen the states; allows() checks one
 // token (the fast path: check the sampled token, mask only when refused).
 // Buffers are sized at construction; a step in a state seen before allocates
-// nothing.
+// nothing. Masks of wide states are cached (ConstraintOptions), so a state
+// met again costs a bitset expansion instead of a walk.
 //
 // Lazy constraints (ConstraintOptions::lazy): inactive, allowing everything,
 // until a trigger token is accepted or a trigger word appears in the
@@ -45,6 +46,11 @@ struct ConstraintOptions {
   std::vector<int32_t> trigger_tokens;     // lazy: accepting one of these activates
   std::vector<std::string> trigger_words;  // lazy: one appearing in the text activates
   MatcherLimits limits;
+  // Masks of wide states (those whose trie walk visits many nodes, such as
+  // the inside of a JSON string, met at every token of a long string) are
+  // kept as bitsets ([n_vocab] bits each) and reused when the state comes
+  // back. 0: no cache.
+  size_t mask_cache_entries = 16;
 };
 
 class GrammarConstraint {
@@ -84,6 +90,16 @@ class GrammarConstraint {
   std::string recent_;  // lazy: the tail of the accepted text, shorter than the longest trigger word
   size_t max_word_ = 0;
   std::vector<GrammarMatcher::StateId> depth_states_;  // [max_depth + 1] scratch for the trie walk
+
+  struct CachedMask {
+    GrammarMatcher::StateId state = -1;
+    size_t n_ids = 0;      // the mask's length
+    size_t count = 0;      // allowed tokens
+    uint64_t last_use = 0;
+    std::vector<uint64_t> bits;  // [ceil(n_ids / 64)]
+  };
+  std::vector<CachedMask> mask_cache_;  // [mask_cache_entries]
+  uint64_t use_clock_ = 0;
 };
 
 }  // namespace ebb::grammar

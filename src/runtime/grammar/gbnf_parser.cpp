@@ -505,6 +505,12 @@ bool CharSet::intersects(uint32_t lo, uint32_t hi) const {
   return false;
 }
 
+bool CharSet::contains_range(uint32_t lo, uint32_t hi) const {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), lo,
+                             [](uint32_t v, const std::pair<uint32_t, uint32_t>& r) { return v < r.first; });
+  return it != ranges.begin() && hi <= std::prev(it)->second;  // merged ranges: one must cover it all
+}
+
 int32_t Grammar::find_rule(std::string_view name) const {
   for (size_t i = 0; i < rule_names.size(); ++i)
     if (rule_names[i] == name) return static_cast<int32_t>(i);

@@ -45,6 +45,8 @@ struct CharSet {
   bool contains(uint32_t cp) const;
   // True when some code point in [lo, hi] is in the set.
   bool intersects(uint32_t lo, uint32_t hi) const;
+  // True when every code point in [lo, hi] is in the set.
+  bool contains_range(uint32_t lo, uint32_t hi) const;
 };
 
 enum class ElemType : uint8_t { End, Char, Ref };

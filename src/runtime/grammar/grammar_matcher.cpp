@@ -126,11 +126,11 @@ bool GrammarMatcher::transition(const int32_t* stacks, size_t n, uint32_t pcp, u
       if (pleft == 3 && pcp == 0x0 && byte < 0x90) return false;   // F0: overlong
       if (pleft == 3 && pcp == 0x4 && byte > 0x8F) return false;   // F4: past U+10FFFF
     }
-    const uint32_t v = (pcp << 6) | (byte & 0x3Fu);
+    const uint32_t v = pcp == kAnyCp ? kAnyCp : (pcp << 6) | (byte & 0x3Fu);
     if (pleft == 1) {
       cp = v;
       complete = true;
-      if (cp > 0x10FFFF) return false;
+      if (cp > 0x10FFFF && cp != kAnyCp) return false;
     } else {
       pcp2 = v;
       pleft2 = static_cast<uint8_t>(pleft - 1);
@@ -144,13 +144,18 @@ bool GrammarMatcher::transition(const int32_t* stacks, size_t n, uint32_t pcp, u
       if (s == kAccept) continue;
       const Node& node = nodes_[static_cast<size_t>(s)];
       const Elem& e = grammar_->elems[node.pos];
-      if (!grammar_->charsets[e.arg].contains(cp)) continue;
+      if (cp != kAnyCp && !grammar_->charsets[e.arg].contains(cp)) continue;
       const int32_t next = make_node(node.pos + 1, node.parent);
       if (next >= 0) append_closure(next, out);
     }
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
   } else {
+    if (pcp2 == kAnyCp) {  // every stack takes every completion (see below)
+      for (size_t i = 0; i < n; ++i)
+        if (stacks[i] != kAccept) out.push_back(stacks[i]);
+      return !out.empty();
+    }
     // Inside a character: keep the stacks that could take some code point
     // beginning with these bits (the set stays sorted).
     const int shift = 6 * pleft2;
@@ -166,6 +171,24 @@ bool GrammarMatcher::transition(const int32_t* stacks, size_t n, uint32_t pcp, u
       if (s == kAccept) continue;
       const Elem& e = grammar_->elems[nodes_[static_cast<size_t>(s)].pos];
       if (grammar_->charsets[e.arg].intersects(lo, hi)) out.push_back(s);
+    }
+    // When every stack left takes every code point these bits can still
+    // become, the bits no longer matter: forget them (kAnyCp), so that the
+    // thousands of partial characters inside, say, a JSON string share one
+    // state instead of one each. Not while the next byte's range depends on
+    // the lead (E0, ED, F0, F4).
+    const bool narrow_next = pleft == 0 && ((pleft2 == 2 && (pcp2 == 0x0 || pcp2 == 0xD)) ||
+                                            (pleft2 == 3 && (pcp2 == 0x0 || pcp2 == 0x4)));
+    if (!narrow_next && !out.empty()) {
+      bool all = true;
+      for (const int32_t st : out) {
+        const Elem& e = grammar_->elems[nodes_[static_cast<size_t>(st)].pos];
+        if (!grammar_->charsets[e.arg].contains_range(lo, hi)) {
+          all = false;
+          break;
+        }
+      }
+      if (all) pcp2 = kAnyCp;
     }
   }
   return !out.empty();
@@ -236,8 +259,8 @@ bool GrammarMatcher::reference_accepts(StateId s, std::string_view bytes, bool r
   return true;
 }
 
-void GrammarMatcher::trim() {
-  if (states_.size() <= limits_.max_states && nodes_.size() <= limits_.max_nodes) return;
+bool GrammarMatcher::trim() {
+  if (states_.size() <= limits_.max_states && nodes_.size() <= limits_.max_nodes) return false;
   const DState d = states_[static_cast<size_t>(state_)];
   const bool at_start = state_ == start_;
   // The current stacks as chains of positions, top first.
@@ -252,7 +275,7 @@ void GrammarMatcher::trim() {
   start_ = initial();
   if (at_start) {
     state_ = start_;
-    return;
+    return true;
   }
   std::vector<int32_t> stacks;
   for (const auto& chain : chains) {
@@ -264,6 +287,7 @@ void GrammarMatcher::trim() {
   std::sort(stacks.begin(), stacks.end());
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
   state_ = intern(stacks, d.partial_cp, d.partial_left);
+  return true;
 }
 
 }  // namespace ebb::grammar

@@ -77,8 +77,9 @@ class GrammarMatcher {
   bool can_accept_bytes(std::string_view bytes) { return run(state_, bytes) != kReject; }
   // Back to the start of the grammar (keeps the caches).
   void reset();
-  // Rebuilds the caches around state() when they passed the limits.
-  void trim();
+  // Rebuilds the caches around state() when they passed the limits; true
+  // when it did (every StateId but the new state() is then invalid).
+  bool trim();
 
   // The same check as run(s, bytes) != kReject, computed from the stacks
   // without reading or filling the DFA table: the reference the tests compare
@@ -92,6 +93,9 @@ class GrammarMatcher {
  private:
   static constexpr StateId kUnknown = -2;
   static constexpr int32_t kAccept = 0;  // node 0: the empty stack (the grammar is complete)
+  // partial_cp when the bits of the character so far no longer matter:
+  // every stack takes every code point they can still become.
+  static constexpr uint32_t kAnyCp = 0xFFFFFFFFu;
 
   struct Node {
     uint32_t pos;           // index into grammar elems: a Char or Ref element
