@@ -357,8 +357,10 @@ TEST(Jinja, ParserNestingLimit) {
 }
 
 TEST(Jinja, MacroRecursionLimit) {
+  // Unbounded recursion stops at the macro depth or, where stack frames are
+  // large (sanitizer builds), at the native stack limit first.
   std::string e = error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
-  EXPECT_NE(e.find("nested too deeply"), std::string::npos) << e;
+  EXPECT_NE(e.find("too deep"), std::string::npos) << e;
   JinjaLimits l;
   l.max_depth = 10;
   EXPECT_EQ(render("{% macro f(n) %}{% if n < 8 %}{{ f(n + 1) }}{% else %}{{ n }}{% endif %}{% endmacro %}{{ f(0) }}",

@@ -202,6 +202,7 @@ std::string Renderer::render_to_string(const Body& body) {
 
 Renderer::Flow Renderer::exec(const Stmt& s) {
   charge(1);
+  check_stack();
   switch (s.kind) {
     case StmtKind::Text: write(s.text); return Flow::Normal;
     case StmtKind::Output: {
