@@ -311,7 +311,9 @@ TEST(TokenMask, RandomWalksEndAccepted) {
       GrammarMatcher fresh(g);
       ASSERT_TRUE(fresh.accept_bytes(text)) << text;
     }
-    if (con.is_complete()) EXPECT_TRUE(matches(g, text)) << text;
+    if (con.is_complete()) {
+      EXPECT_TRUE(matches(g, text)) << text;
+    }
   }
   EXPECT_GT(ended, 0);
 }

@@ -125,7 +125,9 @@ std::string nonneg_range(int64_t a, int64_t b) {
   } else {
     const std::string bs = std::to_string(b);
     for (size_t len = as.size(); len <= bs.size(); ++len) {
-      const std::string lo = len == as.size() ? as : "1" + std::string(len - 1, '0');
+      std::string lo(len, '0');  // 10^(len-1), or a itself at its own length
+      lo[0] = '1';
+      if (len == as.size()) lo = as;
       const std::string hi = len == bs.size() ? bs : std::string(len, '9');
       alts.push_back(same_length(lo, hi));
     }
@@ -375,7 +377,11 @@ std::string JsonSchemaConverter::excluded_key(const std::vector<std::string>& na
     if (!trie[i].terminal) alts.push_back("\"\\\"\"");
     std::string other = "[^\"\\\\\\x00-\\x1F";
     for (const auto& [cp, kid] : trie[i].kids) {
-      alts.push_back("[" + class_char(cp) + "] " + rule[kid]);
+      std::string alt = "[";  // (built in steps: GCC 12 warns falsely on "[" + string)
+      alt += class_char(cp);
+      alt += "] ";
+      alt += rule[kid];
+      alts.push_back(std::move(alt));
       other += class_char(cp);
     }
     alts.push_back(other + "] " + chr + "* \"\\\"\"");
