@@ -135,7 +135,7 @@ Value make_global(std::string_view name) {
         return Value(sep);
       });
     });
-  return Value::undefined("'" + std::string(name) + "' is undefined");
+  return Value::undefined(std::string("'").append(name).append("' is undefined"));
 }
 
 }  // namespace ebb::jinja

@@ -10,12 +10,21 @@ namespace ebb::jinja {
 namespace {
 
 Value missing_attr(const Value& obj, std::string_view name) {
-  return Value::undefined("'" + object_type_repr(obj) + "' has no attribute '" + std::string(name) + "'");
+  std::string why = "'";
+  why += object_type_repr(obj);
+  why += "' has no attribute '";
+  why += name;
+  why += "'";
+  return Value::undefined(std::move(why));
 }
 
 Value missing_item(const Value& obj, const Value& key) {
   if (key.is_string()) return missing_attr(obj, key.str());
-  return Value::undefined("'" + object_type_repr(obj) + "' has no element " + repr(key));
+  std::string why = "'";
+  why += object_type_repr(obj);
+  why += "' has no element ";
+  why += repr(key);
+  return Value::undefined(std::move(why));
 }
 
 bool is_dunder(std::string_view n) { return n.size() > 4 && n.substr(0, 2) == "__" && n.substr(n.size() - 2) == "__"; }

@@ -708,7 +708,8 @@ class Parser {
       f->name = expect_name();
       while (is_op(".")) {  // dotted filter names
         next();
-        f->name += "." + expect_name();
+        f->name += '.';
+        f->name += expect_name();
       }
       if (!has_filter(f->name)) fail_at(t, "unknown filter '" + f->name + "'");
       if (is_op("(")) parse_args(f->args);

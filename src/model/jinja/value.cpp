@@ -240,7 +240,11 @@ void append_str(std::string& out, const Value& v) {
     case Kind::List:
     case Kind::Dict: append_repr(out, v); return;
     case Kind::Callable: out += "<function " + v.callable().name() + ">"; return;
-    case Kind::Object: out += "<" + v.object().type_name() + " object>"; return;
+    case Kind::Object:
+      out += '<';
+      out += v.object().type_name();
+      out += " object>";
+      return;
   }
 }
 
