@@ -191,6 +191,18 @@ TEST(Matcher, TrimKeepsTheState) {
   EXPECT_FALSE(m.can_accept_bytes("x"));
   EXPECT_TRUE(m.accept_bytes("ue]}]}"));
   EXPECT_TRUE(m.is_accepting());
+  // Trimmed inside a character: E4 (the bits dropped: every completion is a
+  // string character) and E0 (kept: the next byte must be A0-BF).
+  const std::pair<const char*, const char*> tails[] = {{"\xE4", "\xB8\xAD"}, {"\xE0", "\xA4\x80"}};
+  for (const auto& [lead, rest] : tails) {
+    GrammarMatcher p(grammar_file("json.gbnf"), limits);
+    ASSERT_TRUE(p.accept_bytes(std::string("{\"a\": [1, {\"b\": \"h") + lead));
+    ASSERT_TRUE(p.trim());
+    EXPECT_FALSE(p.can_accept_bytes("\""));  // still inside the character
+    EXPECT_EQ(p.can_accept_bytes("\x80\x80"), std::string(lead) == "\xE4");  // E0 80 80 is overlong
+    EXPECT_TRUE(p.accept_bytes(std::string(rest) + "\"}]}"));
+    EXPECT_TRUE(p.is_accepting());
+  }
 }
 
 // --- token level -------------------------------------------------------------
@@ -274,9 +286,14 @@ TEST(TokenMask, EqualsBruteForce) {
       EXPECT_EQ(n, n_want);
       EXPECT_GT(n, 0u);
       for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(con.allows(int32_t(i)), want[i] != 0) << i;
-      // A second mask in the same state creates no DFA state: the steady state allocates nothing.
+      // A second mask in the same state (from the mask cache when the state
+      // is wide) is the same, and creates no DFA state: the steady state
+      // allocates nothing.
       const size_t states = con.matcher().n_states();
-      con.fill_mask(mask);
+      const std::vector<uint8_t> first = mask;
+      std::fill(mask.begin(), mask.end(), uint8_t{9});
+      EXPECT_EQ(con.fill_mask(mask), n);
+      EXPECT_EQ(mask, first);
       EXPECT_EQ(con.matcher().n_states(), states);
     }
   }
