@@ -87,6 +87,8 @@ TEST(Grammar, Syntax) {
   EXPECT_TRUE(matches(R"(root ::= "a" | "b" "c")", "bc"));
   EXPECT_FALSE(matches(R"(root ::= "a" | "b" "c")", "b"));
   // repetitions
+  EXPECT_TRUE(matches(R"(root ::= "q"{,2})", "qq"));
+  EXPECT_FALSE(matches(R"(root ::= "q"{,2})", "qqq"));
   const char* rep = R"(root ::= "x"{2} "y"{1,} "z"{0,2} ("ab"){1,3} "w"? "v"* "u"+)";
   EXPECT_TRUE(matches(rep, "xxyabu"));
   EXPECT_TRUE(matches(rep, "xxyyyzzababwvvvuu"));
@@ -105,6 +107,12 @@ TEST(Grammar, Syntax) {
   EXPECT_TRUE(matches(multi, "a"));
   EXPECT_TRUE(matches(multi, "z"));
   EXPECT_FALSE(matches(multi, "c"));
+  // llama.cpp's layout: an empty first alternative, '|' ending a line.
+  const char* ws = "root ::= \"a\" ws \"b\"\nws ::= | \" \" |\n  \"\\n\" [ \\t]{0,20}\n";
+  EXPECT_TRUE(matches(ws, "ab"));
+  EXPECT_TRUE(matches(ws, "a b"));
+  EXPECT_TRUE(matches(ws, "a\n\t b"));
+  EXPECT_FALSE(matches(ws, "a  b"));
   // empty alternative and right recursion in constant depth
   EXPECT_TRUE(matches("root ::= \"(\" root \")\" | \"\"", "((()))"));
   EXPECT_TRUE(matches("root ::= [a]*", std::string(20000, 'a')));

@@ -345,7 +345,7 @@ class Parser {
         if (c == '?') max = 1;
         if (c == '{') {
           skip_space(false);
-          min = parse_count();
+          min = peek() == ',' ? 0 : parse_count();  // {,n}: {0,n}
           skip_space(false);
           max = min;
           if (peek() == ',') {

@@ -8,6 +8,13 @@
 // into helper rules named `<rule>-<n>`, all right-recursive, so the matcher
 // needs only sequence, choice and reference.
 //
+// Syntax (llama.cpp's): `name ::= alternatives`, one rule per line unless
+// inside parentheses or after `::=` or `|`; names of letters, digits, `-`
+// (and `_`); "literals" and [classes] with escapes \n \t \r \" \\ \xNN
+// \uNNNN \UNNNNNNNN (and \[ \] \- \/ \^ \' \.); [^negated] classes; `.` any
+// character; ( groups ); postfix * + ? {m} {m,} {m,n} {,n}; # comments.
+// Beyond llama.cpp: an alternative may begin a following line with `|`.
+//
 // Contract, checked by Grammar::parse (ebb::Error naming line and column):
 //  - a rule `root` exists; every referenced rule is defined;
 //  - no rule is left-recursive, directly or through rules that can match the
