@@ -210,6 +210,7 @@ TEST(OpenAIRequest, LogprobsNAndSeed) {
   EXPECT_FALSE(parse(chat()).logprobs);
   EXPECT_EQ(parse(chat()).n, 1);
   expect_400(chat({{"top_logprobs", 2}}), "top_logprobs", "logprobs");
+  EXPECT_FALSE(parse(chat({{"top_logprobs", 0}})).logprobs);  // a client's default, harmless
   expect_400(chat({{"logprobs", true}, {"top_logprobs", 21}}), "top_logprobs");
   expect_400(chat({{"logprobs", 1}}), "logprobs");
   r = parse({{"prompt", "x"}, {"logprobs", 3}}, Endpoint::kCompletions);

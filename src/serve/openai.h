@@ -41,6 +41,24 @@
 //                         each chunk's)
 // Absent sampling fields take `ebb run`'s defaults (temperature 0.8, top-k 40,
 // top-p 0.95, min-p 0.05), as llama.cpp's server does.
+//
+// Serving a chat request with these pieces:
+//   1. r = parse_completion_request(body, ep, limits).
+//   2. fmt = detect_chat_output_format(template, arch) (model/chat_parse.h);
+//      render the prompt from r.chat_messages, r.tools_json and
+//      r.chat_template_kwargs; fmt.open_think = prompt_opens_think(prompt,
+//      fmt); add fmt.stop_strings to the stops; detokenize so that
+//      fmt.preserved_tokens reach the text.
+//   3. calls on (r.tools not empty, r.tool_choice != kNone): a grammar from
+//      r.tools_json wrapped in fmt.call_prefix / call_suffix, lazy on
+//      fmt.triggers (fmt.start_triggers: at the output's start) for kAuto,
+//      forced for kRequired and kFunction (that one tool only).
+//   4. per choice (r.n of them): a ChatStreamParser(fmt, calls on, ids) fed
+//      the text; streamed as StreamChoice{index, first, deltas,
+//      finish_reason(stop, made calls)}; whole as Choice{parsed =
+//      parse_chat_output(...)}; usage from total_usage.
+//   5. stops: r.gen.stop_strings and r.stop_token_ids; r.logit_bias is for
+//      the sampler, which must apply it (or the server must refuse it).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -230,7 +230,7 @@ void read_logprobs(const json& body, CompletionRequest& r) {
       const int64_t k = integer(body, "top_logprobs");
       if (k < 0 || k > kMaxTopLogprobsChat)
         bad("top_logprobs", "must be in [0, " + std::to_string(kMaxTopLogprobsChat) + "]");
-      if (!r.logprobs) bad("top_logprobs", "needs 'logprobs': true");
+      if (!r.logprobs && k > 0) bad("top_logprobs", "needs 'logprobs': true");
       r.top_logprobs = static_cast<int>(k);
     }
     return;
