@@ -61,8 +61,14 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
   const size_t n_ids = std::min(allowed.size(), static_cast<size_t>(vocab_->n_vocab()));
   const auto& nodes = vocab_->nodes();
   const int32_t* toks = vocab_->node_tokens().data();
+  const auto& below = vocab_->below();
   GrammarMatcher::StateId* states = depth_states_.data();
   states[0] = state;
+  // Bytes that keep the walk in the start state (inside a string: almost
+  // all of ASCII): a subtree back in that state with only such bytes below
+  // is taken whole.
+  const std::array<uint64_t, 2> loop = matcher_.loop_set(state);
+  const bool loops = (loop[0] | loop[1]) != 0;
   size_t count = 0, visited = 0;
   const size_t n = nodes.size();
   for (size_t i = 0; i < n; ++visited) {
@@ -70,6 +76,18 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
     const GrammarMatcher::StateId t = matcher_.step(states[nd.depth - 1], nd.byte);
     if (t == GrammarMatcher::kReject) {
       i = nd.subtree_end;  // no token below this prefix can be taken
+      continue;
+    }
+    if (loops && t == state && (below[i][0] & ~loop[0]) == 0 && (below[i][1] & ~loop[1]) == 0) {
+      const uint32_t end = vocab_->subtree_tok_end(i);
+      for (uint32_t k = nd.tok_begin; k < end; ++k) {
+        const auto id = static_cast<size_t>(toks[k]);
+        if (id < n_ids) {
+          allowed[id] = 1;
+          ++count;
+        }
+      }
+      i = nd.subtree_end;
       continue;
     }
     states[nd.depth] = t;

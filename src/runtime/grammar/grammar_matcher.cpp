@@ -24,6 +24,7 @@ void GrammarMatcher::clear_caches() {
   states_.clear();
   keys_.clear();
   trans_.clear();
+  loops_.clear();
   state_ids_.clear();
   nodes_.push_back({UINT32_MAX, -1, 0, -1, 0});  // kAccept
 }
@@ -207,6 +208,7 @@ GrammarMatcher::StateId GrammarMatcher::intern(const std::vector<int32_t>& stack
                      accepting});
   keys_.insert(keys_.end(), stacks.begin(), stacks.end());
   trans_.resize(trans_.size() + 256, kUnknown);
+  loops_.push_back({~uint64_t{0}, ~uint64_t{0}});
   state_ids_.emplace(key_, id);
   return id;
 }
@@ -222,6 +224,15 @@ GrammarMatcher::StateId GrammarMatcher::compute_step(StateId s, uint8_t byte) {
     t = intern(out_, pcp2, pleft2);
   trans_[static_cast<size_t>(s) * 256 + byte] = t;
   return t;
+}
+
+const std::array<uint64_t, 2>& GrammarMatcher::loop_set(StateId s) {
+  if (loops_[static_cast<size_t>(s)][0] != ~uint64_t{0}) return loops_[static_cast<size_t>(s)];
+  std::array<uint64_t, 2> set = {0, 0};
+  for (unsigned b = 1; b < 128; ++b)
+    if (step(s, static_cast<uint8_t>(b)) == s) set[b >> 6] |= uint64_t{1} << (b & 63);
+  loops_[static_cast<size_t>(s)] = set;  // bit 0 is never set, so never ~0
+  return loops_[static_cast<size_t>(s)];
 }
 
 GrammarMatcher::StateId GrammarMatcher::run(StateId s, std::string_view bytes) {

@@ -29,6 +29,7 @@
 // Not thread-safe; one matcher per sequence. The Grammar is shared.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -71,6 +72,11 @@ class GrammarMatcher {
   bool is_accepting() const { return is_accepting(state_); }
   // True when `s` is inside a UTF-8 character.
   bool in_partial_char(StateId s) const { return states_[static_cast<size_t>(s)].partial_left != 0; }
+
+  // The ASCII bytes 1-127 that lead from `s` back to `s` (bit b of the
+  // 128-bit set; bit 0 never set): inside an unbounded string, all but the
+  // quote and the backslash. Computed once per state.
+  const std::array<uint64_t, 2>& loop_set(StateId s);
 
   // Advances by `bytes`; on refusal returns false and leaves the state as it was.
   bool accept_bytes(std::string_view bytes);
@@ -135,6 +141,7 @@ class GrammarMatcher {
   std::vector<DState> states_;
   std::vector<int32_t> keys_;
   std::vector<StateId> trans_;  // [n_states * 256]
+  std::vector<std::array<uint64_t, 2>> loops_;  // [n_states] loop_set(), {~0, ~0}: not computed yet
   std::unordered_map<std::string, StateId> state_ids_;
 
   // Scratch, reused.

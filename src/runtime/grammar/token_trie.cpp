@@ -60,6 +60,26 @@ TokenTrie::TokenTrie(const std::vector<std::string>& pieces, const std::vector<u
     nodes_[open.back()].subtree_end = static_cast<uint32_t>(nodes_.size());
     open.pop_back();
   }
+  // below_: each node's bytes and set pushed into its parent's, children
+  // (later in pre-order) first.
+  const size_t n_nodes = nodes_.size();
+  std::vector<uint32_t> parent(n_nodes, UINT32_MAX);
+  std::vector<uint32_t> path;  // node at each depth - 1
+  for (size_t i = 0; i < n_nodes; ++i) {
+    path.resize(nodes_[i].depth - 1u);
+    if (!path.empty()) parent[i] = path.back();
+    path.push_back(static_cast<uint32_t>(i));
+  }
+  below_.assign(n_nodes, {0, 0});
+  for (size_t i = n_nodes; i-- > 0;) {
+    if (parent[i] == UINT32_MAX) continue;
+    auto& up = below_[parent[i]];
+    up[0] |= below_[i][0];
+    up[1] |= below_[i][1];
+    const uint8_t b = nodes_[i].byte;
+    const unsigned bit = (b == 0 || b >= 0x80) ? 0u : b;
+    up[bit >> 6] |= uint64_t{1} << (bit & 63);
+  }
 }
 
 std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const Tokenizer& tok) {

@@ -6,13 +6,16 @@
 // past its subtree (so a walk that refuses a prefix skips the whole subtree
 // with one assignment), and the range of token ids whose bytes end exactly
 // there. A mask walk is then one linear pass with skips, keeping one parse
-// state per depth.
+// state per depth. Each node also knows the set of bytes below it (below()),
+// so a walk in a state that loops on all of them (the inside of a string)
+// takes the whole subtree without visiting it.
 //
 // Tokens with empty pieces (control tokens: their text is not generated
 // text) and end-of-generation tokens are not in the trie; they are listed
 // apart, because a grammar treats them by rule, not by bytes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -49,6 +52,16 @@ class TokenTrie {
   bool is_eog(int32_t id) const { return eog_[static_cast<size_t>(id)] != 0; }
 
   const std::vector<Node>& nodes() const { return nodes_; }
+  // [n_nodes] the bytes on the edges below each node (not its own), as a
+  // 128-bit set of ASCII bytes whose bit 0 stands for "0x00 or a byte
+  // >= 0x80": a walk in a state that loops on all of them can take the
+  // whole subtree at once.
+  const std::vector<std::array<uint64_t, 2>>& below() const { return below_; }
+  // The tokens of node i's subtree are node_tokens()[nodes()[i].tok_begin, subtree_tok_end(i)).
+  uint32_t subtree_tok_end(size_t i) const {
+    const uint32_t e = nodes_[i].subtree_end;
+    return e < nodes_.size() ? nodes_[e].tok_begin : static_cast<uint32_t>(node_tokens_.size());
+  }
   const std::vector<int32_t>& node_tokens() const { return node_tokens_; }
   const std::vector<int32_t>& eog_tokens() const { return eog_tokens_; }
   const std::vector<int32_t>& empty_tokens() const { return empty_tokens_; }  // not eog
@@ -59,6 +72,7 @@ class TokenTrie {
   std::vector<uint32_t> offsets_;  // [n_vocab + 1]
   std::vector<uint8_t> eog_;       // [n_vocab]
   std::vector<Node> nodes_;
+  std::vector<std::array<uint64_t, 2>> below_;
   std::vector<int32_t> node_tokens_;
   std::vector<int32_t> eog_tokens_;
   std::vector<int32_t> empty_tokens_;
