@@ -210,6 +210,45 @@ TEST(ToolCalls, GrammarShapedCallsParse) {
   }
 }
 
+// Random texts built from the markers' pieces, JSON and prose, in every
+// format: the stream equals the whole parse however the text is cut.
+TEST(ToolCalls, RandomTextsStreamAsTheyParse) {
+  const std::vector<std::string> pieces = {
+      "<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_", "</th", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]",
+      "[TOOL", "<|python_tag|>", "<|py", "{", "}", "[", "]", "\"name\"", "\"arguments\"", "\"parameters\"", ":",
+      ",", "\"f\"", "{}", "{\"a\": 1}", "\"", "\\", " ", "\n", ";", "text", "x.call(q=\"1\")", "f",
+      R"({"name": "g", "arguments": {"k": [1, "}"]}})", "\xc3\xa9",
+      R"(<tool_call>{"name": "h", "arguments": {}}</tool_call>)", R"([TOOL_CALLS]h[ARGS]{"x": "]"})",
+      R"([TOOL_CALLS][{"name": "h", "arguments": {}}])", R"({"name": "h", "parameters": {"p": null}})"};
+  std::mt19937_64 rng(1234);
+  int calls_seen = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    Case c{"random", static_cast<ToolCallSyntax>(rng() % 4), rng() % 2 == 0, rng() % 4 == 0, rng() % 4 != 0, "", "",
+           "", {}};
+    const size_t n = 1 + rng() % 14;
+    for (size_t i = 0; i < n; ++i) c.text += pieces[rng() % pieces.size()];
+    ParsedOutput whole;
+    ASSERT_NO_THROW(whole = ebb::parse_chat_output(format_of(c), c.text, c.tools, counting_ids())) << c.text;
+    c.content = whole.content;
+    c.reasoning = whole.reasoning_content;
+    for (const ebb::ToolCall& t : whole.tool_calls) {
+      c.calls.push_back({t.name, t.arguments});
+      EXPECT_FALSE(t.name.empty());
+      EXPECT_EQ(t.arguments.front(), '{') << c.text;
+    }
+    calls_seen += static_cast<int>(whole.tool_calls.size());
+    std::vector<size_t> cuts;
+    for (size_t k = 1; k < c.text.size(); ++k)
+      if (rng() % 3 == 0) cuts.push_back(k);
+    expect_parsed(stream(c, cuts), c, "random cuts of [" + c.text + "]");
+    std::vector<size_t> bytes;
+    for (size_t k = 1; k < c.text.size(); ++k) bytes.push_back(k);
+    expect_parsed(stream(c, bytes), c, "bytes of [" + c.text + "]");
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(calls_seen, 50);  // the texts do exercise the calls
+}
+
 TEST(ToolCalls, StreamHoldsBackAPossibleMarker) {
   ebb::ChatStreamParser p(ebb::chat_output_format(ToolCallSyntax::kHermes), true, counting_ids());
   std::vector<ChatDelta> d = p.feed("Hello <tool_c");
