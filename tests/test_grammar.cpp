@@ -343,6 +343,32 @@ TEST(TokenMask, RandomWalksEndAccepted) {
   EXPECT_GT(ended, 0);
 }
 
+TEST(TokenMask, WarmCopiesAreIndependent) {
+  const auto vocab = std::shared_ptr<const TokenTrie>(&bpe_trie(), [](const TokenTrie*) {});
+  GrammarConstraint proto(grammar_file("json.gbnf"), vocab);
+  std::vector<uint8_t> mask(vocab->n_vocab()), want(vocab->n_vocab());
+  EncodeOptions eo;
+  eo.add_bos = false;
+  const auto tok = load_vocab("deepseek-llm");
+  for (const TokenId t : tok->encode("{\"k\": [1, \"two\"]}", eo)) {  // warm the caches
+    proto.fill_mask(mask);
+    proto.accept(t);
+  }
+  ASSERT_TRUE(proto.is_complete());
+  proto.reset();
+  GrammarConstraint a = proto.copy();
+  EXPECT_EQ(a.matcher().n_states(), proto.matcher().n_states());
+  for (const TokenId t : tok->encode("{\"x\": \"y", eo)) a.accept(t);
+  EXPECT_TRUE(a.matcher().can_accept_bytes("}"));  // inside the string
+  EXPECT_FALSE(proto.matcher().can_accept_bytes("}"));  // the prototype did not move
+  EXPECT_TRUE(proto.matcher().can_accept_bytes("{"));
+  a.fill_mask(mask);
+  GrammarConstraint fresh(grammar_file("json.gbnf"), vocab);
+  ASSERT_TRUE(fresh.matcher().accept_bytes("{\"x\": \"y"));
+  fresh.fill_mask(want);
+  EXPECT_EQ(mask, want);
+}
+
 TEST(TokenMask, EogAndControlTokens) {
   std::vector<std::string> pieces = {"a", "b", "", "ab", "</s>", "\xC3", "\xA9"};
   std::vector<uint8_t> eog = {0, 0, 0, 0, 1, 0, 0};

@@ -21,6 +21,17 @@ GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar, std
   mask_cache_.resize(opts_.mask_cache_entries);
 }
 
+GrammarConstraint::GrammarConstraint(const GrammarConstraint& o)
+    : vocab_(o.vocab_),
+      opts_(o.opts_),
+      matcher_(o.matcher_.copy()),
+      active_(o.active_),
+      recent_(o.recent_),
+      max_word_(o.max_word_),
+      depth_states_(o.depth_states_),
+      mask_cache_(o.mask_cache_),
+      use_clock_(o.use_clock_) {}
+
 void GrammarConstraint::reset() {
   matcher_.reset();
   active_ = !opts_.lazy;

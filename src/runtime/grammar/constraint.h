@@ -59,6 +59,13 @@ class GrammarConstraint {
   // word is empty.
   GrammarConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenTrie> vocab,
                     ConstraintOptions opts = {});
+  GrammarConstraint(GrammarConstraint&&) = default;
+  GrammarConstraint& operator=(GrammarConstraint&&) = default;
+  GrammarConstraint& operator=(const GrammarConstraint&) = delete;
+  // An independent constraint in the same state, with the matcher's DFA and
+  // the mask cache as warmed so far (a server can keep one warmed constraint
+  // per grammar and copy it per request).
+  GrammarConstraint copy() const { return GrammarConstraint(*this); }
 
   // False while a lazy constraint waits for its trigger.
   bool active() const { return active_; }
@@ -81,6 +88,7 @@ class GrammarConstraint {
   GrammarMatcher& matcher() { return matcher_; }
 
  private:
+  GrammarConstraint(const GrammarConstraint& other);  // copy() makes the cost explicit
   void activate_with(std::string_view text);
 
   std::shared_ptr<const TokenTrie> vocab_;

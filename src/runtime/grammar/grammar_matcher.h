@@ -53,10 +53,13 @@ class GrammarMatcher {
   static constexpr StateId kReject = -1;
 
   explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar, MatcherLimits limits = {});
-  GrammarMatcher(const GrammarMatcher&) = delete;
   GrammarMatcher& operator=(const GrammarMatcher&) = delete;
   GrammarMatcher(GrammarMatcher&&) = default;
   GrammarMatcher& operator=(GrammarMatcher&&) = default;
+  // An independent matcher in the same state with the same caches (a few
+  // MB at most): start each request from a warmed copy and its first masks
+  // are as cheap as the steady state.
+  GrammarMatcher copy() const { return GrammarMatcher(*this); }
 
   // The state after everything accepted so far.
   StateId state() const { return state_; }
@@ -97,6 +100,8 @@ class GrammarMatcher {
   size_t n_nodes() const { return nodes_.size(); }
 
  private:
+  GrammarMatcher(const GrammarMatcher&) = default;  // copy() makes the cost explicit
+
   static constexpr StateId kUnknown = -2;
   static constexpr int32_t kAccept = 0;  // node 0: the empty stack (the grammar is complete)
   // partial_cp when the bits of the character so far no longer matter:
