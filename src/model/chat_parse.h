@@ -40,7 +40,7 @@
 //   - content and reasoning_content are trimmed of surrounding whitespace;
 //     whitespace between calls is dropped with them.
 //   - Call ids come from the CallIdFn given (make_call_id in the server,
-//     something deterministic in tests).
+//     something deterministic in tests; an empty one gives call_0, call_1...).
 //
 // Streaming: ChatStreamParser is fed the text as it is generated and gives
 // back deltas. Text that might be the start of a marker ("<tool_c") or
