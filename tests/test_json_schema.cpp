@@ -185,6 +185,7 @@ const Case kCorpus[] = {
     {R"({"type":["string","null"]})", {"\"a\"", "null"}, {"1", "false"}},
     {R"({"enum":["red",1,null,{"a":1}]})", {"\"red\"", "1", "null", "{\"a\":1}"}, {"\"blue\"", "2", "{\"a\":2}"}},
     {R"({"const":"x"})", {"\"x\""}, {"\"y\"", "1"}},
+    {R"({"type":"string","enum":["a",1,"b"]})", {"\"a\"", "\"b\""}, {"1", "\"c\""}},
     {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["a"],"additionalProperties":false})",
      {"{\"a\":1}", "{\"a\":1,\"b\":\"x\"}", "{ \"a\": 1, \"b\": \"x\" }", "{\n  \"a\": 1\n}"},
      {"{}", "{\"b\":\"x\"}", "{\"a\":1,\"c\":2}", "{\"a\":\"1\"}", "[]"}},
@@ -318,6 +319,7 @@ TEST(JsonSchema, UnsupportedKeywordsAreErrorsNamingThem) {
       {R"({"type":"object","properties":{"a":false}})", "false accepts nothing"},
       {R"({"type":"strin"})", "unknown type"},
       {R"({"type":"array","minItems":3,"maxItems":2})", "maxItems < minItems"},
+      {R"({"type":"integer","enum":["a","b"]})", "no value of 'enum'"},
       {"{\"type\":", "not valid JSON"},
   };
   for (const auto& [schema, want] : cases) {

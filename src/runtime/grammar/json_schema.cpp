@@ -1,11 +1,13 @@
 #include "runtime/grammar/json_schema.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "platform/error.h"
+#include "runtime/grammar/schema_ranges.h"
 #include "runtime/grammar/schema_regex.h"
 
 namespace ebb::grammar {
@@ -84,70 +86,6 @@ std::vector<uint32_t> code_points(const std::string& s) {
     i += static_cast<size_t>(extra) + 1;
   }
   return out;
-}
-
-// --- integer ranges as digit grammars -------------------------------------
-
-std::string same_length(const std::string& lo, const std::string& hi) {
-  const size_t n = lo.size();
-  if (lo == hi) return gbnf_literal(lo);
-  if (n == 1) return std::string("[") + lo[0] + "-" + hi[0] + "]";
-  if (lo[0] == hi[0]) return gbnf_literal(lo.substr(0, 1)) + " " + same_length(lo.substr(1), hi.substr(1));
-  std::vector<std::string> alts;
-  char start = lo[0], end = hi[0];
-  if (lo.find_first_not_of('0', 1) != std::string::npos) {
-    alts.push_back(gbnf_literal(lo.substr(0, 1)) + " " + same_length(lo.substr(1), std::string(n - 1, '9')));
-    ++start;
-  }
-  std::string hi_alt;
-  if (hi.find_first_not_of('9', 1) != std::string::npos) {
-    hi_alt = gbnf_literal(hi.substr(0, 1)) + " " + same_length(std::string(n - 1, '0'), hi.substr(1));
-    --end;
-  }
-  if (start <= end)
-    alts.push_back(std::string("[") + start + "-" + end + "] [0-9]{" + std::to_string(n - 1) + "}");
-  if (!hi_alt.empty()) alts.push_back(hi_alt);
-  std::string s = "(";
-  for (size_t i = 0; i < alts.size(); ++i) s += (i ? " | " : "") + alts[i];
-  return s + ")";
-}
-
-constexpr int kMaxDigits = 18;
-
-// 0 <= a <= b (b < 0: unbounded), as decimal without leading zeros.
-std::string nonneg_range(int64_t a, int64_t b) {
-  std::vector<std::string> alts;
-  const std::string as = std::to_string(a);
-  if (b < 0) {
-    alts.push_back(same_length(as, std::string(as.size(), '9')));
-    if (static_cast<int>(as.size()) < kMaxDigits)
-      alts.push_back("[1-9] [0-9]{" + std::to_string(as.size()) + "," + std::to_string(kMaxDigits - 1) + "}");
-  } else {
-    const std::string bs = std::to_string(b);
-    for (size_t len = as.size(); len <= bs.size(); ++len) {
-      std::string lo(len, '0');  // 10^(len-1), or a itself at its own length
-      lo[0] = '1';
-      if (len == as.size()) lo = as;
-      const std::string hi = len == bs.size() ? bs : std::string(len, '9');
-      alts.push_back(same_length(lo, hi));
-    }
-  }
-  std::string s = "(";
-  for (size_t i = 0; i < alts.size(); ++i) s += (i ? " | " : "") + alts[i];
-  return s + ")";
-}
-
-std::string integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi, const std::string& path) {
-  if (lo && hi && *lo > *hi) fail(path, "the integer range [" + std::to_string(*lo) + ", " + std::to_string(*hi) + "] is empty");
-  std::vector<std::string> alts;
-  if (!lo || *lo < 0) {  // negative part: "-" n, n in [max(1, -hi), -lo]
-    const int64_t n_lo = hi && *hi < 0 ? -*hi : 1;
-    alts.push_back("\"-\" " + nonneg_range(n_lo, lo ? -*lo : -1));
-  }
-  if (!hi || *hi >= 0) alts.push_back(nonneg_range(lo && *lo > 0 ? *lo : 0, hi ? *hi : -1));
-  std::string s = "(";
-  for (size_t i = 0; i < alts.size(); ++i) s += (i ? " | " : "") + alts[i];
-  return s + ")";
 }
 
 const char* const kUnsupported[] = {"not", "if", "then", "else", "dependentSchemas", "dependentRequired",
@@ -244,14 +182,29 @@ std::string JsonSchemaConverter::visit(const ojson& s, const std::string& name, 
     if (!s["$ref"].is_string()) fail(path + "/$ref", "must be a string");
     return visit_ref(s["$ref"].get<std::string>(), path);
   }
+  // A type beside const or enum keeps only the values of that type.
+  auto type_allows = [&](const ojson& v) {
+    if (!s.contains("type")) return true;
+    auto one = [&](const ojson& t) {
+      const std::string n = t.is_string() ? t.get<std::string>() : "";
+      return (n == "object" && v.is_object()) || (n == "array" && v.is_array()) || (n == "string" && v.is_string()) ||
+             (n == "number" && v.is_number()) || (n == "integer" && v.is_number_integer()) ||
+             (n == "boolean" && v.is_boolean()) || (n == "null" && v.is_null());
+    };
+    const ojson& t = s["type"];
+    return t.is_array() ? std::any_of(t.begin(), t.end(), one) : one(t);
+  };
   if (s.contains("const")) {
+    if (!type_allows(s["const"])) fail(path, "'const' is not of the schema's 'type': nothing is valid");
     return gbnf_literal(s["const"].dump());
   }
   if (s.contains("enum")) {
     const ojson& e = s["enum"];
     if (!e.is_array() || e.empty()) fail(path + "/enum", "must be a non-empty array");
-    std::string out = "(";
-    for (size_t i = 0; i < e.size(); ++i) out += (i ? " | " : "") + gbnf_literal(e[i].dump());
+    std::string out;
+    for (const ojson& v : e)
+      if (type_allows(v)) out += (out.empty() ? "(" : " | ") + gbnf_literal(v.dump());
+    if (out.empty()) fail(path, "no value of 'enum' is of the schema's 'type': nothing is valid");
     return out + ")";
   }
   for (const char* kw : {"anyOf", "oneOf"}) {
@@ -567,7 +520,9 @@ std::string JsonSchemaConverter::visit_number(const ojson& s, bool integer, cons
   if (xmn) set_lo(std::floor(*xmn) + 1);
   if (mx) set_hi(std::floor(*mx));
   if (xmx) set_hi(std::ceil(*xmx) - 1);
-  return integer_range(lo, hi, path);
+  if (lo && hi && *lo > *hi)
+    fail(path, "the integer range [" + std::to_string(*lo) + ", " + std::to_string(*hi) + "] is empty");
+  return integer_range_gbnf(lo, hi);
 }
 
 std::string json_schema_to_gbnf(const ojson& schema) {
