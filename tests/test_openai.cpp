@@ -31,6 +31,7 @@ RequestLimits limits() {
   l.model_id = "m";
   l.n_vocab = 1000;
   l.n_ctx = 4096;
+  l.served = ServedFeatures::all();
   return l;
 }
 
@@ -265,6 +266,36 @@ TEST(OpenAIRequest, StopsTokenIdsAndExtras) {
   EXPECT_EQ(r.gen.max_tokens, 5);
   EXPECT_EQ(r.gen.sampling.temperature, 0.0f);
   expect_400({{"prompt", "x"}, {"max_tokens", 5000}}, "max_tokens", "context", Endpoint::kCompletions);
+}
+
+// A server that has not learnt a feature refuses requests for it (a 400
+// naming the field), rather than answering as if it had not been asked.
+TEST(OpenAIRequest, WhatTheServerDoesNotServeIsRefused) {
+  RequestLimits plain = limits();
+  plain.served = ServedFeatures{};
+  const auto refused = [&](const json& body, const std::string& param, Endpoint ep = Endpoint::kChat) {
+    SCOPED_TRACE(body.dump());
+    try {
+      parse_completion_request(body, ep, plain);
+      ADD_FAILURE() << "accepted";
+    } catch (const ApiException& e) {
+      EXPECT_EQ(e.error().status, 400);
+      EXPECT_EQ(e.error().param, param);
+      EXPECT_NE(e.error().message.find("does not support"), std::string::npos) << e.error().message;
+    }
+  };
+  EXPECT_NO_THROW(parse_completion_request(chat({{"n", 1}, {"tool_choice", "none"}, {"stop", "x"}}), Endpoint::kChat, plain));
+  refused(chat({{"tools", {weather_tool()}}}), "tools");
+  refused({{"messages", {{{"role", "assistant"}, {"tool_calls", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}}}},
+          "messages[0].tool_calls");
+  refused({{"messages", {{{"role", "tool"}, {"tool_call_id", "c"}, {"content", "r"}}}}}, "messages[0].role");
+  refused(chat({{"response_format", {{"type", "json_object"}}}}), "response_format");
+  refused({{"prompt", "x"}, {"grammar", "root ::= \"a\""}}, "grammar", Endpoint::kCompletions);
+  refused(chat({{"logprobs", true}}), "logprobs");
+  refused(chat({{"n", 2}}), "n");
+  refused(chat({{"return_token_ids", true}}), "return_token_ids");
+  refused(chat({{"stop", {"a", 3}}}), "stop");
+  refused(chat({{"logit_bias", {{"3", 1}}}}), "logit_bias");
 }
 
 // ---- responses ----

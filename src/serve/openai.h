@@ -163,15 +163,32 @@ struct CompletionRequest {
 };
 
 // What the server knows when it reads a request.
+// What the server behind the parser carries out beyond one plain choice. A
+// request asking for something it does not is refused (400 naming the
+// field) rather than half served. All off by default, so a server learns
+// each by saying so; parse_completion_request checks the shape of every
+// field either way.
+struct ServedFeatures {
+  bool tools = false;           // tools, tool_choice; tool messages and assistant tool_calls in history
+  bool constraints = false;     // response_format json_object / json_schema, grammar, json_schema
+  bool logprobs = false;        // logprobs, top_logprobs
+  bool n_choices = false;       // n > 1
+  bool token_ids = false;       // return_token_ids
+  bool stop_token_ids = false;  // token ids in stop
+  bool logit_bias = false;
+  static ServedFeatures all() { return {true, true, true, true, true, true, true}; }
+};
+
 struct RequestLimits {
   std::string model_id;  // the base model's id
   int32_t n_vocab = 0;
   int64_t n_ctx = 0;
+  ServedFeatures served;
 };
 
 // Reads a request body (already parsed as JSON). Throws ApiException (400)
-// naming the field and what is wrong, and (404 model_not_found) for a model
-// that is not the base model's id.
+// naming the field and what is wrong (or what lim.served lacks), and (404
+// model_not_found) for a model that is not the base model's id.
 CompletionRequest parse_completion_request(const nlohmann::json& body, Endpoint ep, const RequestLimits& lim);
 
 // "stop" or "length" (null while running); "tool_calls" when the choice

@@ -294,6 +294,33 @@ void read_misc(const json& body, CompletionRequest& r) {
   if (field(body, "reasoning_effort")) r.reasoning_effort = string_field(body, "reasoning_effort");
 }
 
+// What the request asks for that the server does not carry out (lim.served).
+void refuse_unserved(const json& body, const CompletionRequest& r, const ServedFeatures& sv) {
+  const auto refuse = [](const std::string& param, const std::string& what) {
+    throw ApiException(invalid_request("'" + param + "': this server does not support " + what + " yet", param));
+  };
+  if (!sv.tools) {
+    if (!r.tools.empty()) refuse(field(body, "tools") ? "tools" : "functions", "tool calls");
+    for (size_t i = 0; i < r.chat_messages.size(); ++i) {
+      const json& m = r.chat_messages[i];
+      const std::string p = "messages[" + std::to_string(i) + "]";
+      if (m.contains("tool_calls")) refuse(p + ".tool_calls", "tool calls in the conversation");
+      if (m["role"] == "tool") refuse(p + ".role", "tool results in the conversation");
+    }
+  }
+  if (!sv.constraints && r.response_format.kind != OutputConstraint::kNone) {
+    const char* f = r.response_format.kind == OutputConstraint::kGrammar ? "grammar"
+                    : field(body, "json_schema")                        ? "json_schema"
+                                                                        : "response_format";
+    refuse(f, "constrained output (JSON, JSON Schema, grammars)");
+  }
+  if (!sv.logprobs && r.logprobs) refuse("logprobs", "log-probabilities");
+  if (!sv.n_choices && r.n > 1) refuse("n", "more than one choice per request");
+  if (!sv.token_ids && r.return_token_ids) refuse("return_token_ids", "token ids in responses");
+  if (!sv.stop_token_ids && !r.stop_token_ids.empty()) refuse("stop", "stop token ids");
+  if (!sv.logit_bias && !r.logit_bias.empty()) refuse("logit_bias", "logit_bias");
+}
+
 }  // namespace
 
 CompletionRequest parse_completion_request(const json& body, Endpoint ep, const RequestLimits& lim) {
@@ -315,6 +342,7 @@ CompletionRequest parse_completion_request(const json& body, Endpoint ep, const 
   read_sampling(body, r, lim);
   read_logprobs(body, r);
   read_misc(body, r);
+  refuse_unserved(body, r, lim.served);
   return r;
 }
 
