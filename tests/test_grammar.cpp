@@ -343,6 +343,46 @@ TEST(TokenMask, RandomWalksEndAccepted) {
   EXPECT_GT(ended, 0);
 }
 
+TEST(TokenMask, WholeSubtreesOnlyWhenEveryPathLoops) {
+  // Every string of up to 3 fragments (valid and broken UTF-8 pieces,
+  // quotes, controls) as a vocabulary, masked in states that loop on some
+  // or all characters: the walk's subtree shortcut must agree with the
+  // per-token brute force.
+  const std::vector<std::string> frags = {"a", "b", " ", "\"", "\\", "\x01", "\xC3", "\xA9", "\xE0",
+                                          "\xA0", "\x80", "\xED", "\xF0", "\x90", "\xE4\xB8\xAD"};
+  std::vector<std::string> pieces;
+  for (const auto& x : frags) {
+    pieces.push_back(x);
+    for (const auto& y : frags) {
+      pieces.push_back(x + y);
+      for (const auto& z : frags) pieces.push_back(x + y + z);
+    }
+  }
+  // Subtrees the shortcut may take whole: below "d" only valid non-ASCII
+  // characters, below "c" non-ASCII bytes that are not valid UTF-8, below
+  // "e" only letters.
+  for (const char* t : {"d\xC3\xA9", "d\xE4\xB8\xAD", "d\xC3\xA9\xC3", "d\xF0\x9F\x98\x80", "c\xA9", "c\xE0\x80",
+                        "c\xC3", "c\xED\xA0\x80", "eab", "ebb", "eba"})
+    pieces.push_back(t);
+  auto vocab = std::make_shared<const TokenTrie>(pieces, std::vector<uint8_t>{});
+  const std::pair<const char*, const char*> cases[] = {
+      {"json.gbnf", "[\"x"},                     // a JSON string: every character but " and \ loops
+      {"json.gbnf", "[\"x\xC3"},                 // inside a character
+      {nullptr, "ab"},                           // [a-z ]*: ASCII loops, nothing else does
+  };
+  std::vector<uint8_t> mask(pieces.size());
+  for (const auto& [file, prefix] : cases) {
+    SCOPED_TRACE(prefix);
+    auto g = file ? grammar_file(file) : Grammar::parse("root ::= [a-z ]* \"!\"");
+    GrammarConstraint con(g, vocab);
+    ASSERT_TRUE(con.matcher().accept_bytes(prefix));
+    const size_t n = con.fill_mask(mask);
+    const std::vector<uint8_t> want = brute_mask(con);
+    EXPECT_EQ(mask, want);
+    EXPECT_GT(n, 10u);
+  }
+}
+
 TEST(TokenMask, WarmCopiesAreIndependent) {
   const auto vocab = std::shared_ptr<const TokenTrie>(&bpe_trie(), [](const TokenTrie*) {});
   GrammarConstraint proto(grammar_file("json.gbnf"), vocab);

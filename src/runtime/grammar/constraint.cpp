@@ -73,6 +73,7 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
   const auto& nodes = vocab_->nodes();
   const int32_t* toks = vocab_->node_tokens().data();
   const auto& below = vocab_->below();
+  const auto& below_flags = vocab_->below_flags();
   GrammarMatcher::StateId* states = depth_states_.data();
   states[0] = state;
   // Bytes that keep the walk in the start state (inside a string: almost
@@ -80,6 +81,8 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
   // is taken whole.
   const std::array<uint64_t, 2> loop = matcher_.loop_set(state);
   const bool loops = (loop[0] | loop[1]) != 0;
+  const bool wide_loop = loop[0] & 1;  // every non-ASCII character loops too
+  const std::array<uint64_t, 2> ascii_loop = {loop[0] & ~uint64_t{1}, loop[1]};
   size_t count = 0, visited = 0;
   const size_t n = nodes.size();
   for (size_t i = 0; i < n; ++visited) {
@@ -89,7 +92,8 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
       i = nd.subtree_end;  // no token below this prefix can be taken
       continue;
     }
-    if (loops && t == state && (below[i][0] & ~loop[0]) == 0 && (below[i][1] & ~loop[1]) == 0) {
+    if (loops && t == state && (below[i][0] & ~ascii_loop[0]) == 0 && (below[i][1] & ~ascii_loop[1]) == 0 &&
+        (!(below_flags[i] & TokenTrie::kBelowNonAscii) || (wide_loop && (below_flags[i] & TokenTrie::kBelowUtf8)))) {
       const uint32_t end = vocab_->subtree_tok_end(i);
       for (uint32_t k = nd.tok_begin; k < end; ++k) {
         const auto id = static_cast<size_t>(toks[k]);

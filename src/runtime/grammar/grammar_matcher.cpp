@@ -231,7 +231,20 @@ const std::array<uint64_t, 2>& GrammarMatcher::loop_set(StateId s) {
   std::array<uint64_t, 2> set = {0, 0};
   for (unsigned b = 1; b < 128; ++b)
     if (step(s, static_cast<uint8_t>(b)) == s) set[b >> 6] |= uint64_t{1} << (b & 63);
-  loops_[static_cast<size_t>(s)] = set;  // bit 0 is never set, so never ~0
+  // Non-ASCII characters all loop when the stacks that take any of them
+  // take all of them (the transition then does not depend on which one)
+  // and one of them loops.
+  const DState d = states_[static_cast<size_t>(s)];
+  bool all = d.partial_left == 0;
+  for (uint32_t k = 0; k < d.key_len && all; ++k) {
+    const int32_t st = keys_[d.key_begin + k];
+    if (st == kAccept) continue;
+    const CharSet& cs = grammar_->charsets[grammar_->elems[nodes_[static_cast<size_t>(st)].pos].arg];
+    if (cs.intersects(0x80, 0x10FFFF))
+      all = cs.contains_range(0x80, 0xD7FF) && cs.contains_range(0xE000, 0x10FFFF);
+  }
+  if (all && run(s, "\xC3\xA9") == s) set[0] |= 1;  // (bit 0 is free: NUL is not tested above)
+  loops_[static_cast<size_t>(s)] = set;  // never ~0: bit 127 would need byte 127 and all others
   return loops_[static_cast<size_t>(s)];
 }
 

@@ -77,8 +77,10 @@ class GrammarMatcher {
   bool in_partial_char(StateId s) const { return states_[static_cast<size_t>(s)].partial_left != 0; }
 
   // The ASCII bytes 1-127 that lead from `s` back to `s` (bit b of the
-  // 128-bit set; bit 0 never set): inside an unbounded string, all but the
-  // quote and the backslash. Computed once per state.
+  // 128-bit set): inside an unbounded string, all but the quote, the
+  // backslash and control characters. Bit 0 stands for every character
+  // >= U+0080: set when each of them, in any valid UTF-8, leads back to `s`
+  // (and every byte of it is taken on the way). Computed once per state.
   const std::array<uint64_t, 2>& loop_set(StateId s);
 
   // Advances by `bytes`; on refusal returns false and leaves the state as it was.

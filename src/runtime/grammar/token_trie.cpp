@@ -6,6 +6,35 @@
 #include "platform/error.h"
 
 namespace ebb::grammar {
+namespace {
+
+// A strict UTF-8 decoder as 8 states: 0 at a character boundary; 1, 2, 3
+// continuation bytes (80-BF) still expected; 4-7 the narrower byte after
+// E0 (A0-BF), ED (80-9F), F0 (90-BF), F4 (80-8F). -1: invalid.
+int utf8_next(int u, uint8_t b) {
+  const bool cont = b >= 0x80 && b <= 0xBF;
+  switch (u) {
+    case 0:
+      if (b < 0x80) return 0;
+      if (b >= 0xC2 && b <= 0xDF) return 1;
+      if (b == 0xE0) return 4;
+      if (b == 0xED) return 5;
+      if (b >= 0xE1 && b <= 0xEF) return 2;
+      if (b == 0xF0) return 6;
+      if (b >= 0xF1 && b <= 0xF3) return 3;
+      if (b == 0xF4) return 7;
+      return -1;
+    case 1: return cont ? 0 : -1;
+    case 2: return cont ? 1 : -1;
+    case 3: return cont ? 2 : -1;
+    case 4: return b >= 0xA0 && b <= 0xBF ? 1 : -1;
+    case 5: return b >= 0x80 && b <= 0x9F ? 1 : -1;
+    case 6: return b >= 0x90 && b <= 0xBF ? 2 : -1;
+    default: return b >= 0x80 && b <= 0x8F ? 2 : -1;
+  }
+}
+
+}  // namespace
 
 TokenTrie::TokenTrie(const std::vector<std::string>& pieces, const std::vector<uint8_t>& eog) {
   const size_t n = pieces.size();
@@ -71,15 +100,28 @@ TokenTrie::TokenTrie(const std::vector<std::string>& pieces, const std::vector<u
     path.push_back(static_cast<uint32_t>(i));
   }
   below_.assign(n_nodes, {0, 0});
+  below_flags_.assign(n_nodes, 0);
+  // ok[i] bit u: the paths below i are valid UTF-8 continuations from
+  // decoder state u (utf8_next).
+  std::vector<uint8_t> ok(n_nodes, 0xFF);
   for (size_t i = n_nodes; i-- > 0;) {
     if (parent[i] == UINT32_MAX) continue;
-    auto& up = below_[parent[i]];
-    up[0] |= below_[i][0];
-    up[1] |= below_[i][1];
+    const uint32_t p = parent[i];
+    below_[p][0] |= below_[i][0];
+    below_[p][1] |= below_[i][1];
+    below_flags_[p] |= below_flags_[i] & kBelowNonAscii;
     const uint8_t b = nodes_[i].byte;
-    const unsigned bit = (b == 0 || b >= 0x80) ? 0u : b;
-    up[bit >> 6] |= uint64_t{1} << (bit & 63);
+    if (b < 0x80) below_[p][b >> 6] |= uint64_t{1} << (b & 63);
+    else below_flags_[p] |= kBelowNonAscii;
+    uint8_t from = 0;
+    for (int u = 0; u < 8; ++u) {
+      const int v = utf8_next(u, b);
+      if (v >= 0 && ((ok[i] >> v) & 1)) from |= static_cast<uint8_t>(1u << u);
+    }
+    ok[p] &= from;
   }
+  for (size_t i = 0; i < n_nodes; ++i)
+    if (ok[i] & 1) below_flags_[i] |= kBelowUtf8;
 }
 
 std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const Tokenizer& tok) {

@@ -52,11 +52,15 @@ class TokenTrie {
   bool is_eog(int32_t id) const { return eog_[static_cast<size_t>(id)] != 0; }
 
   const std::vector<Node>& nodes() const { return nodes_; }
-  // [n_nodes] the bytes on the edges below each node (not its own), as a
-  // 128-bit set of ASCII bytes whose bit 0 stands for "0x00 or a byte
-  // >= 0x80": a walk in a state that loops on all of them can take the
-  // whole subtree at once.
+  // [n_nodes] the ASCII bytes on the edges below each node (not its own),
+  // as a 128-bit set: a walk in a state that loops on all of them can take
+  // the whole subtree at once.
   const std::vector<std::array<uint64_t, 2>>& below() const { return below_; }
+  // [n_nodes] kBelowNonAscii: a byte >= 0x80 below the node; kBelowUtf8:
+  // every path below, read from a character boundary at the node, is a
+  // prefix of valid UTF-8 (so a state where every character loops takes it).
+  static constexpr uint8_t kBelowNonAscii = 1, kBelowUtf8 = 2;
+  const std::vector<uint8_t>& below_flags() const { return below_flags_; }
   // The tokens of node i's subtree are node_tokens()[nodes()[i].tok_begin, subtree_tok_end(i)).
   uint32_t subtree_tok_end(size_t i) const {
     const uint32_t e = nodes_[i].subtree_end;
@@ -73,6 +77,7 @@ class TokenTrie {
   std::vector<uint8_t> eog_;       // [n_vocab]
   std::vector<Node> nodes_;
   std::vector<std::array<uint64_t, 2>> below_;
+  std::vector<uint8_t> below_flags_;
   std::vector<int32_t> node_tokens_;
   std::vector<int32_t> eog_tokens_;
   std::vector<int32_t> empty_tokens_;
