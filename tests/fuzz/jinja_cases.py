@@ -135,6 +135,12 @@ CASES = [
     ("{{ '%s-%s' | format('a', 1) }} {{ [1, 2, 3, 4, 5] | batch(2) | list }} {{ [1, 2, 3, 4, 5] | slice(2) | list }} {{ l | list }}", '{"l": "ab"}'),
     ("{{ 'x' | attr('upper') is callable }} {{ [1, 2] | sum(start=10) }} {{ users | sum(attribute='n') }}", '{"users": [{"n": 1}, {"n": 2}]}'),
     ("{% for g in users | groupby('role') %}{{ g[0] }}:{{ g[1] | map(attribute='name') | join(',') }};{% endfor %}", '{"users": [{"name": "a", "role": "x"}, {"name": "b", "role": "y"}, {"name": "c", "role": "x"}]}'),
+    # found by comparing random templates with Jinja2
+    ("{{ (2.0 | select('odd')) is string }} {{ (5 | map('upper')) is defined }} {% if 3 | reject('odd') %}lazy{% endif %}", "{}"),
+    ("{{ 2 | round(1) }} {{ 2.25 | round(1) }} {{ \"they're o'neil-smith (x)\" | title }} {{ 'éa ü' | upper }} {{ 'ÀÉ' | lower }} {{ 'über' | capitalize }}", "{}"),
+    ("{{ [] | truncate(9) }} {{ x | truncate(3) }}| {{ 'abc' % [] }} {{ '%s' % [1] }} {{ 'a' % {} }} {{ 0 % -1.5 }} {{ -7.5 % 2 }}", "{}"),
+    ("{{ (l | map('string') | reverse | list) }} {{ l | reverse | list }} {{ x is callable }} {{ 'é'.upper() }}{{ 'ÉA'.islower() }}{{ 'éa'.islower() }}", '{"l": [1, 2]}'),
+    ("{{ 'x' | indent(2) }}|{{ '' | indent(2, true) }}|", "{}"),
     # tojson
     ("{{ d | tojson }}", '{"d": {"b": [1, 2.5, true, null], "a": "é\\"\\n\\u0001<&>", "c": {}}}'),
     ("{{ d | tojson(indent=2) }}", '{"d": {"b": [1, {"x": []}], "a": "s"}}'),
@@ -179,6 +185,13 @@ CASES = [
     ("{{ 'abc' | truncate(1) }}", "{}"),
     ("{{ -x }}", "{}"),
     ("{{ x.__class__() }}", "{}"),
+    ("{{ [1] in {} }}", "{}"),
+    ("{{ {[1]: 2} }}", "{}"),
+    ("{{ 1 | indent }}", "{}"),
+    ("{{ 5 | float + x | float }}", "{}"),
+    ("{{ (3 | map('upper')) | list }}", "{}"),
+    ("{{ 2 | truncate(9) }}", "{}"),
+    ("{{ (l | select) | last }}", '{"l": [1]}'),
     # syntax errors
     ("{% if true %}unclosed", "{}"),
     ("{% endif %}", "{}"),

@@ -28,6 +28,8 @@ Value get_slice(Renderer& r, const Value& obj, const Value* start, const Value* 
 Value binary_op(Renderer& r, std::string_view op, const Value& a, const Value& b);
 // item in container.
 bool contains(const Value& container, const Value& item);
+// Python's hash() would accept it (a dict key, the left of `in dict`).
+bool is_hashable(const Value& v);
 // -a, +a.
 Value unary_op(std::string_view op, const Value& a);
 

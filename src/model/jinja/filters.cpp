@@ -57,7 +57,7 @@ Value attr_or_self(const Value& v, const Value* attribute) {
 
 // The sort key: lower-cased strings unless case_sensitive.
 Value sort_key(const Value& v, bool case_sensitive) {
-  if (!case_sensitive && v.is_string()) return Value(ascii_lower(v.str()));
+  if (!case_sensitive && v.is_string()) return Value(py_lower(v.str()));
   return v;
 }
 
@@ -81,6 +81,19 @@ std::string html_escape(const std::string& s) {
 namespace {
 
 Value generator(std::vector<Value> items) { return Value::make_list(std::move(items), false, "generator"); }
+
+// Runs a filter that Jinja2 writes as a Python generator: its errors surface
+// only when the result is consumed (see ListObj::deferred_error).
+template <class F>
+Value lazily(F f) {
+  try {
+    return f();
+  } catch (const Fail& e) {
+    Value g = generator({});
+    g.list().deferred_error = std::make_shared<const std::string>(e.what());
+    return g;
+  }
+}
 
 // select / reject / selectattr / rejectattr.
 Value select_like(Renderer& r, const Value& seq, CallArgs& a, bool by_attr, bool keep_if) {
@@ -165,6 +178,8 @@ Value do_minmax(const Value& seq, const CallArgs& a, bool want_max) {
 }
 
 Value do_indent(Renderer& r, const Value& v, const CallArgs& a) {
+  if (v.is_undefined()) v.fail_undefined();
+  if (!v.is_string()) throw Fail("unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");
   std::string ind;
   const Value* w = arg(a, "width", 0);
   if (w && w->is_string()) {
@@ -200,7 +215,12 @@ Value do_indent(Renderer& r, const Value& v, const CallArgs& a) {
 }
 
 Value do_truncate(const Value& v, const CallArgs& a) {
-  std::string s = to_str(v);
+  if (!v.is_string()) {  // Jinja2 compares len(s) first: short sequences come back as they are
+    int64_t n = length(v);
+    if (n <= int_opt(a, "length", 0, 255) + int_opt(a, "leeway", 3, 5)) return v;
+    throw Fail("'" + type_name(v) + "' object has no attribute 'rfind'");
+  }
+  std::string s = v.str();
   int64_t length = int_opt(a, "length", 0, 255);
   bool killwords = flag(a, "killwords", 1, false);
   const Value* endv = arg(a, "end", 2);
@@ -223,6 +243,7 @@ Value do_round(const Value& v, const CallArgs& a) {
   int64_t prec = int_opt(a, "precision", 0, 0);
   const Value* m = arg(a, "method", 1);
   std::string method = m ? to_str(*m) : "common";
+  if ((v.is_int() || v.is_bool()) && prec >= 0) return v.is_bool() ? Value(int64_t(v.as_bool())) : v;
   double x = v.as_number(), p = std::pow(10.0, double(prec));
   if (method == "common") {
     double y = x * p, rn = std::nearbyint(y);  // Python's round(): half to even
@@ -305,15 +326,18 @@ Value apply_filter(Renderer& r, std::string_view f, const Value& v, CallArgs& a)
   if (f == "string") return v.is_string() ? v : Value(to_str(v));
   if (f == "safe") return v.is_markup() ? v : Value::markup(to_str(v));
   if (f == "tojson") return do_tojson(r, v, a);
-  if (f == "items") {
-    if (v.is_undefined()) return generator({});
-    if (!v.is_dict() || v.dict().is_namespace) throw Fail("Can only get item pairs from a mapping.");
-    std::vector<Value> out;
-    for (const auto& [k, x] : v.dict().items) out.push_back(Value::make_list({k, x}, true));
-    return generator(std::move(out));
-  }
+  if (f == "items")
+    return lazily([&] {
+      if (v.is_undefined()) return generator({});
+      if (!v.is_dict() || v.dict().is_namespace) throw Fail("Can only get item pairs from a mapping.");
+      std::vector<Value> out;
+      for (const auto& [k, x] : v.dict().items) out.push_back(Value::make_list({k, x}, true));
+      return generator(std::move(out));
+    });
   if (f == "list") return Value::make_list(iterate(v));
   if (f == "first" || f == "last") {
+    if (f == "last" && v.is_list() && v.list().iter_type && std::strncmp(v.list().iter_type, "dict_", 5) != 0)
+      throw Fail(std::string("'") + v.list().iter_type + "' object is not reversible");
     std::vector<Value> items = iterate(v);
     if (items.empty()) return Value::undefined(std::string("No ") + std::string(f) + " item, sequence was empty.");
     return f == "first" ? items.front() : items.back();
@@ -337,17 +361,18 @@ Value apply_filter(Renderer& r, std::string_view f, const Value& v, CallArgs& a)
     std::string t = py_strip(to_str(v), chars && !chars->is_none() ? &cs : nullptr, true, true);
     return v.is_markup() ? Value::markup(std::move(t)) : Value(std::move(t));
   }
-  if (f == "upper") return Value(ascii_upper(to_str(v)));
-  if (f == "lower") return Value(ascii_lower(to_str(v)));
-  if (f == "title") return Value(py_title(to_str(v)));
+  if (f == "upper") return Value(py_upper(to_str(v)));
+  if (f == "lower") return Value(py_lower(to_str(v)));
+  if (f == "title") return Value(jinja_title(to_str(v)));
   if (f == "capitalize") return Value(py_capitalize(to_str(v)));
   if (f == "replace") {
     if (a.pos.size() < 2) throw Fail("replace needs the old and the new string");
     return Value(py_replace(r, to_str(v), to_str(a.pos[0]), to_str(a.pos[1]), int_opt(a, "count", 2, -1)));
   }
-  if (f == "map") return do_map(r, v, a);
-  if (f == "select" || f == "reject") return select_like(r, v, a, false, f == "select");
-  if (f == "selectattr" || f == "rejectattr") return select_like(r, v, a, true, f == "selectattr");
+  if (f == "map") return lazily([&] { return do_map(r, v, a); });
+  if (f == "select" || f == "reject") return lazily([&] { return select_like(r, v, a, false, f == "select"); });
+  if (f == "selectattr" || f == "rejectattr")
+    return lazily([&] { return select_like(r, v, a, true, f == "selectattr"); });
   if (f == "sort") return do_sort(v, a);
   if (f == "dictsort") {
     if (!v.is_dict()) throw Fail("dictsort: expected a mapping");
@@ -364,7 +389,7 @@ Value apply_filter(Renderer& r, std::string_view f, const Value& v, CallArgs& a)
     });
     return Value::make_list(std::move(pairs));
   }
-  if (f == "unique") {
+  if (f == "unique") return lazily([&] {
     bool cs = flag(a, "case_sensitive", 0, false);
     const Value* attribute = arg(a, "attribute", 1);
     std::vector<Value> out, seen;
@@ -380,7 +405,7 @@ Value apply_filter(Renderer& r, std::string_view f, const Value& v, CallArgs& a)
       r.charge(int64_t(seen.size()));
     }
     return generator(std::move(out));
-  }
+  });
   if (f == "reverse") {
     if (v.is_string()) {
       std::vector<std::string_view> cs = utf8_chars(v.str());
@@ -390,8 +415,12 @@ Value apply_filter(Renderer& r, std::string_view f, const Value& v, CallArgs& a)
     }
     std::vector<Value> items = iterate(v);
     std::reverse(items.begin(), items.end());
-    return Value::make_list(std::move(items), false, v.is_list() && !v.list().iter_type ? "list_reverseiterator" : nullptr);
+    // reversed(): an iterator; a generator cannot be reversed, so Jinja2
+    // makes a list of it instead.
+    bool gen = v.is_list() && v.list().iter_type && std::strncmp(v.list().iter_type, "dict_", 5) != 0;
+    return Value::make_list(std::move(items), false, gen ? nullptr : v.is_list() ? "list_reverseiterator" : "reversed");
   }
+  if ((f == "int" || f == "float") && v.is_undefined()) v.fail_undefined();
   if (f == "int") {
     const Value* dv = arg(a, "default", 0);
     Value def = dv ? *dv : Value(int64_t(0));
@@ -483,7 +512,7 @@ Value apply_filter(Renderer& r, std::string_view f, const Value& v, CallArgs& a)
     for (size_t i = 0; i < words.size(); ++i) j += (i ? " " : "") + words[i];
     return Value(j);
   }
-  if (f == "batch" || f == "slice") {
+  if (f == "batch" || f == "slice") return lazily([&] {
     int64_t n = int_opt(a, f == "batch" ? "linecount" : "slices", 0, 1);
     if (n <= 0) throw Fail(std::string(f) + " needs a positive count");
     const Value* fill = arg(a, "fill_with", 1);
@@ -506,7 +535,7 @@ Value apply_filter(Renderer& r, std::string_view f, const Value& v, CallArgs& a)
       }
     }
     return generator(std::move(out));
-  }
+  });
   if (f == "groupby") return do_groupby(v, a);
   throw Fail("unknown filter '" + std::string(f) + "'");
 }

@@ -297,7 +297,6 @@ std::string py_percent(Renderer& r, const std::string& fmt, const Value& args) {
     std::string spec;
     if (flags.find('-') != std::string::npos) spec += '<';
     else if (flags.find('0') != std::string::npos && t != 's' && t != 'r') spec += '0';
-    if (flags.find('+') != std::string::npos) spec.insert(0, spec == "0" ? "" : ""), spec += "";
     if (width.size() > 9 || prec.size() > 9) throw Fail("format width or precision too large");
     std::string sp = (flags.find('+') != std::string::npos ? "+" : "");
     std::string full = (spec == "<" ? "<" : "") + sp + (spec == "0" ? "0" : "") + width +
@@ -316,7 +315,10 @@ std::string py_percent(Renderer& r, const std::string& fmt, const Value& args) {
     }
     r.check_string(out.size());
   }
-  if (!map && next < pos.size()) throw Fail("not all arguments converted during string formatting");
+  // Python treats any non-tuple argument with __getitem__ (a list) as a
+  // mapping here, so only a tuple or a scalar can have arguments left over.
+  bool lenient = map || args.is_undefined() || (args.is_list() && !args.list().tuple && !args.list().iter_type);
+  if (!lenient && next < pos.size()) throw Fail("not all arguments converted during string formatting");
   return out;
 }
 

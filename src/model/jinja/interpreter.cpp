@@ -405,6 +405,7 @@ Value Renderer::eval(const Expr& e) {
       Value d = Value::new_dict();
       for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
         Value k = eval(*e.items[i]);
+        if (!is_hashable(k)) throw Fail("unhashable type: '" + type_name(k) + "'");
         d.dict().set(std::move(k), eval(*e.items[i + 1]));
       }
       return d;

@@ -1,6 +1,5 @@
 // Methods of str, list and dict as the immutable sandbox exposes them
-// (builtins.h). Case mapping is ASCII only; everything else counts in code
-// points as Python does.
+// (builtins.h). Counts and indices are in code points, as in Python.
 #include <algorithm>
 #include <cstring>
 
@@ -109,11 +108,16 @@ std::optional<Value> string_method(Renderer& r, const std::string& s, std::strin
     const std::string& to = str_arg(a, 1, "replace");
     return Value(py_replace(r, s, from, to, int_arg(a, 2, -1)));
   }
-  if (m == "upper") return Value(ascii_upper(s));
-  if (m == "lower" || m == "casefold") return Value(ascii_lower(s));
+  if (m == "upper") return Value(py_upper(s));
+  if (m == "lower" || m == "casefold") return Value(py_lower(s));
   if (m == "swapcase") {
-    std::string o = s;
-    for (char& c : o) c = (c >= 'a' && c <= 'z') ? char(c - 32) : (c >= 'A' && c <= 'Z') ? char(c + 32) : c;
+    std::string o;
+    for (size_t i = 0; i < s.size();) {
+      size_t n;
+      uint32_t c = decode_cp(s, i, n);
+      append_utf8(o, cp_upper(c) != c ? cp_upper(c) : cp_lower(c));
+      i += n;
+    }
     return Value(std::move(o));
   }
   if (m == "title") return Value(py_title(s));
@@ -166,18 +170,17 @@ std::optional<Value> string_method(Renderer& r, const std::string& s, std::strin
   }
   if (m == "islower" || m == "isupper") {
     bool cased = false;
-    for (unsigned char c : s) {
-      if (std::islower(c)) {
-        if (m == "isupper") return Value(false);
-        cased = true;
-      } else if (std::isupper(c)) {
-        if (m == "islower") return Value(false);
-        cased = true;
-      }
+    for (size_t i = 0; i < s.size();) {
+      size_t n;
+      uint32_t c = decode_cp(s, i, n);
+      i += n;
+      if (!cp_cased(c)) continue;
+      cased = true;
+      if (m == "islower" ? cp_lower(c) != c : cp_upper(c) != c) return Value(false);
     }
     return Value(cased);
   }
-  if (m == "istitle") return Value(!s.empty() && py_title(s) == s && s != ascii_lower(s));
+  if (m == "istitle") return Value(!s.empty() && py_title(s) == s && s != py_lower(s));
   if (m == "center" || m == "ljust" || m == "rjust" || m == "zfill") {
     int64_t width = int_arg(a, 0, 0);
     std::string fill = m == "zfill" ? "0" : a.pos.size() > 1 ? str_arg(a, 1, "center") : " ";

@@ -71,6 +71,14 @@ Value repeat(Renderer& r, const Value& seq, int64_t n) {
 
 }  // namespace
 
+bool is_hashable(const Value& v) {
+  if (v.is_dict()) return false;
+  if (!v.is_list()) return true;
+  const ListObj& l = v.list();
+  if (l.tuple) return true;
+  return l.iter_type && std::strncmp(l.iter_type, "dict_", 5) != 0;  // iterators hash, lists and views do not
+}
+
 Value get_attr(const Value& obj, std::string_view name) {
   if (is_dunder(name))
     return Value::undefined("access to attribute '" + std::string(name) + "' of '" + type_name(obj) +
@@ -194,11 +202,13 @@ bool contains(const Value& c, const Value& item) {
       if (!item.is_string()) throw Fail("'in <string>' requires string as left operand, not " + type_name(item));
       return c.str().find(item.str()) != std::string::npos;
     case Kind::List:
+      if (c.list().deferred_error) throw Fail(*c.list().deferred_error);
       for (const auto& x : c.list().items)
         if (equals(x, item)) return true;
       return false;
     case Kind::Dict:
       if (c.dict().is_namespace) break;
+      if (!is_hashable(item)) throw Fail("unhashable type: '" + type_name(item) + "'");
       return c.dict().find(item) != nullptr;
     default: break;
   }
@@ -218,6 +228,7 @@ Value binary_op(Renderer& r, std::string_view op, const Value& a, const Value& b
     }
     return Value(std::move(s));
   }
+  if (op == "%" && a.is_string()) return Value(py_percent(r, a.str(), b));
   if (a.is_undefined()) a.fail_undefined();
   if (b.is_undefined()) b.fail_undefined();
   bool ints = is_intlike(a) && is_intlike(b);
@@ -277,6 +288,7 @@ Value binary_op(Renderer& r, std::string_view op, const Value& a, const Value& b
     if (y == 0) throw Fail("float modulo by zero");
     double m = std::fmod(x, y);
     if (m != 0 && ((m < 0) != (y < 0))) m += y;
+    if (m == 0) m = std::copysign(0.0, y);  // Python: a zero remainder takes the divisor's sign
     if (op == "%") return Value(m);
     return Value(std::floor(x / y));
   }
@@ -293,6 +305,8 @@ Value binary_op(Renderer& r, std::string_view op, const Value& a, const Value& b
     }
     if (nums) {
       if (a.as_number() == 0 && b.as_number() < 0) throw Fail("0.0 cannot be raised to a negative power");
+      if (a.as_number() < 0 && b.as_number() != std::floor(b.as_number()))
+        throw Fail("a negative number to a fractional power is complex (not supported)");
       return Value(std::pow(a.as_number(), b.as_number()));
     }
     unsupported("** or pow()", a, b);

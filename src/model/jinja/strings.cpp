@@ -186,41 +186,105 @@ std::string py_replace(Renderer& r, const std::string& s, const std::string& fro
   return out;
 }
 
-std::string ascii_upper(std::string_view s) {
-  std::string o(s);
-  for (char& c : o)
-    if (c >= 'a' && c <= 'z') c = char(c - 32);
-  return o;
+uint32_t cp_upper(uint32_t c) {
+  if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
+  if ((c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 0x20;
+  if (c == 0xFF) return 0x178;
+  if (c == 0xB5) return 0x39C;
+  if (c >= 0x100 && c <= 0x17F) {
+    if (c == 0x131) return 'I';
+    bool odd_upper = (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E);
+    if (c == 0x130 || c == 0x138 || c == 0x149 || c == 0x17F) return c;
+    if (odd_upper) return (c % 2 == 0) ? c - 1 : c;
+    return (c % 2 == 1) ? c - 1 : c;
+  }
+  if (c >= 0x3B1 && c <= 0x3C9 && c != 0x3C2) return c - 0x20;
+  if (c == 0x3C2) return 0x3A3;
+  if (c == 0x3AC) return 0x386;
+  if (c >= 0x3AD && c <= 0x3AF) return c - 0x25;
+  if (c == 0x3CC) return 0x38C;
+  if (c == 0x3CD || c == 0x3CE) return c - 0x3F;
+  if (c >= 0x430 && c <= 0x44F) return c - 0x20;
+  if (c >= 0x450 && c <= 0x45F) return c - 0x50;
+  if (c >= 0xFF41 && c <= 0xFF5A) return c - 0x20;  // fullwidth a-z
+  return c;
 }
 
-std::string ascii_lower(std::string_view s) {
-  std::string o(s);
-  for (char& c : o)
-    if (c >= 'A' && c <= 'Z') c = char(c + 32);
-  return o;
+uint32_t cp_lower(uint32_t c) {
+  if (c < 0x80) return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+  if (c >= 0xC0 && c <= 0xDE && c != 0xD7) return c + 0x20;
+  if (c == 0x178) return 0xFF;
+  if (c >= 0x100 && c <= 0x17F) {
+    if (c == 0x130 || c == 0x131 || c == 0x138 || c == 0x149 || c == 0x17F) return c;
+    bool odd_upper = (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E);
+    if (odd_upper) return (c % 2 == 1) ? c + 1 : c;
+    return (c % 2 == 0) ? c + 1 : c;
+  }
+  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 0x20;
+  if (c == 0x386) return 0x3AC;
+  if (c >= 0x388 && c <= 0x38A) return c + 0x25;
+  if (c == 0x38C) return 0x3CC;
+  if (c == 0x38E || c == 0x38F) return c + 0x3F;
+  if (c >= 0x410 && c <= 0x42F) return c + 0x20;
+  if (c >= 0x400 && c <= 0x40F) return c + 0x50;
+  if (c >= 0xFF21 && c <= 0xFF3A) return c + 0x20;
+  return c;
 }
 
-std::string py_title(std::string_view s) {
-  std::string o(s);
-  bool prev_cased = false;
-  for (char& ch : o) {
-    unsigned char c = ch;
-    bool lower = c >= 'a' && c <= 'z', upper = c >= 'A' && c <= 'Z';
-    if (lower || upper) {
-      if (prev_cased && upper) ch = char(c + 32);
-      if (!prev_cased && lower) ch = char(c - 32);
-      prev_cased = true;
-    } else {
-      prev_cased = c >= 0x80;  // letters outside ASCII keep a word going
-    }
+bool cp_cased(uint32_t c) {
+  return cp_upper(c) != c || cp_lower(c) != c || c == 0xDF || c == 0x138 || c == 0x149 || c == 0x17F || c == 0x3C2;
+}
+
+namespace {
+
+template <class F>
+std::string map_cps(std::string_view s, F f) {
+  std::string o;
+  o.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    size_t n;
+    uint32_t c = decode_cp(s, i, n);
+    if (n == 1 && (unsigned char)s[i] >= 0x80) o += s[i];  // an invalid byte stays as it is
+    else append_utf8(o, f(c, i));
+    i += n;
   }
   return o;
 }
 
+}  // namespace
+
+std::string py_upper(std::string_view s) {
+  return map_cps(s, [](uint32_t c, size_t) { return cp_upper(c); });
+}
+
+std::string py_lower(std::string_view s) {
+  return map_cps(s, [](uint32_t c, size_t) { return cp_lower(c); });
+}
+
+std::string py_title(std::string_view s) {
+  bool prev_cased = false;
+  return map_cps(s, [&](uint32_t c, size_t) {
+    bool cased = cp_cased(c);
+    uint32_t r = cased ? (prev_cased ? cp_lower(c) : cp_upper(c)) : c;
+    prev_cased = cased;
+    return r;
+  });
+}
+
 std::string py_capitalize(std::string_view s) {
-  std::string o = ascii_lower(s);
-  if (!o.empty() && o[0] >= 'a' && o[0] <= 'z') o[0] = char(o[0] - 32);
-  return o;
+  return map_cps(s, [](uint32_t c, size_t i) { return i == 0 ? cp_upper(c) : cp_lower(c); });
+}
+
+std::string jinja_title(std::string_view s) {
+  // Jinja2's title filter: a word starts after whitespace, '-', '(', '{',
+  // '[' or '<'; its first character is upper-cased and the rest lower-cased.
+  bool start = true;
+  return map_cps(s, [&](uint32_t c, size_t) {
+    bool sep = is_py_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    uint32_t r = sep ? c : start ? cp_upper(c) : cp_lower(c);
+    start = sep;
+    return r;
+  });
 }
 
 }  // namespace ebb::jinja

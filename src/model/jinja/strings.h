@@ -1,6 +1,6 @@
 // Python's str operations on UTF-8 text, for the methods and filters
 // (methods.cpp, filters.cpp): whitespace is Python's str.isspace set,
-// counts and indices are in code points, case mapping is ASCII only.
+// counts and indices are in code points.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +23,17 @@ std::vector<std::string> py_split(std::string_view s, const std::string* sep, in
 std::vector<std::string> py_splitlines(std::string_view s, bool keepends);
 // str.replace(old, new, count), checking the result's size before building it.
 std::string py_replace(Renderer& r, const std::string& s, const std::string& from, const std::string& to, int64_t count);
-std::string ascii_upper(std::string_view s);
-std::string ascii_lower(std::string_view s);
+// Case mapping of code points for Latin-1, Latin Extended-A, Greek,
+// Cyrillic and fullwidth Latin (the rest maps to itself).
+uint32_t cp_upper(uint32_t cp);
+uint32_t cp_lower(uint32_t cp);
+bool cp_cased(uint32_t cp);
+std::string py_upper(std::string_view s);
+std::string py_lower(std::string_view s);
+// str.title(): a cased character after a cased one is lower-cased, else upper.
 std::string py_title(std::string_view s);
 std::string py_capitalize(std::string_view s);
+// Jinja2's title filter (words split on whitespace and -({[<).
+std::string jinja_title(std::string_view s);
 
 }  // namespace ebb::jinja

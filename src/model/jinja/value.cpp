@@ -180,7 +180,11 @@ static void repr_rec(std::string& out, const Value& v, uint32_t level) {
   if (out.size() > kMaxReprBytes) throw Fail("value too large to print (over " + std::to_string(kMaxReprBytes) + " bytes)");
   switch (v.kind()) {
     case Kind::Undefined: out += "Undefined"; return;
-    case Kind::String: append_str_repr(out, v.str()); return;
+    case Kind::String:
+      if (v.is_markup()) out += "Markup(";
+      append_str_repr(out, v.str());
+      if (v.is_markup()) out += ')';
+      return;
     case Kind::List: {
       const ListObj& l = v.list();
       if (l.iter_type && std::strcmp(l.iter_type, "dict_items") != 0 && std::strcmp(l.iter_type, "dict_keys") != 0 &&
@@ -346,7 +350,9 @@ int compare(const Value& a, const Value& b, const char* op) {
 std::vector<Value> iterate(const Value& v) {
   switch (v.kind()) {
     case Kind::Undefined: return {};
-    case Kind::List: return v.list().items;
+    case Kind::List:
+      if (v.list().deferred_error) throw Fail(*v.list().deferred_error);
+      return v.list().items;
     case Kind::Dict: {
       if (v.dict().is_namespace) break;
       std::vector<Value> keys;

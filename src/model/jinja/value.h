@@ -42,6 +42,10 @@ struct ListObj {
   bool tuple = false;
   const char* iter_type = nullptr;
   uint32_t depth = 1;  // nesting height, bounded by kMaxValueDepth when built
+  // A lazy filter's error (map over an int, say): Python raises it only when
+  // the generator is consumed, so the value is a generator that fails when
+  // iterated but can still be tested, compared or printed.
+  std::shared_ptr<const std::string> deferred_error;
 };
 
 // Lists and dicts nested deeper than this are refused when built (a hostile
