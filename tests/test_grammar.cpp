@@ -369,11 +369,15 @@ TEST(TokenMask, WholeSubtreesOnlyWhenEveryPathLoops) {
       {"json.gbnf", "[\"x"},                     // a JSON string: every character but " and \ loops
       {"json.gbnf", "[\"x\xC3"},                 // inside a character
       {nullptr, "ab"},                           // [a-z ]*: ASCII loops, nothing else does
+      {"count", "<"},                            // [^<>]{0,4}: each character one count further
+      {"count", "<ab"},
   };
   std::vector<uint8_t> mask(pieces.size());
   for (const auto& [file, prefix] : cases) {
     SCOPED_TRACE(prefix);
-    auto g = file ? grammar_file(file) : Grammar::parse("root ::= [a-z ]* \"!\"");
+    auto g = !file                            ? Grammar::parse("root ::= [a-z ]* \"!\"")
+             : std::string(file) == "count" ? Grammar::parse("root ::= \"<\" [^<>]{0,4} \">\"")
+                                            : grammar_file(file);
     GrammarConstraint con(g, vocab);
     ASSERT_TRUE(con.matcher().accept_bytes(prefix));
     const size_t n = con.fill_mask(mask);

@@ -18,6 +18,11 @@ GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar, std
   }
   active_ = !opts_.lazy;
   depth_states_.resize(vocab_->max_depth() + 1);
+  depth_chain_.resize(vocab_->max_depth() + 1);
+  chain_.reserve(vocab_->max_depth() + 2);
+  chain_u_.reserve(vocab_->max_depth() + 2);
+  chain_ascii_.reserve(vocab_->max_depth() + 2);
+  chain_non_ascii_.reserve(vocab_->max_depth() + 2);
   mask_cache_.resize(opts_.mask_cache_entries);
 }
 
@@ -29,6 +34,7 @@ GrammarConstraint::GrammarConstraint(const GrammarConstraint& o)
       recent_(o.recent_),
       max_word_(o.max_word_),
       depth_states_(o.depth_states_),
+      depth_chain_(o.depth_chain_),
       mask_cache_(o.mask_cache_),
       use_clock_(o.use_clock_) {}
 
@@ -76,13 +82,10 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
   const auto& below_flags = vocab_->below_flags();
   GrammarMatcher::StateId* states = depth_states_.data();
   states[0] = state;
-  // Bytes that keep the walk in the start state (inside a string: almost
-  // all of ASCII): a subtree back in that state with only such bytes below
-  // is taken whole.
-  const std::array<uint64_t, 2> loop = matcher_.loop_set(state);
-  const bool loops = (loop[0] | loop[1]) != 0;
-  const bool wide_loop = loop[0] & 1;  // every non-ASCII character loops too
-  const std::array<uint64_t, 2> ascii_loop = {loop[0] & ~uint64_t{1}, loop[1]};
+  const auto& height = vocab_->height();
+  int32_t* cpos = depth_chain_.data();
+  cpos[0] = 0;
+  build_chain(state);
   size_t count = 0, visited = 0;
   const size_t n = nodes.size();
   for (size_t i = 0; i < n; ++visited) {
@@ -92,18 +95,37 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
       i = nd.subtree_end;  // no token below this prefix can be taken
       continue;
     }
-    if (loops && t == state && (below[i][0] & ~ascii_loop[0]) == 0 && (below[i][1] & ~ascii_loop[1]) == 0 &&
-        (!(below_flags[i] & TokenTrie::kBelowNonAscii) || (wide_loop && (below_flags[i] & TokenTrie::kBelowUtf8)))) {
-      const uint32_t end = vocab_->subtree_tok_end(i);
-      for (uint32_t k = nd.tok_begin; k < end; ++k) {
-        const auto id = static_cast<size_t>(toks[k]);
-        if (id < n_ids) {
-          allowed[id] = 1;
-          ++count;
+    // Where t is on the chain: back at the start, or one uniform ASCII
+    // character further than the parent.
+    int32_t q = -1;
+    const int32_t p = cpos[nd.depth - 1];
+    if (t == state) {
+      q = 0;
+    } else if (p >= 0 && p <= chain_last_ && nd.byte != 0 && nd.byte < 0x80 &&
+               ((chain_u_[static_cast<size_t>(p)].ascii[nd.byte >> 6] >> (nd.byte & 63)) & 1)) {
+      q = chain_loops_ && p == chain_last_ ? p : p + 1;
+    }
+    cpos[nd.depth] = q;
+    if (q >= 0 && q <= chain_last_ && nd.subtree_end > i + 1) {
+      // Take the subtree whole if the chain from q takes every byte below
+      // for as many characters as the subtree is deep.
+      const bool non_ascii = below_flags[i] & TokenTrie::kBelowNonAscii;
+      const auto& a = chain_ascii_[static_cast<size_t>(q)];
+      const bool ok = (chain_loops_ || q + static_cast<int64_t>(height[i]) - 1 <= chain_last_) &&
+                      (below[i][0] & ~a[0]) == 0 && (below[i][1] & ~a[1]) == 0 &&
+                      (!non_ascii || ((below_flags[i] & TokenTrie::kBelowUtf8) && chain_non_ascii_[static_cast<size_t>(q)]));
+      if (ok) {
+        const uint32_t end = vocab_->subtree_tok_end(i);
+        for (uint32_t k = nd.tok_begin; k < end; ++k) {
+          const auto id = static_cast<size_t>(toks[k]);
+          if (id < n_ids) {
+            allowed[id] = 1;
+            ++count;
+          }
         }
+        i = nd.subtree_end;
+        continue;
       }
-      i = nd.subtree_end;
-      continue;
     }
     states[nd.depth] = t;
     for (uint32_t k = nd.tok_begin; k < nd.tok_end; ++k) {
@@ -135,6 +157,39 @@ size_t GrammarConstraint::fill_mask(std::span<uint8_t> allowed) {
     for (size_t i = 0; i < allowed.size(); ++i) slot->bits[i / 64] |= uint64_t{allowed[i]} << (i % 64);
   }
   return count;
+}
+
+void GrammarConstraint::build_chain(GrammarMatcher::StateId start) {
+  chain_.clear();
+  chain_u_.clear();
+  chain_loops_ = false;
+  // Follow uniform successors until one has none, loops, or the chain is as
+  // long as the longest token.
+  for (GrammarMatcher::StateId s = start; s != GrammarMatcher::kReject && chain_.size() <= vocab_->max_depth();) {
+    chain_.push_back(s);
+    chain_u_.push_back(matcher_.uniform(s));
+    const GrammarMatcher::StateId next = chain_u_.back().next;
+    if (next == s) {
+      chain_loops_ = true;
+      break;
+    }
+    s = next;
+  }
+  // The last position with a successor.
+  chain_last_ = static_cast<int64_t>(chain_.size()) - 1;
+  if (!chain_loops_ && chain_last_ >= 0 && chain_u_.back().next == GrammarMatcher::kReject) --chain_last_;
+  chain_ascii_.resize(chain_.size());
+  chain_non_ascii_.resize(chain_.size());
+  std::array<uint64_t, 2> a = {~uint64_t{0}, ~uint64_t{0}};
+  bool na = true;
+  for (int64_t j = chain_last_; j >= 0; --j) {
+    const auto& u = chain_u_[static_cast<size_t>(j)];
+    a[0] &= u.ascii[0];
+    a[1] &= u.ascii[1];
+    na = na && u.non_ascii;
+    chain_ascii_[static_cast<size_t>(j)] = a;
+    chain_non_ascii_[static_cast<size_t>(j)] = na;
+  }
 }
 
 void GrammarConstraint::activate_with(std::string_view text) {

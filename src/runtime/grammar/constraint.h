@@ -14,7 +14,11 @@
 //
 // Cost: fill_mask() walks the token trie once from the current state,
 // skipping every subtree whose prefix is refused, with one table lookup per
-// trie node once the matcher's DFA has seen the states; allows() checks one
+// trie node once the matcher's DFA has seen the states. A subtree is taken
+// whole, unvisited, when every path below it keeps to the state's uniform
+// chain (GrammarMatcher::uniform: inside a string, each character leads to
+// the same state, or to the next count of a bounded one) for as long as the
+// subtree is deep; allows() checks one
 // token (the fast path: check the sampled token, mask only when refused).
 // Buffers are sized at construction; a step in a state seen before allocates
 // nothing. Masks of wide states are cached (ConstraintOptions), so a state
@@ -98,6 +102,19 @@ class GrammarConstraint {
   std::string recent_;  // lazy: the tail of the accepted text, shorter than the longest trigger word
   size_t max_word_ = 0;
   std::vector<GrammarMatcher::StateId> depth_states_;  // [max_depth + 1] scratch for the trie walk
+  std::vector<int32_t> depth_chain_;   // [max_depth + 1] position in chain_ of depth_states_, -1: none
+  // The walk's start state and its uniform successors (GrammarMatcher::
+  // uniform): chain_[j] is where j characters of the uniform kind lead.
+  std::vector<GrammarMatcher::StateId> chain_;
+  std::vector<GrammarMatcher::Uniform> chain_u_;  // uniform(chain_[j])
+  // Over positions j..chain_last_ (the last with a successor; with a loop,
+  // the loop's position): the ASCII bytes every one of them takes, and
+  // whether every one takes all non-ASCII characters.
+  std::vector<std::array<uint64_t, 2>> chain_ascii_;
+  std::vector<uint8_t> chain_non_ascii_;
+  int64_t chain_last_ = -1;
+  bool chain_loops_ = false;
+  void build_chain(GrammarMatcher::StateId start);
 
   struct CachedMask {
     GrammarMatcher::StateId state = -1;

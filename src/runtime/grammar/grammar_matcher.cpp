@@ -24,7 +24,7 @@ void GrammarMatcher::clear_caches() {
   states_.clear();
   keys_.clear();
   trans_.clear();
-  loops_.clear();
+  uniforms_.clear();
   state_ids_.clear();
   nodes_.push_back({UINT32_MAX, -1, 0, -1, 0});  // kAccept
 }
@@ -208,7 +208,7 @@ GrammarMatcher::StateId GrammarMatcher::intern(const std::vector<int32_t>& stack
                      accepting});
   keys_.insert(keys_.end(), stacks.begin(), stacks.end());
   trans_.resize(trans_.size() + 256, kUnknown);
-  loops_.push_back({~uint64_t{0}, ~uint64_t{0}});
+  uniforms_.push_back({{0, 0}, kUnknown, false});
   state_ids_.emplace(key_, id);
   return id;
 }
@@ -226,26 +226,41 @@ GrammarMatcher::StateId GrammarMatcher::compute_step(StateId s, uint8_t byte) {
   return t;
 }
 
-const std::array<uint64_t, 2>& GrammarMatcher::loop_set(StateId s) {
-  if (loops_[static_cast<size_t>(s)][0] != ~uint64_t{0}) return loops_[static_cast<size_t>(s)];
-  std::array<uint64_t, 2> set = {0, 0};
+const GrammarMatcher::Uniform& GrammarMatcher::uniform(StateId s) {
+  if (uniforms_[static_cast<size_t>(s)].next != kUnknown) return uniforms_[static_cast<size_t>(s)];
+  // The successor most ASCII bytes share.
+  StateId succ[128];
+  StateId next = kReject;
+  int best = 0;
+  for (unsigned b = 1; b < 128; ++b) succ[b] = step(s, static_cast<uint8_t>(b));
+  for (unsigned b = 1; b < 128; ++b) {
+    if (succ[b] == kReject || succ[b] == next) continue;
+    int n = 0;
+    for (unsigned c = b; c < 128; ++c) n += succ[c] == succ[b];
+    if (n > best) best = n, next = succ[b];
+  }
+  Uniform u = {{0, 0}, next, false};
   for (unsigned b = 1; b < 128; ++b)
-    if (step(s, static_cast<uint8_t>(b)) == s) set[b >> 6] |= uint64_t{1} << (b & 63);
-  // Non-ASCII characters all loop when the stacks that take any of them
-  // take all of them (the transition then does not depend on which one)
-  // and one of them loops.
+    if (next != kReject && succ[b] == next) u.ascii[b >> 6] |= uint64_t{1} << (b & 63);
+  // Every non-ASCII character leads to `next` when the stacks that take any
+  // of them take all of them (the transition then does not depend on which
+  // one) and one of them does.
   const DState d = states_[static_cast<size_t>(s)];
   bool all = d.partial_left == 0;
   for (uint32_t k = 0; k < d.key_len && all; ++k) {
     const int32_t st = keys_[d.key_begin + k];
     if (st == kAccept) continue;
     const CharSet& cs = grammar_->charsets[grammar_->elems[nodes_[static_cast<size_t>(st)].pos].arg];
-    if (cs.intersects(0x80, 0x10FFFF))
-      all = cs.contains_range(0x80, 0xD7FF) && cs.contains_range(0xE000, 0x10FFFF);
+    if (cs.intersects(0x80, 0x10FFFF)) all = cs.contains_range(0x80, 0xD7FF) && cs.contains_range(0xE000, 0x10FFFF);
   }
-  if (all && run(s, "\xC3\xA9") == s) set[0] |= 1;  // (bit 0 is free: NUL is not tested above)
-  loops_[static_cast<size_t>(s)] = set;  // never ~0: bit 127 would need byte 127 and all others
-  return loops_[static_cast<size_t>(s)];
+  const StateId e = all ? run(s, "\xC3\xA9") : kReject;
+  if (e != kReject && (e == next || next == kReject)) {
+    u.non_ascii = true;
+    u.next = e;
+  }
+  if (!u.non_ascii && best < 8) u = {{0, 0}, kReject, false};  // too narrow to be worth following
+  uniforms_[static_cast<size_t>(s)] = u;  // (uniforms_ may have grown in run())
+  return uniforms_[static_cast<size_t>(s)];
 }
 
 GrammarMatcher::StateId GrammarMatcher::run(StateId s, std::string_view bytes) {

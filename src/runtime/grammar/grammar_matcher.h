@@ -76,12 +76,19 @@ class GrammarMatcher {
   // True when `s` is inside a UTF-8 character.
   bool in_partial_char(StateId s) const { return states_[static_cast<size_t>(s)].partial_left != 0; }
 
-  // The ASCII bytes 1-127 that lead from `s` back to `s` (bit b of the
-  // 128-bit set): inside an unbounded string, all but the quote, the
-  // backslash and control characters. Bit 0 stands for every character
-  // >= U+0080: set when each of them, in any valid UTF-8, leads back to `s`
-  // (and every byte of it is taken on the way). Computed once per state.
-  const std::array<uint64_t, 2>& loop_set(StateId s);
+  // How `s` moves on one character when many characters move it alike:
+  // `ascii` holds the ASCII bytes 1-127 that all lead to `next` (the
+  // successor most of them share: `s` itself inside an unbounded string,
+  // the next count inside a bounded one); `non_ascii` says every character
+  // >= U+0080, in valid UTF-8, leads there too (each byte taken on the way).
+  // Fewer than 8 such bytes and no non-ASCII: next = kReject, ascii empty.
+  // Computed once per state. The reference is invalidated by the next step.
+  struct Uniform {
+    std::array<uint64_t, 2> ascii;
+    StateId next;
+    bool non_ascii;
+  };
+  const Uniform& uniform(StateId s);
 
   // Advances by `bytes`; on refusal returns false and leaves the state as it was.
   bool accept_bytes(std::string_view bytes);
@@ -148,7 +155,7 @@ class GrammarMatcher {
   std::vector<DState> states_;
   std::vector<int32_t> keys_;
   std::vector<StateId> trans_;  // [n_states * 256]
-  std::vector<std::array<uint64_t, 2>> loops_;  // [n_states] loop_set(), {~0, ~0}: not computed yet
+  std::vector<Uniform> uniforms_;  // [n_states] uniform(); next == kUnknown: not computed yet
   std::unordered_map<std::string, StateId> state_ids_;
 
   // Scratch, reused.

@@ -101,12 +101,14 @@ TokenTrie::TokenTrie(const std::vector<std::string>& pieces, const std::vector<u
   }
   below_.assign(n_nodes, {0, 0});
   below_flags_.assign(n_nodes, 0);
+  height_.assign(n_nodes, 0);
   // ok[i] bit u: the paths below i are valid UTF-8 continuations from
   // decoder state u (utf8_next).
   std::vector<uint8_t> ok(n_nodes, 0xFF);
   for (size_t i = n_nodes; i-- > 0;) {
     if (parent[i] == UINT32_MAX) continue;
     const uint32_t p = parent[i];
+    height_[p] = std::max<uint16_t>(height_[p], static_cast<uint16_t>(height_[i] + 1));
     below_[p][0] |= below_[i][0];
     below_[p][1] |= below_[i][1];
     below_flags_[p] |= below_flags_[i] & kBelowNonAscii;

@@ -61,6 +61,8 @@ class TokenTrie {
   // prefix of valid UTF-8 (so a state where every character loops takes it).
   static constexpr uint8_t kBelowNonAscii = 1, kBelowUtf8 = 2;
   const std::vector<uint8_t>& below_flags() const { return below_flags_; }
+  // [n_nodes] the longest path below each node, in bytes (0: a leaf).
+  const std::vector<uint16_t>& height() const { return height_; }
   // The tokens of node i's subtree are node_tokens()[nodes()[i].tok_begin, subtree_tok_end(i)).
   uint32_t subtree_tok_end(size_t i) const {
     const uint32_t e = nodes_[i].subtree_end;
@@ -78,6 +80,7 @@ class TokenTrie {
   std::vector<Node> nodes_;
   std::vector<std::array<uint64_t, 2>> below_;
   std::vector<uint8_t> below_flags_;
+  std::vector<uint16_t> height_;
   std::vector<int32_t> node_tokens_;
   std::vector<int32_t> eog_tokens_;
   std::vector<int32_t> empty_tokens_;
