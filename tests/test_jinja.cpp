@@ -141,6 +141,13 @@ const Case kCases[] = {
     {"  {%- raw %} {{x}} {% endraw -%}  !", "{}", true, " {{x}} !"},
     {"a\r\nb\r\n", "{}", true, "a\nb"},
     {"t\n", "{}", true, "t"},
+    {"\n\nx\n  a\n{% for x in l %}   {# c +#}\t{# c #}a\n\t{% endfor -%}  \nx\n   {# c -#}{% for m in l %}{%+ for x in l +%}  \n {{ 'q' }}\n    \n    {%+ endfor +%}{%+ endfor +%}", "{\"l\": [1, 2, 3], \"s\": \"x y\"}", true, "\n\nx\n  a\n   \ta\n   \ta\n   \ta\nx\n  \n q\n    \n      \n q\n    \n      \n q\n    \n      \n q\n    \n      \n q\n    \n      \n q\n    \n      \n q\n    \n      \n q\n    \n      \n q\n    \n    "},
+    {"\n\n    {%+ for x in l -%}\n\n{{ s -}}a b x\n  x\n  x\n  {{ s }}  {% for x in l %}\n  \na  \n a{% endfor -%}{% endfor %}", "{\"l\": [1, 2, 3], \"s\": \"x y\"}", true, "\n\n    x ya b x\n  x\n  x\n  x y    \na  \n a  \na  \n a  \na  \n ax ya b x\n  x\n  x\n  x y    \na  \n a  \na  \n a  \na  \n ax ya b x\n  x\n  x\n  x y    \na  \n a  \na  \n a  \na  \n a"},
+    {"  b \n    \n    {{ 1 -}}x\n    \n{% for x in l +%}{%+ for x in l %}{#- c +#} \n  \n    \n\n {#+ c -#}{#- c #}\n\n{%+ endfor +%}{%+ endfor -%}\n   b ", "{\"l\": [1, 2, 3], \"s\": \"x y\"}", true, "  b \n    \n    1x\n    \n \n  \n    \n\n \n \n  \n    \n\n \n \n  \n    \n\n \n \n  \n    \n\n \n \n  \n    \n\n \n \n  \n    \n\n \n \n  \n    \n\n \n \n  \n    \n\n \n \n  \n    \n\n \nb "},
+    {"{%+ if l %}{%+ set blk %}\n  a\n{# c #}\n  {% endset %}{{- blk }}{%+ elif s %}{{- 'q' }}  x\n{% endif %}", "{\"l\": [1, 2, 3], \"s\": \"x y\"}", true, "  a\n"},
+    {"x\n  \n\n{% set blk %}{% macro mm(a) %} a{{ 'q' -}}  \na x\n   b {# c #}{%+ endmacro %}{{ mm(1) -}}{% endset %}{{ blk }}\t{{- 'q' }}  {{ 1 }}  \n\n  a\n", "{\"l\": [1, 2, 3], \"s\": \"x y\"}", true, "x\n  \n\n aqa x\n   b q  1  \n\n  a"},
+    {"\t\n    {# c -#}\n  \nx\n  {#- c #} \n\n     {# c -#}{%+ for x in l %}a\n{% endfor %}", "{\"l\": [1, 2, 3], \"s\": \"x y\"}", true, "\t\nx \n\na\na\na\n"},
+    {"{% raw -%}  a {{ b }}  {%- endraw %}|{% raw %}\n x{% endraw +%}\n|", "{}", true, "a {{ b }}|\n x\n|"},
     {"{{ 'a\\tb\\n\\\\' }}|{{ \"q'\" }}|{{ '\\u00e9\\x41' }}", "{}", true, "a\tb\n\\|q'|\xc3""\xa9""A"},
     {"{{ 1 }} {{ 1.0 }} {{ 1.5e3 }} {{ 1e20 }} {{ 0.0001 }} {{ 1e-5 }} {{ 1_000 }}", "{}", true, "1 1.0 1500.0 1e+20 0.0001 1e-05 1000"},
     {"{{ true }} {{ True }} {{ none }} {{ None }} {{ false }}", "{}", true, "True True None None False"},
@@ -281,6 +288,7 @@ const Case kCases[] = {
     {"{# unterminated comment", "{}", false, "TemplateSyntaxError: Missing end of comment tag"},
     {"{{ (1 }}", "{}", false, "TemplateSyntaxError: unexpected '}', expected ')'"},
     {"{% break %}", "{}", false, "SyntaxError: 'break' outside loop (<template>, line 11)"},
+    {"{% raw +%}x{% endraw %}", "{}", false, "TemplateSyntaxError: Encountered unknown tag 'raw'."},
     {"{% for x in y %}{% endif %}", "{}", false, "TemplateSyntaxError: Encountered unknown tag 'endif'. Jinja was looking for the following tags: 'endfor' or 'else'. The innermost block that needs to be closed is 'for'."},
     // END GENERATED
 };

@@ -48,6 +48,14 @@ CASES = [
     ("  {%- raw %} {{x}} {% endraw -%}  !", "{}"),
     ("a\r\nb\r\n", "{}"),
     ("t\n", "{}"),
+    # whitespace control mixed (from random templates compared with Jinja2)
+    ("\n\nx\n  a\n{% for x in l %}   {# c +#}\t{# c #}a\n\t{% endfor -%}  \nx\n   {# c -#}{% for m in l %}{%+ for x in l +%}  \n {{ 'q' }}\n    \n    {%+ endfor +%}{%+ endfor +%}", '{"l": [1, 2, 3], "s": "x y"}'),
+    ("\n\n    {%+ for x in l -%}\n\n{{ s -}}a b x\n  x\n  x\n  {{ s }}  {% for x in l %}\n  \na  \n a{% endfor -%}{% endfor %}", '{"l": [1, 2, 3], "s": "x y"}'),
+    ("  b \n    \n    {{ 1 -}}x\n    \n{% for x in l +%}{%+ for x in l %}{#- c +#} \n  \n    \n\n {#+ c -#}{#- c #}\n\n{%+ endfor +%}{%+ endfor -%}\n   b ", '{"l": [1, 2, 3], "s": "x y"}'),
+    ("{%+ if l %}{%+ set blk %}\n  a\n{# c #}\n  {% endset %}{{- blk }}{%+ elif s %}{{- 'q' }}  x\n{% endif %}", '{"l": [1, 2, 3], "s": "x y"}'),
+    ("x\n  \n\n{% set blk %}{% macro mm(a) %} a{{ 'q' -}}  \na x\n   b {# c #}{%+ endmacro %}{{ mm(1) -}}{% endset %}{{ blk }}\t{{- 'q' }}  {{ 1 }}  \n\n  a\n", '{"l": [1, 2, 3], "s": "x y"}'),
+    ("\t\n    {# c -#}\n  \nx\n  {#- c #} \n\n     {# c -#}{%+ for x in l %}a\n{% endfor %}", '{"l": [1, 2, 3], "s": "x y"}'),
+    ("{% raw -%}  a {{ b }}  {%- endraw %}|{% raw %}\n x{% endraw +%}\n|", "{}"),
     # literals and printing
     ("{{ 'a\\tb\\n\\\\' }}|{{ \"q'\" }}|{{ '\\u00e9\\x41' }}", "{}"),
     ("{{ 1 }} {{ 1.0 }} {{ 1.5e3 }} {{ 1e20 }} {{ 0.0001 }} {{ 1e-5 }} {{ 1_000 }}", "{}"),
@@ -205,6 +213,7 @@ CASES = [
     ("{# unterminated comment", "{}"),
     ("{{ (1 }}", "{}"),
     ("{% break %}", "{}"),
+    ("{% raw +%}x{% endraw %}", "{}"),
     ("{% for x in y %}{% endif %}", "{}"),
 ]
 

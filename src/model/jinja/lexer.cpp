@@ -139,7 +139,7 @@ struct Lexer {
       char os = 0, cs = 0;
       if (kind == '%') {
         size_t raw_end = match_word_tag(tag, "raw", os, cs);
-        if (raw_end != std::string::npos) {
+        if (raw_end != std::string::npos && cs != '+') {  // "{% raw +%}" is not a raw tag to Jinja2
           emit_text(pos, tag, os, true);
           raw_block(tag, raw_end, cs);
           continue;
