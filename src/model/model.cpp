@@ -19,8 +19,15 @@ std::unique_ptr<Model> Model::load(const std::string& path, Allocator& alloc, co
   m->chat_template_ = m->file_->get_string("tokenizer.chat_template").value_or("");
   m->layout_ = plan_weights(*m->file_, m->config_, opts.pack_weights);
   if (!opts.load_weights) return m;
-  m->layout_.globals.load(*m->file_, alloc);
-  for (WeightUnit& u : m->layout_.layers) u.load(*m->file_, alloc);
+  const uint64_t total = m->weight_bytes();
+  uint64_t done = 0;
+  auto load = [&](WeightUnit& u) {
+    u.load(*m->file_, alloc);
+    done += u.bytes();
+    if (opts.progress) opts.progress(done, total);
+  };
+  load(m->layout_.globals);
+  for (WeightUnit& u : m->layout_.layers) load(u);
   return m;
 }
 

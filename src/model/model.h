@@ -1,6 +1,8 @@
 // A loaded model: its file, config, tokenizer and weight units.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +21,9 @@ struct ModelOptions {
   // Units hold the matrices a kernel target reads packed in that packing
   // (plan_weights); set when the engine's kernel set has packed kernels.
   bool pack_weights = false;
+  // Called after each weight unit is read (from the loading thread) with the
+  // bytes read so far and the total: a caller's progress display.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 class Model {

@@ -63,7 +63,9 @@ Engine::Engine(const EngineOptions& opts)
   bool pack = true;
   for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
     pack = pack && ks.format(t) && ks.format(t)->x8_gemm;
-  model_ = Model::load(opts_.model_path, alloc_, {.load_weights = !budget_mode, .pack_weights = pack});
+  model_ = Model::load(opts_.model_path, alloc_,
+                       {.load_weights = !budget_mode, .pack_weights = pack, .progress = opts_.load_progress});
+  opts_.load_progress = nullptr;  // it may capture the caller's state, which need not outlive the load
   const ModelConfig& c = model_->config();
   // Every weight format must have kernels on the chosen target.
   for (int l = 0; l < model_->n_layers(); ++l) {

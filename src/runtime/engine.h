@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -42,6 +43,9 @@ struct EngineOptions {
   // there and read back by a later process (needs prefix_cache).
   std::string cache_dir;
   uint64_t cache_dir_bytes = 0;  // 0: no limit
+  // Called while the weights are read, with bytes read and the total (see
+  // ModelOptions::progress); a command line shows it.
+  std::function<void(uint64_t done, uint64_t total)> load_progress;
 };
 
 // Bytes by category, equal to what went through the engine's allocator.
