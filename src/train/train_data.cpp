@@ -1,5 +1,6 @@
 #include "train/train_data.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -16,18 +17,57 @@ std::vector<int32_t> encode(const Tokenizer& tok, const std::string& text, bool 
   return tok.encode(text, eo);
 }
 
+// Lines of a file, each at most max_line bytes, the file at most max_file
+// bytes: a longer line or file is an error naming it (nothing past the
+// limit is read).
+class BoundedLines {
+ public:
+  BoundedLines(const std::string& path, uint64_t max_line, uint64_t max_file)
+      : path_(path), max_line_(max_line), max_file_(max_file), in_(path, std::ios::binary) {
+    if (!in_) throw Error(path + ": cannot open the training data");
+  }
+  // The next line (without its newline); false at the end of the file.
+  bool next(std::string& line) {
+    line.clear();
+    if (!in_) return false;
+    ++line_no_;
+    char c;
+    while (in_.get(c)) {
+      if (++read_ > max_file_) {
+        throw Error(path_ + ":" + std::to_string(line_no_) + ": the file is larger than " + std::to_string(max_file_) +
+                    " bytes, the most training data read from one file (split it)");
+      }
+      if (c == '\n') return true;
+      if (line.size() >= max_line_) {
+        throw Error(path_ + ":" + std::to_string(line_no_) + ": the line is longer than " +
+                    std::to_string(max_line_) + " bytes (samples are cut to --max-tokens tokens; is this a JSONL file?)");
+      }
+      line += c;
+    }
+    return !line.empty();
+  }
+  int64_t line_no() const { return line_no_; }
+
+ private:
+  std::string path_;
+  uint64_t max_line_, max_file_;
+  std::ifstream in_;
+  int64_t line_no_ = 0;
+  uint64_t read_ = 0;
+};
+
 }  // namespace
 
 std::vector<TrainSample> load_train_data(const std::string& path, const Tokenizer& tok, const TrainDataOptions& o,
                                          std::vector<std::string>* notes) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open the training data");
+  const uint64_t max_line =
+      o.max_line_bytes > 0 ? o.max_line_bytes : std::max<uint64_t>(1u << 20, static_cast<uint64_t>(o.max_tokens) * 64);
+  BoundedLines in(path, max_line, o.max_file_bytes);
   std::vector<TrainSample> out;
   std::string line;
-  int64_t line_no = 0;
   const bool bos = o.add_bos && tok.add_bos_default();
-  while (std::getline(in, line)) {
-    ++line_no;
+  while (in.next(line)) {
+    const int64_t line_no = in.line_no();
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(line_no);
     nlohmann::json j;
@@ -71,6 +111,10 @@ std::vector<TrainSample> load_train_data(const std::string& path, const Tokenize
           throw Error(where + ": each message needs a string \"role\" and a string \"content\"");
         }
         msgs.push_back({x["role"].get<std::string>(), x["content"].get<std::string>()});
+      }
+      if (std::none_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) { return m.role == "assistant"; })) {
+        throw Error(where + ": the messages have no \"assistant\" turn, so there is nothing to learn (only the "
+                            "assistant's tokens are trained)");
       }
       s.tokens = encode(tok, apply_chat_template(o.format, msgs, false), bos, true);
       s.weights.assign(s.tokens.size(), 0.0f);

@@ -6,7 +6,10 @@
 //   {"tokens": [ids], "weights": [w per token]}       as given
 // and optionally "weight": W (a reward or an advantage) multiplying every
 // weight of the line. Lines longer than max_tokens are cut (the cut is
-// reported through `notes`). Errors name the file, the line and the field.
+// reported through `notes`). Errors name the file, the line and the field;
+// a line longer than max_line_bytes or a file longer than max_file_bytes is
+// an error (reading stops there), and so is a "messages" line without an
+// assistant turn (it would teach nothing).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,8 @@ namespace ebb {
 
 struct TrainDataOptions {
   int64_t max_tokens = 1024;
+  uint64_t max_line_bytes = 0;         // 0: 64 bytes per max_tokens token, at least 1 MiB
+  uint64_t max_file_bytes = 1ull << 30;
   ChatFormat format = ChatFormat::kPlain;
   bool add_bos = true;
 };
