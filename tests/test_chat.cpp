@@ -137,25 +137,93 @@ TEST(ChatCli, AFailedTurnIsUndone) {
 }
 
 TEST(ChatCli, AFullContextOffersAWayOn) {
-  // The third answer runs into the end of the 160-token context; the chat
-  // says what to do, /shift keeps the latest turn (run again), and the next
-  // turn appends to it.
+  // The third turn would not fit in the 160-token context with room for its
+  // answer: the chat shifts by itself (keeping the latest turn) and says so;
+  // /shift does the same on request, and the next turn appends to it.
   const test::CliResult r = run_cli("chat -m " + test::model_path("stories260K.gguf") +
                                         " --ctx 160 --temp 0 -n 40 --threads 1",
                                     "Once upon a time\nLily\nThe cat\n/shift\nBye\n");
   EXPECT_EQ(r.status, 0) << r.err;
   const std::vector<TurnLine> t = turn_lines(r.err);
   ASSERT_EQ(t.size(), 4u) << r.err;
-  EXPECT_EQ(t[2].stop, "context_full") << r.err;
-  EXPECT_EQ(t[2].context, 160) << r.err;
-  EXPECT_NE(r.err.find("[the context is full (160 tokens): /shift"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the context is full: shifted it, kept 2 of the conversation's messages"), std::string::npos)
+      << r.err;
+  EXPECT_LT(t[2].context, t[1].context) << r.err;  // shifted before it ran
+  EXPECT_EQ(t[2].stop, "max_tokens") << r.err;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.err, m, std::regex(R"(kept (\d+) of the conversation's messages \((\d+) tokens)")))
+  const std::string after = r.err.substr(r.err.find('\n', r.err.find("shifted it, kept")));  // the /shift's line
+  ASSERT_TRUE(std::regex_search(after, m, std::regex(R"(kept (\d+) of the conversation's messages \((\d+) tokens)")))
       << r.err;
   EXPECT_EQ(std::stoi(m[1]), 2) << r.err;  // the last user message and its answer
   const int64_t kept = std::stoll(m[2]);
   EXPECT_LE(kept, 80) << r.err;  // half the context at most
   EXPECT_EQ(t[3].context, kept + t[3].prompt + t[3].gen) << r.err;
+  // An answer that runs into the end of the context says what to do. The
+  // greedy story goes on for 48 tokens at least: a 40-token context ends it.
+  const test::CliResult full =
+      run_cli("chat -m " + test::model_path("stories260K.gguf") + " --ctx 40 --temp 0 -n -1 --threads 1",
+              "Once upon a time\n");
+  EXPECT_EQ(full.status, 0) << full.err;
+  const std::vector<TurnLine> f = turn_lines(full.err);
+  ASSERT_EQ(f.size(), 1u) << full.err;
+  EXPECT_EQ(f[0].stop, "context_full") << full.err;
+  EXPECT_EQ(f[0].context, 40) << full.err;
+  EXPECT_NE(full.err.find("[the context is full (40 tokens): /shift"), std::string::npos) << full.err;
+}
+
+TEST(ChatCli, ASmallContextShiftsByItself) {
+  // stories260K holds 128 tokens: the default answer length comes from the
+  // context, and a turn that would not fit shifts it (keeping the latest
+  // turns) instead of failing.
+  const test::CliResult r = run_cli("chat -m " + test::model_path("stories260K.gguf") + " --temp 0 --threads 1",
+                                    "Once upon a time\nLily went to the park\nThe cat\nThe dog ran\nBye\n");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("answers of 32 tokens at most"), std::string::npos) << r.err;  // 128 / 4
+  const std::vector<TurnLine> t = turn_lines(r.err);
+  ASSERT_EQ(t.size(), 5u) << r.err;
+  for (const TurnLine& l : t) EXPECT_LE(l.gen, 32) << r.err;
+  EXPECT_NE(r.err.find("the context is full: shifted it, kept "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("this turn was undone"), std::string::npos) << r.err;
+  // After a shift the context holds less than before it.
+  bool shrank = false;
+  for (size_t k = 1; k < t.size(); ++k) shrank = shrank || t[k].context < t[k - 1].context;
+  EXPECT_TRUE(shrank) << r.err;
+}
+
+TEST(ChatCli, QuietShowsOnlyTheAnswers) {
+  const std::string m = "chat -m " + test::model_path("stories260K.gguf") + " --temp 0 -n 8 --threads 1";
+  const test::CliResult loud = run_cli(m, "Lily\n");
+  const test::CliResult quiet = run_cli(m + " --quiet", "Lily\n");
+  ASSERT_EQ(quiet.status, 0) << quiet.err;
+  EXPECT_EQ(turn_lines(loud.err).size(), 1u) << loud.err;
+  EXPECT_TRUE(turn_lines(quiet.err).empty()) << quiet.err;
+  EXPECT_EQ(quiet.err.find("ebb chat:"), std::string::npos) << quiet.err;
+  EXPECT_EQ(quiet.out, loud.out);
+  EXPECT_FALSE(quiet.out.empty());
+}
+
+TEST(ChatCli, LoadShowsTheSavedTranscript) {
+  test::TempDir d("ebb-chat");
+  const std::string m = "chat -m " + test::model_path("stories260K.gguf") + " --temp 0 -n 8 --threads 1";
+  const test::CliResult saved = run_cli(m, "Lily and the cat\n/save " + d.file("s.bin") + "\n");
+  ASSERT_EQ(saved.status, 0) << saved.err;
+  EXPECT_NE(saved.err.find("and 2 messages"), std::string::npos) << saved.err;
+  const test::CliResult loaded = run_cli(m, "/load " + d.file("s.bin") + "\n/memory\n");
+  ASSERT_EQ(loaded.status, 0) << loaded.err;
+  EXPECT_NE(loaded.err.find("and 2 messages:\n  user: Lily and the cat\n  assistant: "), std::string::npos)
+      << loaded.err;
+  // Without the transcript beside it, the text the session holds is shown.
+  std::filesystem::remove(d.file("s.bin") + ".chat.json");
+  const test::CliResult bare = run_cli(m, "/load " + d.file("s.bin") + "\n");
+  EXPECT_NE(bare.err.find("no transcript beside the file"), std::string::npos) << bare.err;
+  EXPECT_NE(bare.err.find("Lily and the cat"), std::string::npos) << bare.err;
+}
+
+TEST(ChatCli, AContextBeyondTrainingWarns) {
+  const test::CliResult r =
+      run_cli("chat -m " + test::model_path("stories260K.gguf") + " -c 1024 --threads 1", "/quit\n");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: --ctx 1024 is beyond the 128 tokens"), std::string::npos) << r.err;
 }
 
 TEST(ChatCli, SlashCommandsAreNeverSentToTheModel) {
@@ -314,8 +382,8 @@ TEST(ChatTerminal, CtrlCStopsTheAnswerAndKeepsTheConversation) {
   // (rightly) taken as stopping that answer and then forgotten.
   ASSERT_TRUE(c.wait_for("\n> ", c.out().find("[prompt ", m))) << c.out().substr(m);
   m = c.mark();
-  c.send("\x03");  // Ctrl-C at the prompt exits, cleanly: no signal, status 1 as one turn failed
-  EXPECT_EQ(c.wait_exit(), 1) << c.out().substr(m);
+  c.send("\x03");  // Ctrl-C at the prompt is how a person leaves: a clean exit, status 0
+  EXPECT_EQ(c.wait_exit(), 0) << c.out().substr(m);
 }
 
 TEST(ChatTerminal, UpArrowRecallsTheLastLine) {

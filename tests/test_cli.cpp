@@ -166,11 +166,15 @@ TEST(CliUsage, LlamaCppSpellings) {
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
-TEST(CliUsage, ManyThreadsWarn) {
-  const std::string n = std::to_string(std::max(1u, std::thread::hardware_concurrency()) + 1);
+TEST(CliUsage, ManyThreadsAreCapped) {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const std::string n = std::to_string(hw + 1);
   const Result r = run_cli("run -m " + test::model_path("stories260K.gguf") + " -p Lily --temp 0 -n 1 --threads " + n);
   EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("warning: --threads " + n + " is more than the"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("note: --threads " + n + " is more than the " + std::to_string(hw) +
+                       " hardware threads; using " + std::to_string(hw)),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(CliRun, NPredictMinusOneRunsToTheContextEnd) {

@@ -380,7 +380,7 @@ void add_adapter_command(CLI::App& app, int* rc) {
       "synth", "Write a LoRA adapter with random weights for a base model (for benchmarks and tests)");
   synth_cmd->add_option("-m,--base", sa->base, "Base model (GGUF)")->required();
   synth_cmd->add_option("-o,--output", sa->out, "GGUF adapter file to write")->required();
-  synth_cmd->add_option("-r,--rank", sa->rank, "Rank")->capture_default_str();
+  synth_cmd->add_option("--rank", sa->rank, "Rank")->capture_default_str();
   synth_cmd->add_option("--alpha", sa->alpha, "adapter.lora.alpha (the scale is alpha / rank)")->capture_default_str();
   synth_cmd->add_option("--targets", sa->targets, "Projections, comma-separated")->capture_default_str();
   synth_cmd->add_option("--type", sa->type, "Tensor type: f16 or f32")->capture_default_str();

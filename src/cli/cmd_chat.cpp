@@ -5,7 +5,9 @@
 // header of the new answer) and runs only those tokens. The history is never
 // re-rendered into the session, so an answer that a stop string ended, or
 // that the template would trim, costs nothing on the next turn.
+#include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -28,12 +30,18 @@ namespace {
 struct ChatArgs {
   ModelArgs model;
   SamplerOptions sampling;
+  ChatTemplateArgs chat_template;
   std::string system;
-  int64_t n_predict = 512;
-  std::string format;
+  int64_t n_predict = kAnswerFromContext;
   std::vector<std::string> stop;
   bool resume = false;  // continue the conversation saved in --cache-dir
+  int64_t keep = -2;    // --keep (llama.cpp): accepted, noted; -2: not given
+  static constexpr int64_t kAnswerFromContext = -2;
 };
+
+// The default answer length: a quarter of the context, at most 512 tokens,
+// so an answer leaves room for the turns around it.
+int64_t default_answer_tokens(int64_t n_ctx) { return std::max<int64_t>(1, std::min<int64_t>(512, n_ctx / 4)); }
 
 constexpr const char* kHelp =
     "commands: /help, /reset (forget the conversation), /shift (keep the system message and the latest turns\n"
@@ -56,21 +64,18 @@ std::string trim(const std::string& s) {
 
 class Chat {
  public:
-  Chat(Engine& engine, const ChatArgs& a) : engine_(engine), a_(a), session_(engine, session_options(a.model)) {
-    if (a.format.empty()) {
-      fmt_ = detect_chat_format(engine.model().chat_template(), engine.config().arch_name);
-      format_source_ = engine.model().chat_template().empty()
-                           ? "the model has no chat template; chosen by its architecture"
-                           : "recognised in the model's chat template";
-    } else {
-      auto f = parse_chat_format(a.format);
-      if (!f) throw UsageError("--format '" + a.format + "' is not one of chatml, llama3, llama2, plain");
-      fmt_ = *f;
-      format_source_ = "--format";
-    }
-    max_tokens_ = max_tokens_of(a.n_predict);
+  Chat(Engine& engine, ChatArgs& a) : engine_(engine), a_(a), session_(engine, session_options(a.model)) {
+    const ResolvedChatTemplate t = resolve_chat_template(a.chat_template, engine, a.model.quiet);
+    fmt_ = t.format;
+    format_source_ = t.source;
+    max_tokens_ = a.n_predict == ChatArgs::kAnswerFromContext ? default_answer_tokens(session_.n_ctx())
+                                                                : max_tokens_of(a.n_predict);
     session_.set_adapters(adapter_bindings(a.model));
     reset();
+  }
+
+  std::string answer_limit() const {
+    return max_tokens_ == std::numeric_limits<int64_t>::max() ? std::string("any number of") : std::to_string(max_tokens_);
   }
 
   std::string format_note() const {
@@ -110,8 +115,10 @@ class Chat {
 
   // `/shift`: keeps the system message and the most recent turns whose
   // rendering fits in half the context, and runs them again (a documented
-  // way out of a full context that keeps the latest exchanges).
-  void shift() {
+  // way out of a full context that keeps the latest exchanges). A turn that
+  // would not fit shifts by itself (automatic), saying so in one line.
+  // Returns false when even the system message is too long.
+  bool shift(bool automatic = false) {
     std::vector<ChatMessage> sys, turns;
     for (const ChatMessage& m : messages_) (m.role == "system" ? sys : turns).push_back(m);
     EncodeOptions eo;
@@ -134,7 +141,7 @@ class Chat {
     if (toks.size() > limit) {
       std::fprintf(stderr, "the system message alone is %zu tokens, over half the context; /reset instead\n",
                    toks.size());
-      return;
+      return false;
     }
     session_.clear();
     carry_.clear();
@@ -145,8 +152,9 @@ class Chat {
       state_ = State::kClosed;
       closed_text_ = text;
     }
-    std::fprintf(stderr, "kept %zu of the conversation's messages (%zu tokens, run again)\n", messages_.size(),
-                 toks.size());
+    std::fprintf(stderr, "%skept %zu of the conversation's messages (%zu tokens, run again)\n",
+                 automatic ? "the context is full: shifted it, " : "", messages_.size(), toks.size());
+    return true;
   }
 
   // /lora                   list the loaded adapters and what this chat binds
@@ -285,9 +293,12 @@ class Chat {
                    static_cast<long long>(r.chunks_lost));
   }
 
+  // /save FILE: the model's state in FILE, the transcript beside it in
+  // FILE.chat.json (what /load shows and continues from).
   void save(const std::string& path) {
     session_.save(path);
-    std::fprintf(stderr, "saved %zu tokens\n", session_.tokens().size());
+    write_json(transcript_json(), transcript_path(path));
+    std::fprintf(stderr, "saved %zu tokens and %zu messages\n", session_.tokens().size(), messages_.size());
   }
 
   void load(const std::string& path) {
@@ -298,16 +309,36 @@ class Chat {
     if (!std::filesystem::is_regular_file(st))
       throw Error("/load: '" + path + "' is not a regular file (a pipe or a device); give a file made by /save");
     session_.load(path);
-    // The transcript is not in the file: only the model's state. A saved
-    // chat ends in an answer (its last token pending), so the next turn
-    // closes it first.
+    // The transcript is beside the model's state (FILE.chat.json) when /save
+    // wrote it. Without it, a saved chat ends in an answer (its last token
+    // pending), so the next turn closes it first, and the text the session
+    // holds is shown instead.
     messages_.clear();
     if (!a_.system.empty()) messages_.push_back({"system", a_.system});
     carry_.clear();
     state_ = session_.tokens().empty() ? State::kEmpty : State::kOpenAnswer;
     last_eog_ = false;
-    std::fprintf(stderr, "loaded %zu tokens (the transcript is not restored, only the model's state)\n",
-                 session_.tokens().size());
+    std::ifstream f(transcript_path(path));
+    nlohmann::json j;
+    bool have = false;
+    if (f) {
+      try {
+        j = nlohmann::json::parse(f);
+        have = j.value("tokens", std::vector<TokenId>{}) == session_.tokens();
+      } catch (const nlohmann::json::exception&) {
+        have = false;
+      }
+    }
+    if (have) {
+      read_transcript(j);
+      std::fprintf(stderr, "loaded %zu tokens and %zu messages:\n", session_.tokens().size(), messages_.size());
+      for (const ChatMessage& m : messages_) std::fprintf(stderr, "  %s: %s\n", m.role.c_str(), m.content.c_str());
+      return;
+    }
+    std::string text;
+    for (TokenId t : session_.tokens()) text += engine_.tokenizer().token_to_piece(t, true);
+    std::fprintf(stderr, "loaded %zu tokens (no transcript beside the file; the text they hold):\n%s\n",
+                 session_.tokens().size(), text.c_str());
   }
 
   // With --cache-dir: the conversation (tokens, transcript and where the
@@ -316,8 +347,11 @@ class Chat {
   // from those files instead of recomputing it.
   std::string conversation_path() const { return a_.model.cache_dir + "/chat-conversation.json"; }
 
-  void save_conversation() const {
-    if (a_.model.cache_dir.empty()) return;
+  static std::string transcript_path(const std::string& session_file) { return session_file + ".chat.json"; }
+
+  // The conversation as --cache-dir and /save keep it: tokens, transcript
+  // and where the session stands.
+  nlohmann::json transcript_json() const {
     nlohmann::json j;
     j["model_fingerprint"] = engine_.model_fingerprint();
     j["format"] = std::string(chat_format_name(fmt_));
@@ -328,7 +362,27 @@ class Chat {
     j["last_eog_piece"] = last_eog_piece_;
     j["closed_text"] = closed_text_;
     for (const ChatMessage& m : messages_) j["messages"].push_back({{"role", m.role}, {"content", m.content}});
-    const std::string path = conversation_path(), tmp = path + ".tmp";
+    return j;
+  }
+
+  void read_transcript(const nlohmann::json& j) {
+    messages_.clear();
+    for (const auto& m : j.value("messages", nlohmann::json::array()))
+      messages_.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+    state_ = static_cast<State>(j.value("state", 0));
+    carry_ = j.value("carry", std::string());
+    last_eog_ = j.value("last_eog", false);
+    last_eog_piece_ = j.value("last_eog_piece", std::string());
+    closed_text_ = j.value("closed_text", std::string());
+  }
+
+  void save_conversation() const {
+    if (a_.model.cache_dir.empty()) return;
+    write_json(transcript_json(), conversation_path());
+  }
+
+  static void write_json(const nlohmann::json& j, const std::string& path) {
+    const std::string tmp = path + ".tmp";
     {
       std::ofstream f(tmp, std::ios::trunc);
       f << j.dump();
@@ -367,14 +421,7 @@ class Chat {
                    toks.size(), sw.seconds(), static_cast<long long>(session_.reused_tokens()),
                    static_cast<long long>(session_.tokens_run()));
     }
-    messages_.clear();
-    for (const auto& m : j.value("messages", nlohmann::json::array()))
-      messages_.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
-    state_ = static_cast<State>(j.value("state", 0));
-    carry_ = j.value("carry", std::string());
-    last_eog_ = j.value("last_eog", false);
-    last_eog_piece_ = j.value("last_eog_piece", std::string());
-    closed_text_ = j.value("closed_text", std::string());
+    read_transcript(j);
   }
 
  private:
@@ -423,13 +470,22 @@ class Chat {
     return carry_ + after;
   }
 
-  void run_turn(const std::string& user) {
-    const Tokenizer& tok = engine_.tokenizer();
-    const std::string delta = delta_for(user);
+  std::vector<TokenId> turn_tokens(const std::string& user) const {
     EncodeOptions eo;
-    eo.add_bos = session_.tokens().empty() && tok.add_bos_default();
+    eo.add_bos = session_.tokens().empty() && engine_.tokenizer().add_bos_default();
     eo.parse_special = true;
-    const std::vector<TokenId> toks = tok.encode(delta, eo);
+    return engine_.tokenizer().encode(delta_for(user), eo);
+  }
+
+  void run_turn(const std::string& user) {
+    std::vector<TokenId> toks = turn_tokens(user);
+    // A turn whose message and answer would not fit shifts the context
+    // first (keeping the system message and the latest turns).
+    const int64_t room = std::min<int64_t>(max_tokens_, session_.n_ctx() / 4);
+    if (state_ != State::kEmpty &&
+        static_cast<int64_t>(session_.tokens().size() + toks.size()) + room >= session_.n_ctx() && shift(true)) {
+      toks = turn_tokens(user);
+    }
     const int64_t have = static_cast<int64_t>(session_.tokens().size());
     if (have + static_cast<int64_t>(toks.size()) >= session_.n_ctx()) {
       throw Error("the context is full: this turn needs " + std::to_string(toks.size()) + " tokens and " +
@@ -465,14 +521,16 @@ class Chat {
     if (!content.empty() && content[0] == ' ') content.erase(0, 1);
     messages_.push_back({"user", user});
     messages_.push_back({"assistant", content});
-    std::fprintf(stderr, "[%s | context %zu/%lld]\n", summary_line(engine_, st).c_str(), session_.tokens().size(),
-                 static_cast<long long>(session_.n_ctx()));
+    if (!a_.model.quiet) {
+      std::fprintf(stderr, "[%s | context %zu/%lld]\n", summary_line(engine_, st).c_str(), session_.tokens().size(),
+                   static_cast<long long>(session_.n_ctx()));
+    }
     if (st.stop == StopReason::kCancelled) {
       std::fprintf(stderr, "[answer stopped; the conversation is kept. Ctrl-C at the prompt exits]\n");
     } else if (st.stop == StopReason::kContextFull) {
       std::fprintf(stderr,
-                   "[the context is full (%lld tokens): /shift keeps the system message and the latest turns, "
-                   "/reset starts over, or restart with a larger --ctx]\n",
+                   "[the context is full (%lld tokens): /shift keeps the system message and the latest turns (the "
+                   "next turn does so by itself), /reset starts over, or restart with a larger --ctx]\n",
                    static_cast<long long>(session_.n_ctx()));
     }
     LineReader::clear_interrupt();
@@ -507,7 +565,7 @@ class Chat {
   }
 
   Engine& engine_;
-  const ChatArgs& a_;
+  ChatArgs& a_;
   Session session_;
   ChatFormat fmt_;
   std::string format_source_;
@@ -543,15 +601,21 @@ int chat(ChatArgs& a) {
     chat.resume();
   }
   LineReader input;
-  std::fprintf(stderr, "ebb chat: %s (%s), loaded in %.2f s; %s\n%s", engine->config().name.c_str(),
-               engine->config().arch_name.c_str(), load_s, chat.format_note().c_str(), kHelp);
+  if (a.keep != -2 && !a.model.quiet)
+    std::fprintf(stderr, "note: --keep is ignored: a shift of the context always keeps the system message\n");
+  if (!a.model.quiet) {
+    std::fprintf(stderr, "ebb chat: %s (%s), loaded in %.2f s; %s; answers of %s tokens at most\n%s",
+                 engine->config().name.c_str(), engine->config().arch_name.c_str(), load_s, chat.format_note().c_str(),
+                 chat.answer_limit().c_str(), kHelp);
+  }
   int failed = 0;
   std::string line;
   for (;;) {
     const LineReader::Status s = input.read("> ", line);
     if (s == LineReader::Status::kInterrupted) {
+      // Ctrl-C at the prompt is how a person leaves: a clean exit.
       std::fputc('\n', stderr);
-      break;
+      return 0;
     }
     if (s == LineReader::Status::kEof) break;
     if (trim(line).empty()) continue;
@@ -610,12 +674,17 @@ void add_chat_command(CLI::App& app, int* rc) {
   CLI::App* sub = app.add_subcommand("chat", "Interactive chat that keeps the conversation's KV between turns");
   add_model_options(sub, a->model);
   sub->add_option("--system,--system-prompt", a->system, "System message (also spelled -sys)");
-  sub->add_option("-n,--n-predict", a->n_predict, "Tokens per answer at most (-1: until a stop or the context ends)")
-      ->capture_default_str();
-  sub->add_option("--stop", a->stop, "End the answer before this string (repeatable)");
+  sub->add_option("-n,--n-predict", a->n_predict,
+                  "Tokens per answer at most (-1: until a stop or the context ends; default: a quarter of the "
+                  "context, at most 512)");
+  sub->add_option("-r,--reverse-prompt,--stop", a->stop, "End the answer before this string (repeatable)");
+  add_chat_template_options(sub, a->chat_template);
+  sub->add_flag("-q,--quiet", a->model.quiet, "No banner, load progress or statistics after each answer");
   sub->add_flag("--resume", a->resume,
                 "Continue the last conversation kept in --cache-dir, its KV read back instead of recomputed");
-  sub->add_option("--format", a->format, "Chat format: chatml, llama3, llama2, plain (default: from the model)");
+  sub->add_option("--keep", a->keep,
+                  "Accepted for llama.cpp and ignored: a shift of the context always keeps the system message")
+      ->group(kEngineGroup);
   add_sampling_options(sub, a->sampling);
   sub->callback([a, rc] { *rc = chat(*a); });
 }

@@ -1,5 +1,8 @@
-// ebb inspect: metadata, tensors, bytes per layer, KV bytes per 1k tokens.
+// ebb inspect: the summary first (tensor types and parameters, the model's
+// shape, bytes per layer, KV bytes per 1k tokens, its chat template), then
+// the metadata and the tensors.
 #include <cstdio>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -117,12 +120,50 @@ void print_model(const GgufFile& file, const InspectArgs& a) {
   if (!a.budget.empty()) print_budget_plan(a);
 }
 
+// The chat template's first lines and its size (the whole text is in the
+// file's tokenizer.chat_template).
+void print_chat_template(const GgufFile& file) {
+  const std::optional<std::string> t = file.get_string("tokenizer.chat_template");
+  if (!t || t->empty()) {
+    std::printf("\nchat template: none (chat picks a format by the architecture)\n");
+    return;
+  }
+  size_t lines = 0;
+  for (char c : *t) lines += c == '\n';
+  if (t->back() != '\n') ++lines;
+  constexpr size_t kShown = 6;
+  std::printf("\nchat template: %zu characters, %zu lines (tokenizer.chat_template); the first %zu:\n", t->size(), lines,
+              std::min(lines, kShown));
+  size_t at = 0;
+  for (size_t i = 0; i < kShown && at < t->size(); ++i) {
+    size_t end = t->find('\n', at);
+    if (end == std::string::npos) end = t->size();
+    std::string line = t->substr(at, end - at);
+    if (line.size() > 120) line = line.substr(0, 117) + "...";
+    std::printf("  | %s\n", line.c_str());
+    at = end + 1;
+  }
+  if (lines > kShown) std::printf("  | ... (%zu more lines)\n", lines - kShown);
+}
+
 int inspect(const InspectArgs& a) {
   auto file = GgufFile::open(a.model);
-  std::printf("file: %s\nGGUF v%u, %s, alignment %llu, %zu tensors, %zu metadata keys\n\n", a.model.c_str(),
+  std::printf("file: %s\nGGUF v%u, %s, alignment %llu, %zu tensors, %zu metadata keys\n", a.model.c_str(),
               file->version(), format_bytes(file->file_size()).c_str(),
               static_cast<unsigned long long>(file->alignment()), file->tensors().size(), file->metadata().size());
-  std::printf("metadata:\n");
+  print_types(*file);
+
+  // A valid file ebb cannot run (an architecture or a tensor type it does not
+  // support) is still inspected: say why it cannot run, exit 0.
+  std::fflush(stdout);
+  try {
+    print_model(*file, a);
+  } catch (const ebb::Error& e) {
+    std::printf("\nebb cannot run this model: %s\n", e.what());
+  }
+  print_chat_template(*file);
+
+  std::printf("\nmetadata:\n");
   for (const auto& [key, value] : file->metadata()) std::printf("  %-44s %s\n", key.c_str(), value_str(value).c_str());
 
   if (a.tensors) {
@@ -133,16 +174,6 @@ int inspect(const InspectArgs& a) {
       std::printf("  %-32s %-7s %-18s %12s\n", t.name.c_str(), std::string(dtype_name(t.type)).c_str(), dims.c_str(),
                   format_bytes(t.n_bytes).c_str());
     }
-  }
-  print_types(*file);
-
-  // A valid file ebb cannot run (an architecture or a tensor type it does not
-  // support) is still inspected: say why it cannot run, exit 0.
-  std::fflush(stdout);
-  try {
-    print_model(*file, a);
-  } catch (const ebb::Error& e) {
-    std::printf("\nebb cannot run this model: %s\n", e.what());
   }
   return 0;
 }

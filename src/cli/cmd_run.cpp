@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <new>
 
@@ -17,6 +18,7 @@ namespace {
 struct RunArgs {
   ModelArgs model;
   SamplerOptions sampling;
+  ChatTemplateArgs chat_template;
   std::string prompt;
   std::string prompt_file;
   std::string system;
@@ -25,25 +27,42 @@ struct RunArgs {
   bool chat = false;
   bool no_bos = false;
   bool special = false;
+  bool escape = false;
+  int64_t keep = -2;  // --keep (llama.cpp): accepted, noted; -2: not given
 };
 
-std::string read_prompt_file(const std::string& path) {
-  FILE* f = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
-  if (!f) throw Error("--file '" + path + "': cannot open (" + std::strerror(errno) + ")");
-  struct stat sb {};
-  if (::fstat(::fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
-    std::fclose(f);
-    throw Error("--file '" + path + "' is a directory; give a text file, or - for standard input");
+// -e/--escape: \n, \t, \r, \\, \", \' as in llama.cpp's prompts; any other
+// backslash is kept as written.
+std::string process_escapes(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    const char c = s[++i];
+    switch (c) {
+      case 'n': out += '\n'; break;
+      case 't': out += '\t'; break;
+      case 'r': out += '\r'; break;
+      case '\\': out += '\\'; break;
+      case '"': out += '"'; break;
+      case '\'': out += '\''; break;
+      default: out += '\\'; out += c; break;
+    }
   }
-  std::string text;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  const bool failed = std::ferror(f);
-  if (f != stdin) std::fclose(f);
-  if (failed) throw Error("--file '" + path + "': read error");
-  if (text.empty()) throw Error("--file '" + path + "' is empty: there is no prompt to continue");
-  return text;
+  return out;
+}
+
+// The prompt file's problems that need no model (it does not exist, it is a
+// directory) are found before the model loads.
+void check_prompt_file(const std::string& path) {
+  if (path == "-") return;
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st)) throw Error("--file '" + path + "': cannot open (it does not exist)");
+  if (std::filesystem::is_directory(st))
+    throw Error("--file '" + path + "' is a directory; give a text file, or - for standard input");
 }
 
 int run(RunArgs& a) {
@@ -51,9 +70,22 @@ int run(RunArgs& a) {
     throw UsageError("give the prompt either with -p TEXT or with -f FILE, not both");
   if (a.prompt.empty() && a.prompt_file.empty()) throw UsageError("no prompt: give -p TEXT or -f FILE (- for standard input)");
   const int64_t max_tokens = max_tokens_of(a.n_predict);
-  std::string text = a.prompt_file.empty() ? a.prompt : read_prompt_file(a.prompt_file);
+  if (!a.prompt_file.empty()) check_prompt_file(a.prompt_file);
   double load_s = 0;
   std::unique_ptr<Engine> engine = make_engine(a.model, &load_s);
+  if (a.keep != -2 && !a.model.quiet)
+    std::fprintf(stderr, "note: --keep is ignored: ebb run never shifts the context (a longer run ends at its end)\n");
+  // Never more text than the context can use (a -f /dev/zero stops here).
+  const uint64_t max_bytes = static_cast<uint64_t>(context_of(a.model, *engine)) * kPromptBytesPerToken;
+  std::string text = a.prompt_file.empty() ? a.prompt : read_bounded_text(a.prompt_file, max_bytes, "--file");
+  if (text.empty()) throw Error("--file '" + a.prompt_file + "' is empty: there is no prompt to continue");
+  if (text.size() > max_bytes) {
+    throw Error("the prompt is larger than the context can hold (" + format_bytes(text.size()) + "; at most " +
+                format_bytes(max_bytes) + " for " + std::to_string(max_bytes / kPromptBytesPerToken) +
+                " tokens: raise --ctx)");
+  }
+  if (a.escape) text = process_escapes(text);
+  const std::string system = a.escape ? process_escapes(a.system) : a.system;
   const Tokenizer& tok = engine->tokenizer();
   resolve_seed(a.sampling);
   GenerateOptions go;
@@ -61,10 +93,10 @@ int run(RunArgs& a) {
   go.sampling = a.sampling;
   go.stop_strings = a.stop;
   bool parse_special = a.special;
-  if (a.chat || !a.system.empty()) {
-    const ChatFormat fmt = detect_chat_format(engine->model().chat_template(), engine->config().arch_name);
+  if (a.chat || !system.empty() || !a.chat_template.spec.empty()) {
+    const ChatFormat fmt = resolve_chat_template(a.chat_template, *engine, a.model.quiet).format;
     std::vector<ChatMessage> msgs;
-    if (!a.system.empty()) msgs.push_back({"system", a.system});
+    if (!system.empty()) msgs.push_back({"system", system});
     msgs.push_back({"user", text});
     text = apply_chat_template(fmt, msgs, true);
     for (const std::string& s : chat_stop_strings(fmt)) go.stop_strings.push_back(s);
@@ -107,7 +139,7 @@ int run(RunArgs& a) {
   }
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  std::fprintf(stderr, "%s\n", summary_line(*engine, st, load_s).c_str());
+  if (!a.model.quiet) std::fprintf(stderr, "%s\n", summary_line(*engine, st, load_s).c_str());
   return 0;
 }
 
@@ -118,14 +150,20 @@ void add_run_command(CLI::App& app, int* rc) {
   CLI::App* sub = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout");
   add_model_options(sub, a->model);
   sub->add_option("-p,--prompt", a->prompt, "Prompt text");
-  sub->add_option("-f,--file", a->prompt_file, "Read the prompt from a file (-: standard input)");
-  sub->add_option("--system-prompt", a->system, "System message, also spelled -sys (implies --chat)");
+  sub->add_option("-f,--file", a->prompt_file,
+                  "Read the prompt from a file (-: standard input); at most 64 bytes per context token");
   sub->add_option("-n,--n-predict", a->n_predict, "Tokens to generate at most (-1: until a stop or the context ends)")
       ->capture_default_str();
-  sub->add_option("--stop", a->stop, "Stop before this string (repeatable)");
+  sub->add_option("-r,--reverse-prompt,--stop", a->stop, "Stop before this string (repeatable)");
+  sub->add_option("--system-prompt", a->system, "System message, also spelled -sys (implies --chat)");
   sub->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template as a user message");
+  add_chat_template_options(sub, a->chat_template);
+  sub->add_flag("-e,--escape", a->escape, "Process escapes (\\n, \\t, \\\\, \\\") in the prompt, as llama.cpp's -e");
+  sub->add_flag("-q,--quiet", a->model.quiet, "No load progress, notes or summary line: only the text");
   sub->add_flag("--no-bos", a->no_bos, "Do not prepend the BOS token");
   sub->add_flag("--special", a->special, "Parse special-token text such as <|im_start|> in the prompt");
+  sub->add_option("--keep", a->keep, "Accepted for llama.cpp and ignored: ebb run never shifts the context")
+      ->group(kEngineGroup);
   add_sampling_options(sub, a->sampling);
   sub->callback([a, rc] { *rc = run(*a); });
 }

@@ -3,7 +3,9 @@
 // Exit status: 0 success; 1 an error (bad input, a failed turn, out of
 // memory), with "ebb: error: ..." on stderr; 2 a usage error (unknown
 // subcommand or option, bad option value), with the reason and a hint.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <new>
@@ -22,6 +24,8 @@ constexpr int kUsageError = 2;
 
 // llama.cpp spells a few options as one dash and several letters, which
 // CLI11 reads as bundled short flags; they become their long names here.
+// -fa/--flash-attn take an optional on|off|auto, as in llama.cpp. `ebb help
+// [SUBCOMMAND...]` is `ebb [SUBCOMMAND...] --help`.
 std::vector<std::string> llama_spellings(int argc, char** argv) {
   std::vector<std::string> out;
   for (int i = 0; i < argc; ++i) {
@@ -29,10 +33,34 @@ std::vector<std::string> llama_spellings(int argc, char** argv) {
     if (a == "-ngl") a = "--n-gpu-layers";
     else if (a == "-sys") a = "--system-prompt";
     else if (a.rfind("-ngl=", 0) == 0) a = "--n-gpu-layers=" + a.substr(5);
+    else if (a == "-fa" || a == "--flash-attn") {
+      const std::string next = i + 1 < argc ? argv[i + 1] : "";
+      if (next == "on" || next == "off" || next == "auto") {
+        a = "--flash-attn=" + next;
+        ++i;
+      } else {
+        a = "--flash-attn=on";
+      }
+    }
     out.push_back(std::move(a));
+  }
+  if (out.size() >= 2 && out[1] == "help") {
+    out.erase(out.begin() + 1);
+    out.push_back("--help");
   }
   return out;
 }
+
+// The short flags mean one thing in every subcommand that has them.
+constexpr const char* kShortFlags =
+    "Short options mean the same in every subcommand, as in llama.cpp's tools:\n"
+    "  -m model   -t threads   -c context size   -b prefill batch   -v verbose\n"
+    "  -p prompt (bench: prompt tokens)   -n tokens to generate   -f prompt file\n"
+    "  -e process escapes in the prompt   -r reverse prompt (a stop string; bench: repetitions, as in llama-bench)\n"
+    "  -o output file   -q quiet   -h help\n"
+    "  -ngl, -fa, -sys are llama.cpp's spellings of --n-gpu-layers, --flash-attn, --system-prompt.\n"
+    "Long options only where a letter would mean two things (train --rank, train --batch-size).\n"
+    "ebb help SUBCOMMAND (or ebb SUBCOMMAND --help) shows a subcommand's options.";
 
 std::string names(const CLI::App* app) {
   std::string s;
@@ -66,6 +94,66 @@ bool check_subcommands(const CLI::App& app, const std::vector<std::string>& args
   return true;
 }
 
+const CLI::App* find_subcommand(const CLI::App& app, const std::vector<std::string>& args, std::string* path) {
+  const CLI::App* level = &app;
+  *path = "ebb";
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.empty() || a[0] == '-') break;
+    const CLI::App* next = nullptr;
+    for (const CLI::App* sub : level->get_subcommands([](const CLI::App*) { return true; }))
+      if (sub->get_name() == a) next = sub;
+    if (!next) break;
+    level = next;
+    *path += " " + a;
+  }
+  return level;
+}
+
+// The option names of a subcommand; hidden ones (for tests) only in `all`.
+void option_names(const CLI::App* app, std::vector<std::string>* shown, std::vector<std::string>* all) {
+  for (const CLI::Option* o : app->get_options([](const CLI::Option*) { return true; })) {
+    for (const std::string& n : o->get_lnames()) {
+      all->push_back("--" + n);
+      if (!o->get_group().empty()) shown->push_back("--" + n);
+    }
+    for (const std::string& n : o->get_snames()) {
+      all->push_back("-" + n);
+      if (!o->get_group().empty()) shown->push_back("-" + n);
+    }
+  }
+}
+
+bool is_number(const std::string& s) {
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return !s.empty() && end && *end == '\0';
+}
+
+// An unknown option named, with the closest known one ("did you mean
+// --temp?"); false when no argument is an unknown option (CLI11's message
+// stands then).
+bool explain_unknown_options(const CLI::App& app, const std::vector<std::string>& args) {
+  std::string path;
+  const CLI::App* sub = find_subcommand(app, args, &path);
+  std::vector<std::string> known, all;
+  for (const CLI::App* a = sub; a; a = a->get_parent()) option_names(a, &known, &all);
+  bool any = false;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 2 || a[0] != '-' || is_number(a)) continue;
+    std::string name = a.substr(0, a.find('='));
+    if (name[1] != '-' && name.size() > 2) name = name.substr(0, 2);  // -n5, or bundled flags: the first
+    if (std::find(all.begin(), all.end(), name) != all.end()) continue;
+    const std::string close = ebb::cli::closest_name(name, known);
+    std::fprintf(stderr, "ebb: error: %s has no option %s%s (see %s --help)\n", path.c_str(), name.c_str(),
+                 close.empty() ? "" : ("; did you mean " + close + "?").c_str(), path.c_str());
+    any = true;
+  }
+  return any;
+}
+
 // CLI11 shows a negated flag ("!--no-tensors" on a bool that defaults to
 // true) as "--no-tensors{false}"; help shows the name a user types.
 class Formatter : public CLI::Formatter {
@@ -76,6 +164,25 @@ class Formatter : public CLI::Formatter {
       for (size_t at; (at = s.find(art)) != std::string::npos;) s.erase(at, std::string(art).size());
     }
     return s;
+  }
+
+  // The common options first (the default group, then each subcommand's
+  // own groups), the engine, memory and cache options last; otherwise as
+  // CLI11's own help.
+  std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
+    if (mode == CLI::AppFormatMode::Sub) return make_expanded(app);
+    std::string out = make_description(app) + make_usage(app, name) + make_positionals(app);
+    std::vector<std::string> groups = app->get_groups();
+    std::stable_partition(groups.begin(), groups.end(), [](const std::string& g) { return g != ebb::cli::kEngineGroup; });
+    for (const std::string& group : groups) {
+      if (group.empty()) continue;
+      std::vector<const CLI::Option*> opts = app->get_options([&](const CLI::Option* o) {
+        return o->get_group() == group && o->nonpositional();
+      });
+      if (opts.empty()) continue;
+      out += make_group(group, false, opts);
+    }
+    return out + make_subcommands(app, mode) + "\n" + make_footer(app);
   }
 };
 
@@ -94,6 +201,7 @@ void print_version() {
 
 int main(int argc, char** argv) {
   CLI::App app{"ebb: an LLM runtime for devices whose memory is shared and scarce"};
+  app.footer(kShortFlags);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   app.formatter(std::make_shared<Formatter>());
   bool version = false;
@@ -132,6 +240,10 @@ int main(int argc, char** argv) {
       level = level->get_subcommands().front();
       path += " " + level->get_name();
     }
+  } catch (const CLI::ExtrasError& e) {
+    if (explain_unknown_options(app, args)) return kUsageError;
+    app.exit(e);
+    return kUsageError;
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints help, or the message and a hint
     return code == 0 ? 0 : kUsageError;

@@ -2,7 +2,12 @@
 
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <chrono>
 #include <condition_variable>
 #include <cmath>
@@ -21,62 +26,109 @@
 
 namespace ebb::cli {
 
-void add_model_options(CLI::App* app, ModelArgs& a) {
+void add_model_options(CLI::App* app, ModelArgs& a, const ModelOptionSet& set) {
   app->add_option("-m,--model", a.model, "GGUF model file")->required();
-  app->add_option("-t,--threads", a.threads, "Compute threads (0: all hardware threads)")->capture_default_str();
-  app->add_option("--lora", a.lora,
-                  "LoRA adapter to apply at scale 1 (repeatable): a GGUF adapter file (llama.cpp's format) or a PEFT "
-                  "directory (adapter_config.json + adapter_model.safetensors)");
-  app->add_option("--lora-scaled", a.lora_scaled, "LoRA adapter and its scale, as in llama.cpp (repeatable): --lora-scaled FILE SCALE")
-      ->expected(2)
-      ->allow_extra_args(false);
-  app->add_option("--isa", a.isa, "Force a kernel target: scalar, avx2, avx512, neon, or ref-engine (scalar, rounding in the order of the engine the golden logits come from; slow, for validation) (default: best available)");
-  app->add_option("-c,--ctx,--ctx-size", a.ctx, "Context size in tokens (0: min(training context, 4096))")
+  app->add_option("-t,--threads", a.threads, "Compute threads (0: all hardware threads; more are capped at that)")
       ->capture_default_str();
+  if (set.context) {
+    app->add_option("-c,--ctx,--ctx-size", a.ctx, "Context size in tokens (0: min(training context, 4096))")
+        ->capture_default_str();
+  }
+  if (set.lora) {
+    app->add_option("--lora", a.lora,
+                    "LoRA adapter to apply at scale 1 (repeatable): a GGUF adapter file (llama.cpp's format) or a "
+                    "PEFT directory (adapter_config.json + adapter_model.safetensors)");
+    app->add_option("--lora-scaled", a.lora_scaled,
+                    "LoRA adapter and its scale, as in llama.cpp (repeatable): --lora-scaled FILE SCALE")
+        ->expected(2)
+        ->allow_extra_args(false);
+  }
+  app->add_flag("-v,--verbose", a.verbose, "Print the resolved configuration (threads, kernels, context, memory)");
+  const char* g = kEngineGroup;
+  app->add_option("--isa", a.isa, "Force a kernel target: scalar, avx2, avx512, neon, or ref-engine (scalar, rounding in the order of the engine the golden logits come from; slow, for validation) (default: best available)")
+      ->group(g);
   app->add_option("--n-gpu-layers", a.n_gpu_layers,
-                  "Accepted for llama.cpp's -ngl and ignored: ebb computes on the CPU");
-  app->add_option("--kv-chunk", a.kv_chunk, "Tokens per KV chunk")->capture_default_str();
-  app->add_option("--kv-type", a.kv_type, "KV cache element type: f16 or f32")->capture_default_str();
-  app->add_flag("--f16-attention", a.f16_attention,
-                "F16 KV: accumulate attention in F16 position by position, as llama.cpp does (to compare logits "
-                "with it; slower), instead of in F32");
-  app->add_option("--batch", a.batch, "Prefill micro-batch in tokens")->capture_default_str();
-  app->add_option("--memory-budget", a.memory_budget,
-                  "Keep all LLM memory within this size, streaming weights that do not fit (600MiB, 1.5GiB, 40%)");
-  app->add_option("--budget-system", a.budget_system,
-                  "With --memory-budget: ebb, sync, prefetch, unbalanced, attn-first, ffn-first, mmap (default: ebb)");
-  app->add_option("--budget-window", a.budget_window, "With --memory-budget: prefetch window in layers")
-      ->capture_default_str();
-  app->add_option("--swap-dir", a.swap_dir, "Elastic memory: directory of swap files (default: ~/.cache/ebb/swap)");
-  app->add_flag("--prefix-cache", a.prefix_cache,
-                "Reuse the KV of cached prompt prefixes (same namespace and tokens) instead of recomputing it");
-  app->add_option("--cache-dir", a.cache_dir,
-                  "Keep the prefix cache's KV in this directory across runs (implies --prefix-cache)");
-  app->add_option("--cache-namespace", a.cache_namespace, "Prefix-cache namespace of this run's conversation");
-  app->add_option("--kv-codec", a.kv_codec, "Elastic memory: codec of compressed KV: int8, int4, or none (lossless: evicted KV goes raw to storage, answers are exactly those without eviction)")->capture_default_str();
-  app->add_option("--evict-order", a.evict_order, "Elastic memory: backward, forward, random")->capture_default_str();
-  app->add_option("--overlap", a.overlap, "Elastic memory restore overlap: none, alloc-reload, reload-prefill, full")
-      ->capture_default_str();
-  app->add_option("--profile", a.profile, "Device profile from `ebb profile` (default: the saved one)");
+                  "Accepted for llama.cpp's -ngl and ignored: ebb computes on the CPU")
+      ->group(g);
+  app->add_option("--flash-attn", a.flash_attn,
+                  "Accepted for llama.cpp's -fa and ignored: ebb's attention always streams the KV in one fused pass")
+      ->group(g);
+  app->add_flag("--mlock", a.mlock, "Accepted for llama.cpp and ignored: elastic memory decides what stays in RAM")
+      ->group(g);
+  app->add_flag("--no-mmap", a.no_mmap, "Accepted for llama.cpp and ignored: ebb reads the weights into its own memory")
+      ->group(g);
+  if (set.context) {
+    app->add_option("--kv-chunk", a.kv_chunk, "Tokens per KV chunk")->capture_default_str()->group(g);
+    app->add_option("--kv-type", a.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->group(g);
+    app->add_flag("--f16-attention", a.f16_attention,
+                  "F16 KV: accumulate attention in F16 position by position, as llama.cpp does (to compare logits "
+                  "with it; slower), instead of in F32")
+        ->group(g);
+    app->add_option("-b,--batch,--batch-size", a.batch, "Prefill micro-batch in tokens")->capture_default_str()->group(g);
+  }
+  if (set.budget) {
+    app->add_option("--memory-budget", a.memory_budget,
+                    "Keep all LLM memory within this size, streaming weights that do not fit (600MiB, 1.5GiB, 40%)")
+        ->group(g);
+    app->add_option("--budget-system", a.budget_system,
+                    "With --memory-budget: ebb, sync, prefetch, unbalanced, attn-first, ffn-first, mmap (default: ebb)")
+        ->group(g);
+    app->add_option("--budget-window", a.budget_window, "With --memory-budget: prefetch window in layers")
+        ->capture_default_str()
+        ->group(g);
+  }
+  if (set.kv_memory) {
+    app->add_option("--swap-dir", a.swap_dir, "Elastic memory: directory of swap files (default: ~/.cache/ebb/swap)")
+        ->group(g);
+  }
+  if (set.prefix_cache) {
+    app->add_flag("--prefix-cache", a.prefix_cache,
+                  "Reuse the KV of cached prompt prefixes (same namespace and tokens) instead of recomputing it")
+        ->group(g);
+    app->add_option("--cache-dir", a.cache_dir,
+                    "Keep the prefix cache's KV in this directory across runs (implies --prefix-cache)")
+        ->group(g);
+    app->add_option("--cache-namespace", a.cache_namespace, "Prefix-cache namespace of this run's conversation")->group(g);
+  }
+  if (set.kv_memory) {
+    app->add_option("--kv-codec", a.kv_codec, "Elastic memory: codec of compressed KV: int8, int4, or none (lossless: evicted KV goes raw to storage, answers are exactly those without eviction)")
+        ->capture_default_str()
+        ->group(g);
+    app->add_option("--evict-order", a.evict_order, "Elastic memory: backward, forward, random")
+        ->capture_default_str()
+        ->group(g);
+    app->add_option("--overlap", a.overlap, "Elastic memory restore overlap: none, alloc-reload, reload-prefill, full")
+        ->capture_default_str()
+        ->group(g);
+    app->add_option("--profile", a.profile, "Device profile from `ebb profile` (default: the saved one)")->group(g);
+  }
   app->add_option("--memory-limit", a.memory_limit,
                   "Elastic memory: keep weights and KV in RAM within this size (300MiB, 40% of the weights, or off); "
                   "what does not fit is streamed or evicted (default: the limit of the process's cgroup, less room "
-                  "for the rest of the process)");
+                  "for the rest of the process)")
+      ->group(g);
   app->add_option("--cgroup-root", a.cgroup_root, "where /proc and /sys are read (tests)")->group("");
+  app->add_option("--progress-after", a.progress_after, "seconds before a load shows its progress (tests)")->group("");
 }
 
 void add_sampling_options(CLI::App* app, SamplerOptions& s) {
-  app->add_option("--temp", s.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
-  app->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
+  const char* g = kSamplingGroup;
+  app->add_option("--temp", s.temperature, "Sampling temperature (0: greedy)")->capture_default_str()->group(g);
+  app->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str()->group(g);
   app->add_option("--top-p", s.top_p, "Keep the smallest set with this cumulative probability (1: off)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(g);
   app->add_option("--min-p", s.min_p, "Drop tokens below min-p x the top probability (0: off)")
-      ->capture_default_str();
-  app->add_option("--repeat-penalty", s.repeat_penalty, "Repetition penalty (1: off)")->capture_default_str();
-  app->add_option("--frequency-penalty", s.frequency_penalty, "Frequency penalty (0: off)")->capture_default_str();
-  app->add_option("--presence-penalty", s.presence_penalty, "Presence penalty (0: off)")->capture_default_str();
-  app->add_option("--penalty-last-n", s.penalty_last_n, "Tokens of history the penalties look at")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(g);
+  app->add_option("--repeat-penalty", s.repeat_penalty, "Repetition penalty (1: off)")->capture_default_str()->group(g);
+  app->add_option("--frequency-penalty", s.frequency_penalty, "Frequency penalty (0: off)")
+      ->capture_default_str()
+      ->group(g);
+  app->add_option("--presence-penalty", s.presence_penalty, "Presence penalty (0: off)")->capture_default_str()->group(g);
+  app->add_option("--penalty-last-n,--repeat-last-n", s.penalty_last_n, "Tokens of history the penalties look at")
+      ->capture_default_str()
+      ->group(g);
   app->add_option_function<int64_t>(
          "--seed",
          [&s](const int64_t& v) {
@@ -84,7 +136,113 @@ void add_sampling_options(CLI::App* app, SamplerOptions& s) {
            s.seed = v == -1 ? 0 : static_cast<uint64_t>(v);
          },
          "Random seed (-1 or 0: a random one, printed so the run can be repeated)")
-      ->default_str("-1");
+      ->default_str("-1")
+      ->group(g);
+}
+
+void add_chat_template_options(CLI::App* app, ChatTemplateArgs& t) {
+  app->add_option("--chat-template,--format", t.spec,
+                  "Chat template: a format name (chatml, llama3, llama2, plain) or a Jinja template file "
+                  "(default: the model's own)");
+  app->add_flag("--jinja", t.jinja, "Accepted for llama.cpp: ebb always applies the chat template");
+}
+
+ResolvedChatTemplate resolve_chat_template(ChatTemplateArgs& t, const Engine& e, bool quiet) {
+  if (t.jinja && !quiet) std::fprintf(stderr, "note: --jinja is implied: ebb always applies the chat template\n");
+  ResolvedChatTemplate r;
+  if (t.spec.empty()) {
+    r.format = detect_chat_format(e.model().chat_template(), e.config().arch_name);
+    r.source = e.model().chat_template().empty() ? "the model has no chat template; chosen by its architecture"
+                                                 : "recognised in the model's chat template";
+    return r;
+  }
+  if (auto f = parse_chat_format(t.spec)) {
+    r.format = *f;
+    r.source = "--format";
+    return r;
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(t.spec, ec)) {
+    throw UsageError("--chat-template '" + t.spec +
+                     "' is neither a format (chatml, llama3, llama2, plain) nor a template file");
+  }
+  t.file = t.spec;
+  t.text = read_bounded_text(t.file, 1u << 20, "--chat-template");
+  r.format = detect_chat_format(t.text, e.config().arch_name);
+  r.source = "recognised in " + t.file;
+  return r;
+}
+
+std::string read_bounded_text(const std::string& path, uint64_t max_bytes, const std::string& what) {
+  const bool std_in = path == "-";
+  FILE* f = std_in ? stdin : std::fopen(path.c_str(), "rb");
+  if (!f) throw Error(what + " '" + path + "': cannot open (" + std::strerror(errno) + ")");
+  struct stat sb {};
+  if (::fstat(::fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    std::fclose(f);
+    throw Error(what + " '" + path + "' is a directory; give a text file, or - for standard input");
+  }
+  std::string text;
+  char buf[65536];
+  size_t n;
+  bool over = false;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+    if (text.size() + n > max_bytes) {
+      over = true;
+      break;
+    }
+    text.append(buf, n);
+  }
+  const bool failed = !over && std::ferror(f);
+  if (!std_in) std::fclose(f);
+  if (over) {
+    throw Error(what + " '" + path + "': the prompt file is larger than the context can hold (more than " +
+                format_bytes(max_bytes) + "; the context holds " + std::to_string(max_bytes / kPromptBytesPerToken) +
+                " tokens: raise --ctx, or give a shorter file)");
+  }
+  if (failed) throw Error(what + " '" + path + "': read error");
+  return text;
+}
+
+int64_t context_of(const ModelArgs& a, const Engine& e) {
+  if (a.ctx > 0) return a.ctx;
+  const int64_t train = e.config().n_ctx_train;
+  return train > 0 ? std::min<int64_t>(train, 4096) : 4096;
+}
+
+std::string closest_name(const std::string& unknown, const std::vector<std::string>& known) {
+  auto strip = [](const std::string& s) { return s.substr(std::min(s.find_first_not_of('-'), s.size())); };
+  const std::string u = strip(unknown);
+  if (u.empty()) return "";
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const std::string& name : known) {
+    const std::string k = strip(name);
+    if (k.empty()) continue;
+    // Levenshtein distance, one row at a time.
+    std::vector<size_t> row(k.size() + 1);
+    for (size_t j = 0; j <= k.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= u.size(); ++i) {
+      size_t diag = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= k.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (u[i - 1] == k[j - 1] ? 0 : 1)});
+        diag = up;
+      }
+    }
+    size_t d = row[k.size()];
+    // --temperature for --temp, --thread for --threads: one is a prefix of the other.
+    const bool prefix = k.size() >= 3 && u.size() >= 3 &&
+                        (u.compare(0, k.size(), k) == 0 || k.compare(0, u.size(), u) == 0);
+    if (prefix) d = std::min<size_t>(d, 1);
+    const size_t close = std::max<size_t>(2, std::min(u.size(), k.size()) / 3);
+    if (d <= close && d < best_d) {
+      best_d = d;
+      best = name;
+    }
+  }
+  return best;
 }
 
 int resolve_threads(int threads) {
@@ -93,9 +251,10 @@ int resolve_threads(int threads) {
   if (threads == 0) return hw;
   if (threads > hw) {
     std::fprintf(stderr,
-                 "ebb: warning: --threads %d is more than the %d hardware threads; the extra threads only wait and "
-                 "slow every step down\n",
-                 threads, hw);
+                 "note: --threads %d is more than the %d hardware threads; using %d (more would only wait and slow "
+                 "every step down)\n",
+                 threads, hw, hw);
+    return hw;
   }
   return threads;
 }
@@ -125,55 +284,49 @@ void validate(const ModelArgs& a) {
   if (a.memory_budget.empty() && !a.budget_system.empty())
     throw UsageError("--budget-system only applies with --memory-budget SIZE");
   if (a.budget_window <= 0) throw UsageError("--budget-window " + std::to_string(a.budget_window) + ": must be >= 1");
+  if (a.quiet) return;
   if (a.n_gpu_layers >= 0) std::fprintf(stderr, "note: -ngl/--n-gpu-layers is ignored: ebb computes on the CPU\n");
+  if (!a.flash_attn.empty() && a.flash_attn != "off")
+    std::fprintf(stderr, "note: -fa/--flash-attn is ignored: ebb's attention always streams the KV in one fused pass\n");
+  if (a.mlock) std::fprintf(stderr, "note: --mlock is ignored: elastic memory decides what stays in RAM (--memory-limit)\n");
+  if (a.no_mmap) std::fprintf(stderr, "note: --no-mmap is ignored: ebb reads the weights into its own memory\n");
 }
 
-uint64_t resident_kib() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (!f) return 0;
-  unsigned long long size = 0, rss = 0;
-  const int n = std::fscanf(f, "%llu %llu", &size, &rss);
-  std::fclose(f);
-  return n == 2 ? rss * (static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 1024) : 0;
-}
-
-// On a terminal, a line that shows how much of the model is in memory while
-// it loads (the resident set's growth against the file's weight bytes),
-// shown only when the load takes more than half a second.
+// "loading MODEL: 45% (540/1200 MB)" while the weights are read, once the
+// load has run for `after` seconds: in place on a terminal (at most ten
+// updates a second), plain lines every 10% otherwise; the terminal line is
+// cleared when the load ends.
 class LoadProgress {
  public:
-  LoadProgress(const std::string& path, uint64_t weight_bytes) {
-    if (!::isatty(STDERR_FILENO) || weight_bytes == 0) return;
-    thread_ = std::thread([this, path, weight_bytes] {
-      const uint64_t base = resident_kib();
-      std::unique_lock lock(mu_);
-      bool shown = false;
-      for (int tick = 0; !cv_.wait_for(lock, std::chrono::milliseconds(250), [this] { return done_; }); ++tick) {
-        if (tick < 2) continue;
-        const uint64_t now = resident_kib();
-        const double got = now > base ? (now - base) * 1024.0 : 0.0;
-        std::fprintf(stderr, "\rloading %s: %3.0f%% of %s", path.c_str(), std::min(100.0, 100.0 * got / weight_bytes),
-                     format_bytes(weight_bytes).c_str());
-        shown = true;
-      }
-      if (shown) std::fprintf(stderr, "\r\033[K");
-    });
-  }
+  LoadProgress(const std::string& path, double after) : name_(path), after_(after), tty_(::isatty(STDERR_FILENO)) {}
+  LoadProgress(const LoadProgress&) = delete;
+  LoadProgress& operator=(const LoadProgress&) = delete;
   ~LoadProgress() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
+    if (shown_ && tty_) std::fprintf(stderr, "\r\033[K");
+  }
+
+  void operator()(uint64_t done, uint64_t total) {
+    const double now = clock_.seconds();
+    if (total == 0 || now < after_) return;
+    const int pct = static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total));
+    if (tty_ ? (now - last_ < 0.1 && done < total) : (shown_ && pct / 10 == last_pct_ / 10 && done < total)) return;
+    last_ = now;
+    last_pct_ = pct;
+    const int digits = total < 100'000'000 ? 1 : 0;  // "0.3/1.1 MB", "540/1200 MB"
+    std::fprintf(stderr, "%sloading %s: %d%% (%.*f/%.*f MB)%s", tty_ ? "\r\033[K" : "", name_.c_str(), pct, digits,
+                 static_cast<double>(done) / 1e6, digits, static_cast<double>(total) / 1e6, tty_ ? "" : "\n");
+    std::fflush(stderr);
+    shown_ = true;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
+  std::string name_;
+  double after_;
+  bool tty_;
+  Stopwatch clock_;
+  bool shown_ = false;
+  double last_ = -1;
+  int last_pct_ = -1;
 };
 
 // Memory the process needs beside what the engine's limit caps (the binary,
@@ -211,6 +364,7 @@ void apply_memory_limit(Engine& e, const ModelArgs& a, uint64_t weights) {
   }
   const uint64_t limit = cg->bytes - beside;
   e.set_memory_limit(limit);
+  if (a.quiet) return;
   std::fprintf(stderr,
                "note: cgroup v%d memory limit %s (%s): weights and KV in RAM are kept within %s; what does not fit "
                "is streamed or evicted (--memory-limit SIZE|off overrides)\n",
@@ -270,8 +424,10 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
   const Stopwatch clock;
   std::unique_ptr<Engine> e;
   try {
-    LoadProgress progress(a.model, o.budget.budget > 0 ? std::min(o.budget.budget, weights) : weights);
-    e = std::make_unique<Engine>(o);
+    LoadProgress progress(std::filesystem::path(a.model).filename().string(), a.progress_after);
+    EngineOptions with_progress = o;
+    if (!a.quiet) with_progress.load_progress = [&progress](uint64_t done, uint64_t total) { progress(done, total); };
+    e = std::make_unique<Engine>(with_progress);
   } catch (const std::bad_alloc&) {
     throw Error("out of memory while loading " + a.model + " (" + format_bytes(weights) +
                 " of weights): free memory, or keep the model within a budget with --memory-budget SIZE");
@@ -283,6 +439,23 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
   for (size_t i = 0; i + 1 < a.lora_scaled.size(); i += 2) e->adapters().load(a.lora_scaled[i]);
   if (load_seconds) *load_seconds = clock.seconds();
   apply_memory_limit(*e, a, weights);
+  const int64_t train_ctx = e->config().n_ctx_train;
+  if (a.ctx > 0 && train_ctx > 0 && a.ctx > train_ctx) {
+    std::fprintf(stderr,
+                 "ebb: warning: --ctx %lld is beyond the %lld tokens %s was trained on; past them the model's "
+                 "answers degrade\n",
+                 static_cast<long long>(a.ctx), static_cast<long long>(train_ctx), e->config().name.c_str());
+  }
+  if (a.verbose) {
+    std::fprintf(stderr,
+                 "config: %s (%s, %lld layers, trained on %lld tokens) | %s x%d threads | context %lld | kv %s, chunks "
+                 "of %lld | prefill batch %lld | elastic memory %s | prefix cache %s%s%s | loaded in %.2f s\n",
+                 a.model.c_str(), e->config().arch_name.c_str(), static_cast<long long>(e->config().n_layer),
+                 static_cast<long long>(train_ctx), std::string(isa_name(e->isa())).c_str(), e->pool().size(),
+                 static_cast<long long>(context_of(a, *e)), a.kv_type.c_str(), static_cast<long long>(a.kv_chunk),
+                 static_cast<long long>(a.batch), e->elastic() ? "on" : "off (budget mode)",
+                 o.prefix_cache ? "on" : "off", o.cache_dir.empty() ? "" : " in ", o.cache_dir.c_str(), clock.seconds());
+  }
   return e;
 }
 

@@ -11,6 +11,7 @@
 #include "platform/error.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "model/chat_template.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 
@@ -48,15 +49,77 @@ struct ModelArgs {
   std::string cgroup_root;            // internal (tests): where /proc and /sys are ("": the real ones)
   std::vector<std::string> lora;         // --lora FILE|DIR (repeatable): applied at scale 1
   std::vector<std::string> lora_scaled;  // --lora-scaled FILE SCALE (repeatable): pairs of words
+  // llama.cpp options ebb has no use for: accepted, each noted once on stderr.
+  std::string flash_attn;             // -fa/--flash-attn [on|off|auto] ("": not given)
+  bool mlock = false;
+  bool no_mmap = false;
+  bool verbose = false;               // -v/--verbose: print the resolved configuration after the load
+  // Not declared by add_model_options (a subcommand declares its own
+  // --quiet): no load progress, no notes a script does not need.
+  bool quiet = false;
+  double progress_after = 1.0;        // seconds a load runs before its progress shows (hidden option)
 };
 
-void add_model_options(CLI::App* app, ModelArgs& a);
+// The model options a subcommand declares; those that do nothing there are
+// left out, so its --help lists only what works. Every set declares
+// -m, -t, --isa, the llama.cpp compatibility options and --memory-limit;
+// the rest go to the "Engine, memory and cache" group of the help.
+struct ModelOptionSet {
+  bool context = true;       // -c/--ctx, -b/--batch, --kv-chunk, --kv-type, --f16-attention
+  bool budget = true;        // --memory-budget, --budget-system, --budget-window
+  bool kv_memory = true;     // --swap-dir, --kv-codec, --evict-order, --overlap, --profile
+  bool prefix_cache = true;  // --prefix-cache, --cache-dir, --cache-namespace
+  bool lora = true;          // --lora, --lora-scaled
+};
+// The help group of the engine, memory and cache options.
+inline constexpr const char* kEngineGroup = "Engine, memory and cache options";
+inline constexpr const char* kSamplingGroup = "Sampling options";
+
+void add_model_options(CLI::App* app, ModelArgs& a, const ModelOptionSet& set = {});
 void add_sampling_options(CLI::App* app, SamplerOptions& s);
+
+// --chat-template NAME|FILE (llama.cpp's spelling) and --format NAME (ebb's):
+// a format name (chatml, llama3, llama2, plain) or a Jinja template file.
+// A file's text is kept in `text` for the Jinja engine; until that engine is
+// wired, the format is recognised in the file's text as in a model's.
+struct ChatTemplateArgs {
+  std::string spec;   // as given ("": the model's own template)
+  std::string file;   // spec named a file: its path
+  std::string text;   // and its text (read by resolve_chat_template)
+  bool jinja = false; // --jinja: accepted (ebb always applies the template)
+};
+void add_chat_template_options(CLI::App* app, ChatTemplateArgs& t);
+struct ResolvedChatTemplate {
+  ChatFormat format = ChatFormat::kPlain;
+  std::string source;  // why this format: "--chat-template", "recognised in the model's chat template", ...
+};
+// The format to render with: from --chat-template/--format, else from the
+// model's template (or its architecture). Reads a template file (at most
+// 1 MiB; UsageError naming the file otherwise); notes --jinja once.
+ResolvedChatTemplate resolve_chat_template(ChatTemplateArgs& t, const Engine& e, bool quiet = false);
+
+// Reads a prompt from a file (- for standard input), at most max_bytes
+// bytes: a larger input is an Error that names the file and the limit
+// (reading stops there, so /dev/zero cannot exhaust memory). `what` names
+// the option in messages ("--file").
+std::string read_bounded_text(const std::string& path, uint64_t max_bytes, const std::string& what);
+// Bytes of prompt text a context of n_ctx tokens can use: no token is
+// shorter than one byte in practice and text longer than kPromptBytesPerToken
+// bytes a token is refused before it is tokenized.
+inline constexpr uint64_t kPromptBytesPerToken = 64;
+// The context the session will have: --ctx, else min(training context, 4096).
+int64_t context_of(const ModelArgs& a, const Engine& e);
+
+// "did you mean --temp?": the known name closest to `unknown` by edit
+// distance (a prefix of it counts as close), or "" when none is close.
+std::string closest_name(const std::string& unknown, const std::vector<std::string>& known);
 
 // Builds the engine and a session from the options; errors are ebb::Error
 // (UsageError for option values that cannot work), running out of memory
-// included. On a terminal the load shows its progress; *load_seconds gets
-// the time it took.
+// included. A load longer than a.progress_after seconds shows its progress
+// on stderr ("loading MODEL: 45% (540/1200 MB)", in place on a terminal,
+// plain lines otherwise; nothing with a.quiet); *load_seconds gets the time
+// it took. A --ctx past the model's training context is warned about.
 std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds = nullptr);
 // The engine's options from the command line (validated; UsageError for
 // values that cannot work), for callers that build engines themselves.
@@ -67,8 +130,9 @@ SessionOptions session_options(const ModelArgs& a);
 std::vector<AdapterBinding> adapter_bindings(const ModelArgs& a);
 
 // Compute threads of a --threads value: 0 gives all hardware threads; a
-// negative count is a UsageError; more than the hardware has prints a
-// warning (each extra thread only waits, and slows every step down).
+// negative count is a UsageError; more than the hardware has is capped at
+// the hardware's count with a one-line note (each extra thread would only
+// wait, and slow every step down).
 int resolve_threads(int threads);
 // Generated tokens at most of an -n value: -1 is "until a stop or the
 // context ends" (as in llama.cpp); below -1 is a UsageError.
