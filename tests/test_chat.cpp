@@ -403,6 +403,26 @@ TEST(ChatTerminal, UpArrowRecallsTheLastLine) {
   EXPECT_EQ(c.wait_exit(), 0) << c.out();
 }
 
+TEST(ChatTerminal, LoadProgressIsOneLineUpdatedInPlace) {
+  // On a terminal the progress line is rewritten in place (carriage return,
+  // erase to the end of the line) and erased when the load ends.
+  PtyChat c("chat -m " + test::model_path("stories260K.gguf") + " -n 4 --temp 0 --threads 1 --progress-after 0");
+  ASSERT_TRUE(c.started());
+  ASSERT_TRUE(c.wait_for("> ", 0)) << c.out();
+  const std::string out = c.out();
+  const size_t at = out.find("\r\x1b[Kloading stories260K.gguf: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const size_t done = out.find("100% (", at);
+  ASSERT_NE(done, std::string::npos) << out;
+  const size_t erased = out.find("\r\x1b[K", done);  // after the last update: the line erased
+  ASSERT_NE(erased, std::string::npos) << out;
+  EXPECT_NE(out.compare(erased + 4, 7, "loading"), 0) << out;
+  EXPECT_EQ(out.substr(at, erased - at).find('\n'), std::string::npos) << "a line end inside the progress: " << out;
+  EXPECT_LT(erased, out.find("ebb chat:")) << out;
+  c.send("/quit\r");
+  EXPECT_EQ(c.wait_exit(), 0) << c.out();
+}
+
 }  // namespace
 }  // namespace ebb
 
