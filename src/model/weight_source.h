@@ -1,8 +1,10 @@
-// Where the forward pass gets its weights. With everything resident the
-// model's own units serve every request (ResidentWeights); elastic restore
-// hands out a layer once its latch opens, and budget mode streams the
-// non-resident tensors of a layer through a prefetch window. The forward pass
-// only sees views, acquired and released layer by layer in order.
+// Where the forward pass (and a training pass) gets its weights. With
+// everything resident the model's own units serve every request
+// (ResidentWeights); elastic restore hands out a layer once its latch opens,
+// and budget mode streams the non-resident tensors of a layer through a
+// prefetch window. Passes only see views, acquired and released layer by
+// layer: nothing may keep a view past release_layer(), since a unit can be
+// evicted between two passes (a training phase acquires again each time).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,9 @@ class WeightSource {
   virtual void end_pass() {}
 
   // Blocks until every tensor of layer l is readable. The views stay valid
-  // until release_layer(l). Layers are acquired in increasing order.
+  // until release_layer(l). Inference acquires layers in increasing order;
+  // a training backward acquires them in decreasing order, one at a time
+  // (a streaming source serves that too, prefetching less well).
   virtual LayerWeights acquire_layer(int l) = 0;
   virtual void release_layer(int l) {}
 
@@ -45,6 +49,40 @@ class WeightSource {
   virtual GlobalWeights acquire_head() = 0;
   virtual void release_head() {}
 };
+
+// Holds layer l of a source for a scope: acquired on construction, released
+// on destruction (also when the pass throws).
+class LayerLease {
+ public:
+  LayerLease(WeightSource& s, int l) : s_(s), l_(l), w_(s.acquire_layer(l)) {}
+  ~LayerLease() { s_.release_layer(l_); }
+  LayerLease(const LayerLease&) = delete;
+  LayerLease& operator=(const LayerLease&) = delete;
+  const LayerWeights& weights() const { return w_; }
+
+ private:
+  WeightSource& s_;
+  int l_;
+  LayerWeights w_;
+};
+
+// begin_pass() on construction, end_pass() on destruction.
+class PassScope {
+ public:
+  PassScope(WeightSource& s, std::span<const int32_t> tokens) : s_(s) { s_.begin_pass(tokens); }
+  ~PassScope() { s_.end_pass(); }
+  PassScope(const PassScope&) = delete;
+  PassScope& operator=(const PassScope&) = delete;
+
+ private:
+  WeightSource& s_;
+};
+
+// Views of layer l's / the output head's shapes, types and packings with no
+// data (every pointer null): what sizing scratch needs, readable whether or
+// not the units are resident. Never pass them to a kernel.
+LayerWeights layer_shapes(const Model& model, int l);
+WeightView head_shape(const Model& model);
 
 // Every unit resident: views straight into the model's units.
 class ResidentWeights final : public WeightSource {

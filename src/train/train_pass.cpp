@@ -93,7 +93,8 @@ TrainPass::TrainPass(const Model& model, Isa isa, ThreadPool& pool, Allocator& a
       tk_(train_ops_kernels(isa)),
       pool_(pool),
       alloc_(alloc),
-      opts_(opts) {
+      opts_(opts),
+      resident_(model) {
   if (opts_.head_rows == 0) opts_.head_rows = default_head_rows(model_);
   if (opts_.head_rows < 1 || opts_.matmul_rows < 1) throw Error("training: head_rows and matmul_rows must be >= 1");
   size_t mm = 0;
@@ -177,12 +178,12 @@ void TrainPass::allocate_acts(int64_t T, int64_t max_rank) {
     for (Buffer& t : a.t) t = alloc_f(alloc_, T * std::max<int64_t>(max_rank, 1));
   }
   for (int64_t l = 0; l <= c.n_layer; ++l) inputs_.push_back(alloc_f(alloc_, T * c.n_embd));
-  // matmul_t's scratch for the largest product of a T-row sample.
+  // matmul_t's scratch for the largest product of a T-row sample (from the
+  // shapes: the units need not be resident now).
   {
-    ResidentWeights src(model_);
-    size_t mt = matmul_t_scratch_floats(src.acquire_head().output, std::min(T, opts_.head_rows), pool_.size());
+    size_t mt = matmul_t_scratch_floats(head_shape(model_), std::min(T, opts_.head_rows), pool_.size());
     for (int l = 0; l < model_.n_layers(); ++l) {
-      const LayerWeights w = src.acquire_layer(l);
+      const LayerWeights w = layer_shapes(model_, l);
       for (const WeightView* v : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down})
         mt = std::max(mt, matmul_t_scratch_floats(*v, T, pool_.size()));
     }
@@ -221,11 +222,10 @@ void add_rows(float* y, const float* b, int64_t T, int64_t n, const OpsKernels& 
 
 }  // namespace
 
-void TrainPass::layer_forward(int l, const LoraAdapter& ad, LayerActs& a, const float* x_in, float* x_out) {
+void TrainPass::layer_forward(int l, const LayerWeights& w, const LoraAdapter& ad, LayerActs& a, const float* x_in,
+                              float* x_out) {
   const ModelConfig& c = cfg_;
   const int64_t T = T_, d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
-  ResidentWeights src(model_);
-  const LayerWeights w = src.acquire_layer(l);
   // y += s B (A x), keeping A x in a.t[target].
   auto lora = [&](LoraTarget tg, const float* x, int64_t n_in, float* y, int64_t n_out) {
     const LoraPair* p = ad.find(l, tg);
@@ -310,7 +310,8 @@ void TrainPass::forward_begin(std::span<const int32_t> tokens, std::span<const f
   weights_.assign(weights.begin(), weights.end());
   loss_ = 0;
   const int64_t d = c.n_embd;
-  ResidentWeights src(model_);
+  WeightSource& src = source();
+  PassScope pass(src, pass_tokens());
   // Embeddings and RoPE tables: (cos, sin) per position, and (cos, -sin)
   // for the backward (the transposed rotation).
   for (int64_t t = 0; t < T; ++t) {
@@ -329,9 +330,12 @@ void TrainPass::forward_begin(std::span<const int32_t> tokens, std::span<const f
 
 void TrainPass::forward_layers(int l0, int l1, const LoraAdapter& ad) {
   EBB_CHECK_MSG(T_ > 0 && 0 <= l0 && l0 <= l1 && l1 <= model_.n_layers(), "TrainPass::forward_layers out of order");
+  WeightSource& src = source();
+  PassScope pass(src, pass_tokens());
   for (int l = l0; l < l1; ++l) {
     LayerActs& a = acts_[opts_.recompute ? 0 : static_cast<size_t>(l)];
-    layer_forward(l, ad, a, f(inputs_[l]), f(inputs_[l + 1]));
+    const LayerLease w(src, l);
+    layer_forward(l, w.weights(), ad, a, f(inputs_[l]), f(inputs_[l + 1]));
   }
 }
 
@@ -341,12 +345,20 @@ void TrainPass::forward_head(int64_t r0, int64_t r1) {
   EBB_CHECK_MSG(T > 0 && 0 <= r0 && r0 <= r1 && r1 <= T && r0 % opts_.head_rows == 0 &&
                     (r1 == T || r1 % opts_.head_rows == 0),
                 "TrainPass::forward_head: rows out of range or not on a block boundary");
-  ResidentWeights src(model_);
+  WeightSource& src = source();
+  PassScope pass(src, pass_tokens());
   // The head, a block of rows at a time: logits, the loss and its gradient,
   // and the gradient back through the head, kept in the work buffer's first
   // [T, d] (dxf, for loss scale 1).
   const GlobalWeights g = src.acquire_head();
-  EBB_CHECK_MSG(g.output.rows == c.n_vocab, "training needs the whole output head resident");
+  struct HeadLease {
+    WeightSource& s;
+    ~HeadLease() { s.release_head(); }
+  } head_lease{src};
+  if (g.output.rows != c.n_vocab) {
+    throw Error("training needs the whole output head at once; this weight source serves it in parts of " +
+                std::to_string(g.output.rows) + " of " + std::to_string(c.n_vocab) + " rows (budget mode)");
+  }
   float* xf = f(work_);          // [T, d] the final norm's output (the first block of work)
   float* dxf = xf + T * d;       // [T, d]
   const float* x_last = f(inputs_[static_cast<size_t>(c.n_layer)]);
@@ -392,12 +404,10 @@ double TrainPass::forward(std::span<const int32_t> tokens, std::span<const float
   return loss_;
 }
 
-void TrainPass::layer_backward(int l, const LoraAdapter& ad, float s, LayerActs& a, float* dx, bool want_dx,
-                               LoraGrads& grads) {
+void TrainPass::layer_backward(int l, const LayerWeights& w, const LoraAdapter& ad, float s, LayerActs& a, float* dx,
+                               bool want_dx, LoraGrads& grads) {
   const ModelConfig& c = cfg_;
   const int64_t T = T_, d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
-  ResidentWeights src(model_);
-  const LayerWeights w = src.acquire_layer(l);
   const float* x_in = f(inputs_[static_cast<size_t>(l)]);
   // Temporaries, after the head's [2T, d] at the start of work_.
   float* p = f(work_) + 2 * T * d;
@@ -507,8 +517,13 @@ void TrainPass::backward_begin(float loss_scale) {
   EBB_CHECK_MSG(T_ > 0, "TrainPass::backward without a forward");
   const ModelConfig& c = cfg_;
   const int64_t T = T_, d = c.n_embd;
-  ResidentWeights src(model_);
-  const GlobalWeights g = src.acquire_head();
+  WeightSource& src = source();
+  PassScope pass(src, pass_tokens());
+  const GlobalWeights g = src.acquire_head();  // only its norm is read
+  struct HeadLease {
+    WeightSource& s;
+    ~HeadLease() { s.release_head(); }
+  } head_lease{src};
   // The gradient at the last layer's output: the loss scale applied once
   // here, so every gradient below is d(loss_scale · loss).
   const float* dxf = f(work_) + T * d;
@@ -526,13 +541,18 @@ void TrainPass::backward_layers(int l1, int l0, const LoraAdapter& ad, LoraGrads
                 "TrainPass::backward_layers out of order");
   const int64_t T = T_, d = cfg_.n_embd;
   std::vector<float> discard;
+  WeightSource& src = source();
+  PassScope pass(src, pass_tokens());
   for (int l = l1 - 1; l >= l0; --l) {
     LayerActs& a = acts_[opts_.recompute ? 0 : static_cast<size_t>(l)];
+    // The frozen base weights the backward reads (and the recomputed
+    // forward), held for this layer only.
+    const LayerLease w(src, l);
     if (opts_.recompute) {
       discard.resize(static_cast<size_t>(T * d));
-      layer_forward(l, ad, a, f(inputs_[static_cast<size_t>(l)]), discard.data());
+      layer_forward(l, w.weights(), ad, a, f(inputs_[static_cast<size_t>(l)]), discard.data());
     }
-    layer_backward(l, ad, 1.0f, a, dx_.data(), /*want_dx=*/l > 0, grads);
+    layer_backward(l, w.weights(), ad, 1.0f, a, dx_.data(), /*want_dx=*/l > 0, grads);
   }
 }
 

@@ -9,6 +9,15 @@
 // and the layer's forward runs again just before its backward
 // (checkpointing: activation memory of one layer instead of all).
 //
+// The base weights come from a WeightSource (TrainPassOptions::weights: the
+// engine's, as inference uses; none: the model's units, which must then be
+// resident). Each call below is one pass of its own over the source
+// (begin_pass .. end_pass) and holds a layer only while it computes it, so a
+// layer may be evicted between two calls: the next one acquires it again
+// (from elastic restore's latches or a stream). A caller with elastic memory
+// starts the restore of what was evicted before a call (as a session does
+// before a step; Trainer::run_phase).
+//
 // The loss of a sample is Σ_i w_i · CE_i over its positions i >= 1, where
 // CE_i is the cross-entropy of token i given tokens [0, i) and w_i its
 // weight (1 on a supervised answer's tokens, 0 on the prompt's, an
@@ -26,6 +35,7 @@
 #include "kernels/train_ops.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "model/weight_source.h"
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
 
@@ -46,6 +56,9 @@ struct TrainPassOptions {
   // head's format (default_head_rows).
   int64_t head_rows = 0;
   int64_t matmul_rows = 64;   // rows per forward product (bounds its scratch)
+  // Where the base weights come from (nullptr: the model's own units, all
+  // resident). The source must serve the output head whole.
+  WeightSource* weights = nullptr;
 };
 
 // The head's block of rows for a model. The gradient back through the head,
@@ -60,7 +73,7 @@ int64_t default_head_rows(const Model& model);
 class TrainPass {
  public:
   // The adapter's pairs must target layer projections (q k v o gate up down)
-  // of `model`, whose weights must be resident.
+  // of `model`. Its weight units need not be resident (opts.weights serves them).
   TrainPass(const Model& model, Isa isa, ThreadPool& pool, Allocator& alloc, TrainPassOptions opts = {});
   TrainPass(const TrainPass&) = delete;
   TrainPass& operator=(const TrainPass&) = delete;
@@ -88,6 +101,9 @@ class TrainPass {
   void backward_begin(float loss_scale);
   void backward_layers(int l1, int l0, const LoraAdapter& adapter, LoraGrads& grads);
   int64_t head_rows() const { return opts_.head_rows; }
+  // The source of the next calls (nullptr: the model's resident units). A
+  // trainer sets the engine's before each phase: it may change between them.
+  void set_weight_source(WeightSource* s) { opts_.weights = s; }
   // Frees the activations. Between samples they are kept for the next one
   // (one as long or shorter reuses them); a trainer releases them when it
   // stops or needs the memory.
@@ -100,8 +116,13 @@ class TrainPass {
 
  private:
   struct LayerActs;
-  void layer_forward(int l, const LoraAdapter& ad, LayerActs& a, const float* x_in, float* x_out);
-  void layer_backward(int l, const LoraAdapter& ad, float s, LayerActs& a, float* dx, bool want_dx, LoraGrads& g);
+  // w: layer l's weights, held by the caller (a LayerLease) for the call.
+  void layer_forward(int l, const LayerWeights& w, const LoraAdapter& ad, LayerActs& a, const float* x_in,
+                     float* x_out);
+  void layer_backward(int l, const LayerWeights& w, const LoraAdapter& ad, float s, LayerActs& a, float* dx,
+                      bool want_dx, LoraGrads& g);
+  WeightSource& source() { return opts_.weights ? *opts_.weights : resident_; }
+  std::span<const int32_t> pass_tokens() const { return tokens_; }
   void project(const WeightView& w, const float* x, int64_t x_stride, float* y, int64_t y_stride);
   void allocate_acts(int64_t T, int64_t max_rank);
 
@@ -115,6 +136,7 @@ class TrainPass {
   ThreadPool& pool_;
   Allocator& alloc_;
   TrainPassOptions opts_;
+  ResidentWeights resident_;      // the source when opts_.weights is null
 
   int64_t T_ = 0;
   int64_t cap_T_ = 0, cap_rank_ = 0;  // what the held buffers were sized for

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "platform/error.h"
@@ -80,6 +81,35 @@ std::unique_ptr<LoraAdapter> make_params(Engine& e, const TrainerOptions& o, con
   return copy_adapter(*init, e.allocator(), MemCategory::kTrainOptimizer, nl);
 }
 
+// Brackets a phase that reads base weights. Evicted units come back the way
+// a session's step gets them: a restore of what eviction took starts here
+// and the phase's layers wait on their latches (or stream, under a memory
+// limit) through the engine's weight source. settle() waits for the rest of
+// the restore before the phase returns, so its errors are this phase's and
+// no restore runs on past it; on an exception the destructor waits too.
+class PhaseWeights {
+ public:
+  explicit PhaseWeights(Engine& e) : em_(e.elastic()) {
+    if (em_ && em_->restore_pending()) em_->begin_restore();
+  }
+  ~PhaseWeights() {
+    if (!em_ || !em_->restoring()) return;
+    try {
+      em_->wait_restored();
+    } catch (const Error&) {
+      // The phase failed already; the units still out are restored next time.
+    }
+  }
+  PhaseWeights(const PhaseWeights&) = delete;
+  PhaseWeights& operator=(const PhaseWeights&) = delete;
+  void settle() {
+    if (em_ && em_->restoring()) em_->wait_restored();
+  }
+
+ private:
+  ElasticMemory* em_;
+};
+
 }  // namespace
 
 Trainer::Trainer(Engine& engine, std::vector<TrainSample> samples, TrainerOptions opts, const LoraAdapter* start)
@@ -117,11 +147,14 @@ Trainer::Trainer(Engine& engine, std::vector<TrainSample> samples, TrainerOption
     }
   }
   if (engine_.budget_source()) {
-    throw Error("training needs the base model's weights resident; this engine runs in budget mode (weights "
-                "streamed)");
+    // Its streamer serves layers in one forward window and the head in row
+    // ranges; a step reads every layer again downwards and the head whole.
+    throw Error("training is not supported in budget mode (--budget: weights streamed through a forward-only "
+                "window); run without --budget, where evicted weights are restored for each training phase");
   }
   TrainPassOptions po;
   po.recompute = opts_.recompute == TrainerOptions::Recompute::kAlways;
+  po.weights = engine_.weight_source();
   pass_ = std::make_unique<TrainPass>(engine_.model(), engine_.isa(), engine_.pool(), alloc_, po);
   pass_recompute_ = po.recompute;
   samples_digest_ = samples_digest(samples_);
@@ -264,6 +297,13 @@ PhaseResult Trainer::run_phase() {
   r.step = step();
   if (phase_ == 0) begin_step();
   const Stopwatch sw;
+  // Forward and backward read the base weights, never held between phases
+  // (an eviction may come between two): the engine's source, as now.
+  std::optional<PhaseWeights> weights;
+  if (next.kind != PhaseKind::kCommit) {
+    weights.emplace(engine_);
+    pass_->set_weight_source(engine_.weight_source());
+  }
   if (next.kind == PhaseKind::kForward && !pc.first) {
     // A later piece of the sample's forward.
     if (pc.head) {
@@ -300,6 +340,7 @@ PhaseResult Trainer::run_phase() {
     if (recompute != pass_recompute_) {
       TrainPassOptions po;
       po.recompute = recompute;
+      po.weights = engine_.weight_source();
       pass_.reset();
       pass_ = std::make_unique<TrainPass>(engine_.model(), engine_.isa(), engine_.pool(), alloc_, po);
       pass_recompute_ = recompute;
@@ -330,6 +371,7 @@ PhaseResult Trainer::run_phase() {
     r.step_done = true;
     cursor_ += opts_.batch;
   }
+  if (weights) weights->settle();
   r.seconds = sw.seconds();
   double& est = est_[static_cast<int>(next.kind)];
   est = est == 0 ? r.seconds : kEmaAlpha * r.seconds + (1 - kEmaAlpha) * est;
