@@ -1,12 +1,14 @@
 // The cooperative scheduler (runtime/scheduler.h) with fake tasks: order
 // under each policy, the background admission rule (memory and window),
 // interruption at step boundaries, cancellation between steps, wait
-// attribution, bounded queues; and generation requests on a tiny model.
+// attribution, bounded queues; and generation requests on a tiny model,
+// with a training job interleaved and evictions between its phases.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "runtime/generate.h"
 #include "runtime/scheduler.h"
 #include "support.h"
+#include "train/train_job.h"
 
 namespace ebb {
 namespace {
@@ -535,6 +538,112 @@ TEST(Scheduler, SpareKvBuffersServeTheNextRequestAndGoBackWhenIdle) {
   EXPECT_EQ(sched.metrics().footprint.kv_spare, 0u);
   EXPECT_GE(now_seconds() - t0, 0.3) << "not before the idle time";
   EXPECT_EQ(sched.call([](Engine& eng) { return eng.ledger().total(); }).get(), total - static_cast<int64_t>(spare));
+}
+
+// A training job interleaved with generation requests (round-robin: a job
+// phase, a batched decode round, a phase, ...), with evictions of everything
+// or a share of the footprint at random boundaries of the job's phases
+// (seeded; on the scheduler thread, between the job's phase and the next
+// round, as a control call runs): the next phase and the next round
+// acquire their layers again. Every generation's greedy text equals the
+// un-evicted run's, and the job's losses and trained adapter (its digest,
+// over every byte) equal those of the same job run alone without eviction.
+// KV is evicted raw (lossless_kv), so only the weights' path is under test.
+TEST(Scheduler, EvictionsBetweenTrainingPhasesAndRoundsChangeNoResult) {
+  test::TempDir swap("ebb-sched-swap");
+  auto engine = [&] {
+    EngineOptions o;
+    o.model_path = test::model_path("stories260K.gguf");
+    o.n_threads = 1;
+    o.kv_chunk_size = 16;
+    o.prefill_batch = 16;
+    o.prefix_cache = true;
+    o.elastic_opts.lossless_kv = true;
+    o.elastic_opts.swap_dir = swap.path();
+    return std::make_unique<Engine>(o);
+  };
+  auto ref = engine(), e = engine();
+  std::vector<std::vector<TokenId>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(ref->tokenizer().encode("Once upon a time, a dog number " + std::to_string(i)));
+  std::vector<std::string> alone;
+  for (const auto& p : prompts) {
+    Session s(*ref);
+    alone.push_back(generate(s, p, greedy(30), nullptr).text);
+  }
+  std::vector<TrainSample> samples;
+  for (const char* text : {"Once upon a time, there was a red fox named Zed. Zed liked to dance.",
+                           "One day, a small blue bird sang a song to the moon."}) {
+    TrainSample x;
+    x.tokens = ref->tokenizer().encode(text);
+    x.weights.assign(x.tokens.size(), 1.0f);
+    samples.push_back(std::move(x));
+  }
+  TrainerOptions to;
+  to.init.rank = 4;
+  to.adamw.lr = 1e-2f;
+  to.adamw.total_steps = 3;
+  to.batch = 2;
+  to.phase_layers = 1;
+  to.phase_head_rows = 16;
+  TrainJobOptions jo;
+  jo.adapter = "fox";
+  jo.steps = 3;
+  auto staged_digest = [](const Engine& eng, const TrainJobStatus& st) {
+    for (const AdapterInfo& a : eng.adapters().list())
+      if (a.name == st.adapter && a.version == st.version_staged) return a.digest;
+    return uint64_t{0};
+  };
+  auto alone_job = TrainJob::make(*ref, samples, to, jo);
+  while (alone_job->step()) {
+  }
+  alone_job->finish(TaskOutcome::kCompleted, "");
+  const TrainJobStatus want = alone_job->status();
+  ASSERT_EQ(want.state, TrainJobState::kDone) << want.error;
+
+  auto job = TrainJob::make(*e, samples, to, jo);
+  SchedulerOptions so;
+  so.policy = SchedPolicy::kRoundRobin;
+  Scheduler sched(e.get(), so);
+  Task t = job->task(&sched);
+  std::mt19937 rng(5);
+  int evictions = 0;
+  int64_t weights_dropped = 0, kv_evicted = 0;
+  t.step = [inner = t.step, &rng, &evictions, &weights_dropped, &kv_evicted, eng = e.get()] {
+    if (rng() % 3 == 0) {
+      const double share = rng() % 2 ? 1.0 : 0.25;
+      const EvictReport r = eng->evict(static_cast<uint64_t>(share * static_cast<double>(eng->footprint().total())) + 1);
+      ++evictions;
+      weights_dropped += r.weights_dropped;
+      kv_evicted += r.kv_to_storage + r.kv_to_compressed;
+    }
+    return inner();
+  };
+  sched.submit_background(std::move(t));
+  std::vector<std::shared_ptr<GenerationStream>> streams;
+  for (const auto& p : prompts) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.options = greedy(30);
+    streams.push_back(sched.submit_generation(std::move(r)));
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::string text;
+    collect(*streams[i], &text);
+    EXPECT_EQ(text, alone[i]) << "request " << i;
+  }
+  ASSERT_TRUE(job->wait(60));
+  sched.shutdown();
+  const TrainJobStatus got = job->status();
+  EXPECT_EQ(got.state, TrainJobState::kDone) << got.error;
+  EXPECT_EQ(got.step, want.step);
+  EXPECT_EQ(got.first_loss, want.first_loss);
+  EXPECT_EQ(got.loss, want.loss);
+  EXPECT_NE(staged_digest(*ref, want), 0u);
+  EXPECT_EQ(staged_digest(*e, got), staged_digest(*ref, want)) << "the trained adapters differ";
+  EXPECT_GE(evictions, 5);
+  EXPECT_GT(weights_dropped, 0);
+  EXPECT_GT(kv_evicted, 0) << "no eviction came while a generation held KV";
+  EXPECT_GT(got.yields, 0) << "the job never yielded to a generation round";
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // adapter differs from the base), a foreground request while a long job
 // runs is admitted at the next phase boundary, cancel ends a job, manual
 // publishing, bad bodies get 400 naming the field, the API key is enforced,
-// and SIGTERM with a job running exits cleanly. Every wait is bounded.
+// SIGTERM with a job running exits cleanly, and jobs after or during
+// evictions of every weight layer finish. Every wait is bounded.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -315,6 +316,63 @@ TEST(ServeTrainAlone, SigtermWithARunningJobExitsCleanly) {
   ASSERT_EQ(r.status, 200) << r.raw;
   poll_job(*c, r.body["id"], [](const json& j) { return j["phases_run"].get<int64_t>() >= 3; });
   EXPECT_EQ(s.stop(SIGTERM, 10000ms), 0);
+}
+
+// The crash on the path of on-device learning: everything evicted (POST
+// /v1/memory/evict {"fraction": 1}), then a training job. Its phases read
+// the dropped weight layers; they used to touch the units directly and the
+// server aborted ("weight unit used while not resident"). Now the job
+// finishes, and the server is still alive and answers /health. The same
+// after trim level 5 (running_moderate, a tenth of the footprint).
+TEST_F(ServeTrain, AJobAfterEvictingEverythingFinishesAndTheServerLives) {
+  int n = 0;
+  for (const json& evict : {json{{"fraction", 1}}, json{{"level", 5}}}) {
+    SCOPED_TRACE(evict.dump());
+    const bool trim = evict.contains("level");
+    const Reply e = post(*c_, trim ? "/v1/memory/trim" : "/v1/memory/evict", evict);
+    ASSERT_EQ(e.status, 200) << e.raw;
+    EXPECT_GT((trim ? e.body["evict"] : e.body)["weights_dropped"].get<int64_t>(), 0) << e.raw;
+    const std::string name = "t" + std::to_string(++n);
+    const Reply r = post(*c_, "/v1/training/jobs", json{{"adapter", name}, {"samples", {{{"text", "hi"}}}}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const json j = poll_job(*c_, r.body["id"], ended);
+    EXPECT_EQ(j["state"], "done") << j.dump();
+    EXPECT_EQ(j["step"], 1) << j.dump();
+    const Reply h = get(*c_, "/health");
+    ASSERT_EQ(h.status, 200) << "the server died";
+    EXPECT_EQ(h.body["status"], "ok");
+  }
+  EXPECT_EQ(get(*c_, "/v1/training/jobs").body["data"].size(), 2u);
+}
+
+// Evictions while a job runs (they run between its phases, on the scheduler
+// thread): the next phase acquires its layers again, the job finishes, and
+// completions between them are served.
+TEST_F(ServeTrain, EvictionsBetweenPhasesOfARunningJob) {
+  const Reply r = post(*c_, "/v1/training/jobs",
+                       json{{"adapter", "busy"}, {"samples", story_samples()}, {"steps", 40}, {"batch_size", 2}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const std::string id = r.body["id"];
+  int evictions = 0, during = 0;
+  for (;;) {
+    const Reply s = get(*c_, "/v1/training/jobs/" + id);
+    ASSERT_EQ(s.status, 200) << "the server died after " << evictions << " evictions";
+    const json& j = s.body;
+    if (ended(j) || evictions >= 200) break;
+    const Reply e = evictions % 3 == 2 ? post(*c_, "/v1/memory/trim", json{{"level", 5}})
+                                       : post(*c_, "/v1/memory/evict", json{{"fraction", 1}});
+    ASSERT_EQ(e.status, 200) << e.raw;
+    ++evictions;
+    during += j["state"] == "running";
+    if (evictions % 10 == 0) EXPECT_FALSE(complete(*c_, "stories260K").empty());
+    std::this_thread::sleep_for(5ms);
+  }
+  const json j = poll_job(*c_, id, ended);
+  EXPECT_EQ(j["state"], "done") << j.dump();
+  EXPECT_EQ(j["step"], 40) << j.dump();
+  EXPECT_GE(during, 1) << "no eviction came while the job ran";
+  EXPECT_EQ(get(*c_, "/health").status, 200);
+  EXPECT_FALSE(complete(*c_, "stories260K").empty());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // LoRA training over a frozen base: gradients against finite differences
 // (llama, qwen3; F32, F16 and quantized bases), real learning, phases that
-// stop and resume bit-exactly, checkpoints, and staged versions.
+// stop and resume bit-exactly, checkpoints, staged versions, and evictions
+// and weight streaming between phases.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -576,6 +577,98 @@ TEST(Train, LearnsANewNameFromItsOwnStories) {
   EXPECT_LE(after, 0.7 * before);
   EXPECT_GE(named, 10);
   EXPECT_EQ(named_base, 0);
+}
+
+// Evictions at random phase boundaries (seeded) on a quantized base with
+// Q/K norms (packed matrices where the target packs), the backward
+// recomputing each layer's forward (checkpointing: a backward phase reads
+// its layers' frozen weights twice): every step's loss and the parameters
+// equal the un-evicted run's bit for bit. Then under a memory limit that
+// keeps some layers out of RAM, where the phases stream those layers through
+// elastic memory's window (the backward downwards): the same again. Phases
+// used to read the units directly and aborted on the first dropped one.
+TEST(Train, EvictionsAndStreamingBetweenPhasesChangeNothing) {
+  auto engine = make_engine("tiny-qwen3-q4_k_m");
+  ASSERT_NE(engine->elastic(), nullptr);
+  ASSERT_TRUE(engine->model().layer_unit(0).slots().size() > 0 && engine->config().n_layer >= 2);
+  const std::vector<TrainSample> data = {sample_of(*engine, 24, 4), sample_of(*engine, 37, 5)};
+  TrainerOptions o;
+  o.init.rank = 4;
+  o.adamw.lr = 1e-2f;
+  o.adamw.total_steps = 3;
+  o.batch = 2;
+  o.recompute = TrainerOptions::Recompute::kAlways;
+  o.phase_layers = 1;
+  o.phase_head_rows = 32;
+  auto same = [](const LoraAdapter& a, const LoraAdapter& b) {
+    for (size_t i = 0; i < a.pairs.size(); ++i) {
+      if (std::memcmp(a.pairs[i].a.data(), b.pairs[i].a.data(), a.pairs[i].a.size()) != 0) return false;
+      if (std::memcmp(a.pairs[i].bt.data(), b.pairs[i].bt.data(), a.pairs[i].bt.size()) != 0) return false;
+    }
+    return a.pairs.size() == b.pairs.size();
+  };
+  Trainer ref(*engine, data, o);
+  std::vector<double> ref_loss;
+  ref.run_steps(3, [&](const PhaseResult& r) {
+    if (r.step_done) ref_loss.push_back(r.loss);
+  });
+
+  std::mt19937 rng(7);
+  Trainer evicted(*engine, data, o);
+  std::vector<double> loss;
+  int evictions = 0;
+  while (evicted.step() < 3) {
+    if (rng() % 4 == 0) {
+      const uint64_t total = engine->footprint().total();
+      const double share = rng() % 2 ? 1.0 : 0.1 * static_cast<double>(1 + rng() % 5);
+      engine->evict(static_cast<uint64_t>(share * static_cast<double>(total)) + 1);
+      EXPECT_GT(engine->footprint().weights_stored, 0u);
+      ++evictions;
+    }
+    const PhaseResult r = evicted.run_phase();
+    if (r.step_done) loss.push_back(r.loss);
+  }
+  EXPECT_GE(evictions, 5);
+  EXPECT_EQ(loss, ref_loss);
+  EXPECT_TRUE(same(ref.params(), evicted.params()));
+
+  // Three fifths of the weights in RAM: the rest streams, phase after phase.
+  engine->restore();  // what the last evictions took (before a commit, which reads none)
+  const uint64_t weights = engine->elastic()->footprint().weights_resident;
+  ASSERT_EQ(engine->elastic()->footprint().weights_stored, 0u);
+  engine->set_memory_limit(weights * 3 / 5);
+  Trainer streamed(*engine, data, o);
+  loss.clear();
+  bool streaming = false;
+  while (streamed.step() < 3) {
+    const PhaseResult r = streamed.run_phase();
+    streaming = streaming || engine->elastic()->streaming();
+    if (r.step_done) loss.push_back(r.loss);
+  }
+  EXPECT_TRUE(streaming) << "no layer was streamed";
+  EXPECT_GT(engine->footprint().weights_stored, 0u);
+  EXPECT_EQ(loss, ref_loss);
+  EXPECT_TRUE(same(ref.params(), streamed.params()));
+  engine->set_memory_limit(0);
+}
+
+// Budget mode streams weights through a forward-only window and the head in
+// row ranges: training there is refused with an error that says so.
+TEST(Train, BudgetModeRefusesTrainingWithAClearError) {
+  EngineOptions eo;
+  eo.model_path = test::model_path("stories260K.gguf");
+  eo.n_threads = 2;
+  eo.budget.budget = uint64_t{1} << 40;
+  Engine engine(eo);
+  ASSERT_NE(engine.budget_source(), nullptr);
+  TrainerOptions o;
+  o.init.rank = 4;
+  try {
+    Trainer t(engine, {sample_of(engine, 12, 1)}, o);
+    FAIL() << "training ran in budget mode";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("budget mode"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

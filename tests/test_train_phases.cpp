@@ -2,11 +2,15 @@
 // a sample's forward and backward in layer ranges and the output head in row
 // ranges give the parameters of whole-sample phases bit for bit, with the
 // number of phases the plan says, shorter phases, and a checkpoint resumed
-// with another split continuing bit-exactly.
+// with another split continuing bit-exactly; and evictions between phases
+// (everything, a trim's share, at random boundaries) change nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -132,6 +136,80 @@ TEST(TrainPhases, NegativeSplitsAreRefused) {
   auto engine = make_engine();
   EXPECT_THROW(Trainer(*engine, samples_of(*engine), options(-1, 0)), Error);
   EXPECT_THROW(Trainer(*engine, samples_of(*engine), options(1, -4)), Error);
+}
+
+// Evictions between training phases. A phase never keeps a weight unit past
+// its end: it acquires each layer through the engine's weight source, which
+// restores what an eviction took (training read a dropped unit directly
+// before, and the server aborted: "weight unit used while not resident").
+
+// Gives back `fraction` of the footprint total, as POST /v1/memory/evict
+// {"fraction": f} and /v1/memory/trim (level 5 running_moderate: 0.10,
+// level 80 complete: 1.0) do; returns the weight bytes then out of RAM.
+uint64_t evict_share(Engine& e, double fraction) {
+  const uint64_t total = e.footprint().total();
+  e.evict(std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(fraction * static_cast<double>(total)))));
+  return e.footprint().weights_stored;
+}
+
+// Everything evicted (fraction 1), or trim level 5's share, then a training
+// step: it completes, and its loss and parameters equal those of the same
+// step without the eviction bit for bit. Bit for bit because nothing differs
+// but where the bytes came from: the restored units hold the file's bytes
+// (checked against their checksums at load) in the same layout, and the step
+// runs the same kernels in the same order on the same threads.
+TEST(TrainPhases, AStepAfterAnEvictionEqualsOneWithout) {
+  auto engine = make_engine();
+  ASSERT_NE(engine->elastic(), nullptr);
+  const std::vector<TrainSample> data = samples_of(*engine);
+  Trainer ref(*engine, data, options(0, 0));
+  ASSERT_EQ(ref.run_steps(1), 1);
+  for (const double fraction : {1.0, 0.10}) {
+    SCOPED_TRACE("evicted fraction " + std::to_string(fraction));
+    Trainer t(*engine, data, options(0, 0));
+    ASSERT_GT(evict_share(*engine, fraction), 0u) << "the eviction dropped no weight layer";
+    EXPECT_EQ(t.run_steps(1), 1);
+    EXPECT_EQ(t.last_loss(), ref.last_loss());
+    EXPECT_TRUE(same_params(ref.params(), t.params()));
+    EXPECT_EQ(engine->footprint().weights_stored, 0u) << "the step ran without restoring what it read";
+  }
+}
+
+// Evictions at random phase boundaries (seeded): between two layer pieces of
+// a sample's forward or backward, between its head pieces, between samples
+// and before a commit, of random shares of the footprint up to all of it.
+// Every step's loss and the parameters equal the un-evicted run's bit for bit.
+TEST(TrainPhases, EvictionsAtRandomPhaseBoundariesChangeNothing) {
+  auto engine = make_engine();
+  const std::vector<TrainSample> data = samples_of(*engine);
+  Trainer ref(*engine, data, options(1, 32));
+  std::vector<double> ref_loss;
+  ref.run_steps(3, [&](const PhaseResult& r) {
+    if (r.step_done) ref_loss.push_back(r.loss);
+  });
+  for (const uint32_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    Trainer t(*engine, data, options(1, 32));
+    std::vector<double> loss;
+    int evictions = 0, mid_step = 0;
+    uint64_t most_out = 0;
+    while (t.step() < 3) {
+      if (rng() % 3 == 0) {
+        const double shares[] = {1.0, 0.10, 0.25, 0.5};
+        most_out = std::max(most_out, evict_share(*engine, shares[rng() % 4]));
+        ++evictions;
+        mid_step += !t.at_step_boundary();
+      }
+      const PhaseResult r = t.run_phase();
+      if (r.step_done) loss.push_back(r.loss);
+    }
+    EXPECT_GE(evictions, 5);
+    EXPECT_GE(mid_step, 3);
+    EXPECT_GT(most_out, 0u);
+    EXPECT_EQ(loss, ref_loss);
+    EXPECT_TRUE(same_params(ref.params(), t.params()));
+  }
 }
 
 }  // namespace
