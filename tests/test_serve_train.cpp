@@ -364,7 +364,9 @@ TEST_F(ServeTrain, EvictionsBetweenPhasesOfARunningJob) {
     ASSERT_EQ(e.status, 200) << e.raw;
     ++evictions;
     during += j["state"] == "running";
-    if (evictions % 10 == 0) EXPECT_FALSE(complete(*c_, "stories260K").empty());
+    if (evictions % 10 == 0) {
+      EXPECT_FALSE(complete(*c_, "stories260K").empty());
+    }
     std::this_thread::sleep_for(5ms);
   }
   const json j = poll_job(*c_, id, ended);
@@ -373,6 +375,21 @@ TEST_F(ServeTrain, EvictionsBetweenPhasesOfARunningJob) {
   EXPECT_GE(during, 1) << "no eviction came while the job ran";
   EXPECT_EQ(get(*c_, "/health").status, 200);
   EXPECT_FALSE(complete(*c_, "stories260K").empty());
+}
+
+// Under --memory-budget (budget mode: weights streamed through a
+// forward-only window, the head in parts) a training job is refused with a
+// 400 that says why, and the server goes on serving.
+TEST(ServeTrainAlone, BudgetModeRefusesTrainingWithA400) {
+  ServerProcess s(args({"--memory-budget", "64MiB"}));
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  const Reply r = post(*c, "/v1/training/jobs", json{{"adapter", "t1"}, {"samples", {{{"text", "hi"}}}}});
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_NE(r.raw.find("budget mode"), std::string::npos) << r.raw;
+  EXPECT_EQ(get(*c, "/v1/training/jobs").body["data"].size(), 0u);
+  EXPECT_EQ(get(*c, "/health").status, 200);
+  EXPECT_FALSE(complete(*c, "stories260K").empty());
 }
 
 }  // namespace
