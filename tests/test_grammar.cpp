@@ -168,6 +168,24 @@ TEST(Matcher, PartialUtf8) {
   EXPECT_FALSE(any.is_accepting());                // never complete inside a character
 }
 
+TEST(Matcher, DeepRuleChainsAreRefusedNotACrash) {
+  // root ::= r1, r1 ::= r2, ... : each reference at the start of a rule is
+  // one level of the matcher's closure.
+  auto chain = [](int n) {
+    std::string g = "root ::= r1\n";
+    for (int i = 1; i < n; ++i) g += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+    return g + "r" + std::to_string(n) + " ::= \"x\"\n";
+  };
+  EXPECT_TRUE(matches(chain(1000), "x"));
+  const auto deep = Grammar::parse(chain(20000));
+  try {
+    GrammarMatcher m(deep);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nest more than"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Matcher, CachedStepsAgreeWithStacks) {
   // Random byte strings, biased towards the grammar's alphabet, through the
   // cached DFA and through the uncached stacks: the same verdict every time.

@@ -47,6 +47,21 @@ void GrammarMatcher::compute_closure(int32_t n) {
   Node& node = nodes_[static_cast<size_t>(n)];
   if (node.closure_begin >= 0) return;
   EBB_CHECK_MSG(node.closure_begin != -2, "grammar closure cycle (left recursion passed the check)");
+  // Expanding references at the start of rules (and skipping elements that
+  // can be empty) recurses; a hostile grammar could chain thousands of
+  // them and exhaust the stack, so the depth is bounded. On the way out of
+  // an error, nodes left half-computed go back to "not computed".
+  struct Depth {
+    GrammarMatcher& m;
+    int32_t n;
+    ~Depth() {
+      --m.closure_depth_;
+      if (m.nodes_[static_cast<size_t>(n)].closure_begin == -2) m.nodes_[static_cast<size_t>(n)].closure_begin = -1;
+    }
+  } depth{*this, n};
+  if (++closure_depth_ > kMaxClosureDepth)
+    throw Error("grammar: rules nest more than " + std::to_string(kMaxClosureDepth) +
+                " deep at the start of a rule (or through elements that can be empty); the matcher refuses it");
   if (n == kAccept || grammar_->elems[node.pos].type == ElemType::Char) {
     node.closure_begin = static_cast<int32_t>(closure_pool_.size());
     node.closure_len = 1;

@@ -143,6 +143,9 @@ class GrammarMatcher {
   StateId initial();
   void clear_caches();
 
+  static constexpr uint32_t kMaxClosureDepth = 4000;
+  uint32_t closure_depth_ = 0;  // compute_closure's recursion
+
   std::shared_ptr<const Grammar> grammar_;
   MatcherLimits limits_;
   StateId start_ = 0;
