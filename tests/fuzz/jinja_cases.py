@@ -70,6 +70,7 @@ CASES = [
     ("{{ 'ab' * 3 }} {{ [1] * 2 }} {{ 'a' + 'b' }} {{ [1] + [2] }} {{ 1 ~ 2 ~ 'x' }} {{ true + 1 }}", "{}"),
     ("{{ 0.1 + 0.2 }} {{ 1 / 3 }} {{ 2.0 * 3 }} {{ 10 / 5 }}", "{}"),
     ("{{ '%s and %d' % ('a', 3) }} {{ '%05.1f|%-4s|' % (3.14159, 'x') }}", "{}"),
+    ("{{ '%-5s|%5s|%03d|%.2f|%x|%r|%%|%+d|%5.1f' % ('a', 'b', 7, 3.14159, 255, 'q', 3, 2.25) }}", "{}"),
     # comparisons and logic
     ("{{ 1 < 2 < 3 }} {{ 1 < 3 < 2 }} {{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ [1,2] < [1,3] }} {{ 1 != 2 }}", "{}"),
     ("{{ 'a' in 'cat' }} {{ 2 in [1,2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [1] }} {{ not 'a' in 'b' }}", "{}"),
@@ -102,6 +103,10 @@ CASES = [
     ("{% set x | upper | trim %}  inner {% endset %}[{{ x }}]", "{}"),
     ("{% if true %}{% set y = 3 %}{% endif %}{{ y }}", "{}"),
     ("{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}[{{ a }}]", "{}"),
+    ("{% for i in l %}{% if loop.first %}{% set x = 5 %}{% endif %}[{{ x }}]{% endfor %}", '{"l": [1, 2, 3]}'),
+    ("{% set z = 1 %}{% for i in l %}{{ z }}{% set z = i %}{{ z }}{% endfor %}{{ z }}", '{"l": [1, 2, 3]}'),
+    ("{% for i in l %}{{ loop.changed(i // 2) }}{{ loop.depth }}{{ loop.depth0 }} {% endfor %}", '{"l": [1, 2, 3]}'),
+    ("{% for x in 'ab' %}{% for y in 'cd' %}{{ loop.index }}{{ x }}{{ y }}{% endfor %}{{ loop.index }}{% endfor %}", "{}"),
     # macros and call
     ("{% macro m(a, b=2, c='x') %}{{ a }}-{{ b }}-{{ c }}{% endmacro %}{{ m(1) }} {{ m(1, 3) }} {{ m(1, c='y') }} {{ m(a=5) }}", "{}"),
     ("{% macro m() %}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1, 2, k=3) }}", "{}"),
@@ -213,6 +218,9 @@ CASES = [
     ("{# unterminated comment", "{}"),
     ("{{ (1 }}", "{}"),
     ("{% break %}", "{}"),
+    ("{% macro m(a, b) %}{{ a }}{{ b }}{% endmacro %}{{ m(1, 2, 3) }}", "{}"),
+    ("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(b=1) }}", "{}"),
+    ("{% macro m() %}x{% endmacro %}{% call m() %}y{% endcall %}", "{}"),
     ("{% raw +%}x{% endraw %}", "{}"),
     ("{% for x in y %}{% endif %}", "{}"),
 ]

@@ -91,7 +91,9 @@ struct Stmt {
   Body body, else_body;
   std::vector<Param> params;         // Macro, CallBlock
   std::vector<std::pair<std::string, ExprPtr>> assigns;  // With
-  bool uses_caller = false;          // Macro: the body refers to `caller`
+  // Macro, CallBlock: the body refers to `caller`, `varargs`, `kwargs`
+  // (Jinja2 refuses extra arguments to a macro that does not).
+  bool uses_caller = false, uses_varargs = false, uses_kwargs = false;
 };
 
 struct Template {

@@ -294,16 +294,16 @@ std::string py_percent(Renderer& r, const std::string& fmt, const Value& args) {
       else if (next < pos.size()) v = pos[next++];
       else throw Fail("not enough arguments for format string");
     }
-    std::string spec;
-    if (flags.find('-') != std::string::npos) spec += '<';
-    else if (flags.find('0') != std::string::npos && t != 's' && t != 'r') spec += '0';
     if (width.size() > 9 || prec.size() > 9) throw Fail("format width or precision too large");
-    std::string sp = (flags.find('+') != std::string::npos ? "+" : "");
-    std::string full = (spec == "<" ? "<" : "") + sp + (spec == "0" ? "0" : "") + width +
-                       (prec.empty() ? "" : "." + std::to_string(std::stoll(prec)));
+    // printf-style: right-aligned unless '-', zero-padded numbers with '0'.
+    bool left = flags.find('-') != std::string::npos;
+    bool zero = !left && flags.find('0') != std::string::npos && t != 's' && t != 'r';
+    std::string full = std::string(left ? "<" : zero ? "" : ">") + (flags.find('+') != std::string::npos ? "+" : "") +
+                       (zero ? "0" : "") + width + (prec.empty() ? "" : "." + std::to_string(std::stoll(prec)));
+    if (width.empty() && !zero) full = full.substr(1);
     if (t == 's' || t == 'r') {
       Value s = Value(t == 'r' ? repr(v) : to_str(v));
-      out += format_value(r, s, full + (full.empty() ? "" : "s"));
+      out += format_value(r, s, full.empty() ? "" : full + "s");
     } else if (t == 'd' || t == 'i' || t == 'u') {
       if (!v.is_number()) throw Fail("%" + std::string(1, t) + " format: a real number is required, not " + type_name(v));
       Value n = v.is_float() ? Value(int64_t(v.as_float())) : v;

@@ -10,6 +10,8 @@ namespace {
 struct LoopObj : Object, std::enable_shared_from_this<LoopObj> {
   std::shared_ptr<const std::vector<Value>> items;
   int64_t index0 = 0;
+  mutable Value last_changed;  // loop.changed(): the arguments of its last call
+  mutable bool changed_called = false;
 
   int64_t length() const { return int64_t(items->size()); }
   Value getattr(std::string_view n) const override;
@@ -18,11 +20,19 @@ struct LoopObj : Object, std::enable_shared_from_this<LoopObj> {
 
 struct CycleFn : Callable {
   std::shared_ptr<const LoopObj> loop;
+  bool changed = false;  // loop.changed rather than loop.cycle
   Value call(Renderer&, CallArgs& args) override {
+    if (changed) {
+      Value now = Value::make_list(args.pos, true);
+      if (loop->changed_called && equals(now, loop->last_changed)) return Value(false);
+      loop->changed_called = true;
+      loop->last_changed = now;
+      return Value(true);
+    }
     if (args.pos.empty()) throw Fail("no items for cycling given");
     return args.pos[size_t(loop->index0) % args.pos.size()];
   }
-  std::string name() const override { return "cycle"; }
+  std::string name() const override { return changed ? "changed" : "cycle"; }
 };
 
 Value LoopObj::getattr(std::string_view n) const {
@@ -38,9 +48,10 @@ Value LoopObj::getattr(std::string_view n) const {
   if (n == "depth0") return Value(int64_t(0));
   if (n == "previtem") return index0 > 0 ? (*items)[size_t(index0 - 1)] : Value::undefined("there is no previous item");
   if (n == "nextitem") return index0 + 1 < len ? (*items)[size_t(index0 + 1)] : Value::undefined("there is no next item");
-  if (n == "cycle") {
+  if (n == "cycle" || n == "changed") {
     auto c = std::make_shared<CycleFn>();
     c->loop = shared_from_this();
+    c->changed = n == "changed";
     return Value(std::shared_ptr<Callable>(std::move(c)));
   }
   return Value::undefined("'LoopContext object' has no attribute '" + std::string(n) + "'");
@@ -296,13 +307,17 @@ Renderer::Flow Renderer::exec_for(const Stmt& s) {
   if (items->empty()) return exec_body(s.else_body);  // a break there belongs to an outer loop
   auto loop = std::make_shared<LoopObj>();
   loop->items = items;
-  assign("loop", Value(std::shared_ptr<Object>(loop)));
+  Value loop_value{std::shared_ptr<Object>(loop)};
   for (size_t i = 0; i < items->size(); ++i) {
     if (++iterations_ > limits_.max_loop_iterations) {
       pos_ = s.pos;
       throw Fail("too many loop iterations (more than " + std::to_string(limits_.max_loop_iterations) + ")");
     }
     loop->index0 = int64_t(i);
+    // Each iteration starts afresh: a `set` in the body lasts to the end of
+    // that iteration only (Jinja2 scopes it to the loop body).
+    frames_.back().vars.clear();
+    assign("loop", loop_value);
     assign_targets(s.targets, s.unpack, (*items)[i]);
     if (exec_body(s.body) == Flow::Break) break;
   }
@@ -361,17 +376,21 @@ Value Renderer::call_macro(const MacroFn& m, CallArgs& args) {
     else if (p.def) assign(p.name, eval(*p.def));
     else assign(p.name, Value::undefined("parameter '" + p.name + "' was not provided"));
   }
+  if (args.pos.size() > def.params.size() && !def.uses_varargs)
+    throw Fail("macro '" + m.name_ + "' takes not more than " + std::to_string(def.params.size()) + " argument(s)");
   std::vector<Value> extra;
   for (size_t i = def.params.size(); i < args.pos.size(); ++i) extra.push_back(args.pos[i]);
   assign("varargs", Value::make_list(std::move(extra), true));
   Value kwargs = Value::new_dict();
   for (size_t k = 0; k < args.kw.size(); ++k) {
     if (used_kw[k]) continue;
-    if (args.kw[k].first == "caller" && def.kind == StmtKind::Macro) {
+    const std::string& name = args.kw[k].first;
+    if (name == "caller" && def.kind == StmtKind::Macro && def.uses_caller) {
       assign("caller", args.kw[k].second);
       continue;
     }
-    kwargs.dict().items.emplace_back(Value(args.kw[k].first), args.kw[k].second);
+    if (!def.uses_kwargs) throw Fail("macro '" + m.name_ + "' takes no keyword argument '" + name + "'");
+    kwargs.dict().items.emplace_back(Value(name), args.kw[k].second);
   }
   assign("kwargs", kwargs);
   return Value(render_to_string(def.body));

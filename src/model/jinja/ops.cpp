@@ -76,7 +76,8 @@ bool is_hashable(const Value& v) {
   if (!v.is_list()) return true;
   const ListObj& l = v.list();
   if (l.tuple) return true;
-  return l.iter_type && std::strncmp(l.iter_type, "dict_", 5) != 0;  // iterators hash, lists and views do not
+  // Iterators and dict_values hash (by identity); lists, dict_keys and dict_items do not.
+  return l.iter_type && (std::strncmp(l.iter_type, "dict_", 5) != 0 || std::strcmp(l.iter_type, "dict_values") == 0);
 }
 
 Value get_attr(const Value& obj, std::string_view name) {

@@ -31,6 +31,7 @@ class Parser {
   uintptr_t stack_base_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
+  std::vector<Stmt*> macros_;  // the macros (and call blocks) being parsed, innermost last
 
   struct DepthGuard {
     Parser& p;
@@ -310,7 +311,9 @@ class Parser {
     expect_block_end();
     int saved = loop_depth_;
     loop_depth_ = 0;
+    macros_.push_back(s.get());
     s->body = subparse({"endmacro"});
+    macros_.pop_back();
     loop_depth_ = saved;
     skip_name("endmacro");
     if (cur().type == Tok::Name) next();  // {% endmacro name %}
@@ -327,7 +330,9 @@ class Parser {
     expect_block_end();
     int saved = loop_depth_;
     loop_depth_ = 0;
+    macros_.push_back(s.get());
     s->body = subparse({"endcall"});
+    macros_.pop_back();
     loop_depth_ = saved;
     end_tag("endcall");
     return s;
@@ -535,6 +540,12 @@ class Parser {
         if (t.text == "none" || t.text == "None") return lit(Value::none());
         auto e = node(ExprKind::Name, t);
         e->name = t.text;
+        if (!macros_.empty()) {
+          Stmt& m = *macros_.back();
+          m.uses_caller |= e->name == "caller";
+          m.uses_varargs |= e->name == "varargs";
+          m.uses_kwargs |= e->name == "kwargs";
+        }
         next();
         return e;
       }
