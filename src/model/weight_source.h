@@ -34,7 +34,8 @@ class WeightSource {
   // Blocks until every tensor of layer l is readable. The views stay valid
   // until release_layer(l). Inference acquires layers in increasing order;
   // a training backward acquires them in decreasing order, one at a time
-  // (a streaming source serves that too, prefetching less well).
+  // (elastic memory's stream serves that too, prefetching less well; budget
+  // mode's forward window does not, and the trainer refuses budget mode).
   virtual LayerWeights acquire_layer(int l) = 0;
   virtual void release_layer(int l) {}
 
