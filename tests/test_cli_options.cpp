@@ -75,6 +75,9 @@ TEST(CliOptions, TyposGetTheClosestOption) {
   r = run_cli("train -m " + stories() + " --data x -o y --learning-rat 1e-3");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("ebb train has no option --learning-rat"), std::string::npos) << r.err;
+  r = run_cli("rnu -m " + stories());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("'rnu' is not a subcommand of ebb (did you mean run?)"), std::string::npos) << r.err;
   // Nothing close: no guess.
   r = run_cli(m + "--qqqqqqqq");
   EXPECT_EQ(r.status, 2);

@@ -84,8 +84,13 @@ bool check_subcommands(const CLI::App& app, const std::vector<std::string>& args
     for (const CLI::App* sub : level->get_subcommands([](const CLI::App*) { return true; }))
       if (sub->get_name() == a) next = sub;
     if (!next) {
-      std::fprintf(stderr, "ebb: error: '%s' is not a subcommand of %s; the subcommands are: %s (see %s --help)\n",
-                   a.c_str(), path.c_str(), names(level).c_str(), path.c_str());
+      std::vector<std::string> subs;
+      for (const CLI::App* sub : level->get_subcommands([](const CLI::App*) { return true; }))
+        subs.push_back(sub->get_name());
+      const std::string close = ebb::cli::closest_name(a, subs);
+      std::fprintf(stderr, "ebb: error: '%s' is not a subcommand of %s%s; the subcommands are: %s (see %s --help)\n",
+                   a.c_str(), path.c_str(), close.empty() ? "" : (" (did you mean " + close + "?)").c_str(),
+                   names(level).c_str(), path.c_str());
       return false;
     }
     level = next;
