@@ -326,6 +326,10 @@ TEST(JsonSchema, UnsupportedKeywordsAreErrorsNamingThem) {
     const std::string e = schema_error(schema);
     EXPECT_NE(e.find(want), std::string::npos) << schema << " -> " << e;
   }
+  // Nesting is bounded (the compiler recurses).
+  std::string deep = "{\"type\":\"string\"}";
+  for (int i = 0; i < 1000; ++i) deep = "{\"type\":\"array\",\"items\":" + deep + "}";
+  EXPECT_NE(schema_error(deep).find("nested more than"), std::string::npos);
   // Where: a JSON pointer to the offending schema.
   EXPECT_NE(schema_error(R"({"type":"object","properties":{"a":{"not":{}}}})").find("#/properties/a"), std::string::npos);
   // uniqueItems false and minProperties 0 change nothing and pass.

@@ -164,6 +164,11 @@ std::string JsonSchemaConverter::visit_ref(const std::string& ref, const std::st
 }
 
 std::string JsonSchemaConverter::visit(const ojson& s, const std::string& name, const std::string& path) {
+  struct Depth {
+    int& d;
+    ~Depth() { --d; }
+  } depth{depth_};
+  if (++depth_ > kMaxDepth) fail(path, "schemas nested more than " + std::to_string(kMaxDepth) + " deep");
   if (s.is_boolean()) {
     if (s.get<bool>()) return primitive("json-value");
     fail(path, "the schema false accepts nothing");

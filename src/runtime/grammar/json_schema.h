@@ -72,6 +72,8 @@ class JsonSchemaConverter {
   const nlohmann::ordered_json* doc_ = nullptr;    // the schema being added, for $ref
   std::string doc_name_;
   std::map<std::string, std::string> refs_;  // doc_name + pointer -> rule
+  static constexpr int kMaxDepth = 200;       // nested schemas (visit recurses)
+  int depth_ = 0;
 };
 
 // root ::= the schema. Throws ebb::Error (see above). Properties come in the
