@@ -190,6 +190,17 @@ TEST(ChatCli, ASmallContextShiftsByItself) {
   EXPECT_TRUE(shrank) << r.err;
 }
 
+TEST(ChatCli, InputThatIsNotLinesOfTextStopsTheChat) {
+  // /dev/zero has no line ends: the chat stops at 64 bytes per context token
+  // instead of reading it all (the inner redirection wins over run_cli's).
+  const test::CliResult r = run_cli("--help >/dev/null; { " + std::string(EBB_CLI_PATH) + " chat -m " +
+                                    test::model_path("stories260K.gguf") + " --threads 1 </dev/zero; }");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("an input line is longer than 8.0 KiB, more than the context holds (128 tokens)"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(ChatCli, QuietShowsOnlyTheAnswers) {
   const std::string m = "chat -m " + test::model_path("stories260K.gguf") + " --temp 0 -n 8 --threads 1";
   const test::CliResult loud = run_cli(m, "Lily\n");

@@ -472,6 +472,8 @@ int chat(ChatArgs& a) {
     chat.resume();
   }
   LineReader input;
+  const uint64_t max_line = static_cast<uint64_t>(context_of(a.model, *engine)) * kPromptBytesPerToken;
+  input.set_max_line(max_line);
   if (a.keep != -2 && !a.model.quiet)
     std::fprintf(stderr, "note: --keep is ignored: a shift of the context always keeps the system message\n");
   if (!a.model.quiet) {
@@ -489,6 +491,14 @@ int chat(ChatArgs& a) {
       return 0;
     }
     if (s == LineReader::Status::kEof) break;
+    if (s == LineReader::Status::kTooLong) {
+      // Input from a pipe or a file that is not lines of text (/dev/zero,
+      // a binary file): stop rather than read it all.
+      std::fprintf(stderr, "\nebb: error: an input line is longer than %s, more than the context holds (%lld "
+                           "tokens); the chat stops\n",
+                   format_bytes(max_line).c_str(), static_cast<long long>(context_of(a.model, *engine)));
+      return 1;
+    }
     if (trim(line).empty()) continue;
     try {
       if (line[0] == '/' && line.rfind("//", 0) != 0) {

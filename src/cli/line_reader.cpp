@@ -62,6 +62,7 @@ const char* edit_prompt(EditLine*) { return g_prompt; }
 struct LineReader::Impl {
   struct sigaction old_action {};
   std::string pending;  // plain mode: bytes read past the last line
+  size_t max_line = 0;  // plain mode: longest line (0: no limit)
 #ifdef EBB_HAVE_LIBEDIT
   EditLine* el = nullptr;
   History* hist = nullptr;
@@ -119,6 +120,8 @@ bool LineReader::editing() const {
 #endif
 }
 
+void LineReader::set_max_line(size_t bytes) { impl_->max_line = bytes; }
+
 LineReader::Status LineReader::read(const char* prompt, std::string& line) {
   line.clear();
 #ifdef EBB_HAVE_LIBEDIT
@@ -146,6 +149,10 @@ LineReader::Status LineReader::read(const char* prompt, std::string& line) {
       impl_->pending.erase(0, nl + 1);
       if (!line.empty() && line.back() == '\r') line.pop_back();
       return Status::kLine;
+    }
+    if (impl_->max_line > 0 && impl_->pending.size() > impl_->max_line) {
+      impl_->pending.clear();
+      return Status::kTooLong;
     }
     char buf[4096];
     const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);

@@ -14,7 +14,10 @@ namespace ebb::cli {
 
 class LineReader {
  public:
-  enum class Status { kLine, kEof, kInterrupted };
+  // kTooLong: a line from a pipe or a file passed max_line bytes; what was
+  // read of it is dropped (reading stops there, so /dev/zero cannot grow
+  // the chat's memory).
+  enum class Status { kLine, kEof, kInterrupted, kTooLong };
 
   // Installs the SIGINT handler (restored by the destructor).
   LineReader();
@@ -24,6 +27,9 @@ class LineReader {
 
   // Shows `prompt` on stderr and reads one line, without its newline.
   Status read(const char* prompt, std::string& line);
+
+  // Longest line read from a pipe or a file (default: no limit).
+  void set_max_line(size_t bytes);
 
   // Whether Ctrl-C came since the last clear_interrupt().
   static bool interrupted();
