@@ -9,11 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <chrono>
-#include <condition_variable>
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <mutex>
 #include <new>
 #include <random>
 #include <system_error>
