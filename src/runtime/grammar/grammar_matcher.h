@@ -16,10 +16,18 @@
 // the first time. Walking a token trie (token_trie.h) is then one lookup per
 // trie node, which is what keeps masking a 150k vocabulary cheap.
 //
-// Bytes are checked as UTF-8: a lead byte is accepted only if some stack
-// could take a code point starting with it; a continuation byte without a
-// lead, or a malformed sequence, is rejected. The grammar can end (accepting)
-// only outside a partial character.
+// Bytes are checked as strict UTF-8 (no overlong forms, no surrogates,
+// nothing past U+10FFFF): a lead byte is accepted only if some stack could
+// take a code point starting with it; a continuation byte without a lead,
+// or a malformed sequence, is rejected. The grammar can end (accepting)
+// only outside a partial character. When every stack left would take every
+// code point the bytes so far can still become, the partial bits are
+// dropped from the state, so the inside of a string has a handful of
+// partial states rather than one per lead and continuation byte.
+//
+// Errors: a grammar whose rules nest thousands deep at their starts throws
+// ebb::Error from the constructor (or the first step that meets it) rather
+// than exhausting the stack.
 //
 // Caches grow with the distinct states met; trim() (called by the owner
 // between tokens) rebuilds them around the current state when they pass the
