@@ -325,6 +325,20 @@ TEST(TokenMask, EqualsBruteForce) {
   }
 }
 
+TEST(TokenMask, SentencePieceVocabulary) {
+  // Byte tokens (<0xE4>) and "▁" pieces: the same walk, the same agreement.
+  const auto vocab = TokenTrie::from_tokenizer(*load_vocab("llama-spm"));
+  EXPECT_EQ(vocab->piece(vocab->n_vocab() > 259 ? 3 + 0xE4 : 0), "\xE4");  // <0xE4> is id 231
+  std::vector<uint8_t> mask(vocab->n_vocab());
+  for (const char* prefix : {"", "{\"a\": \"x", "{\"a\": \"\xE4\xB8", "[1, tr"}) {
+    SCOPED_TRACE(prefix);
+    GrammarConstraint con(grammar_file("json.gbnf"), vocab);
+    ASSERT_TRUE(con.matcher().accept_bytes(prefix));
+    con.fill_mask(mask);
+    EXPECT_EQ(mask, brute_mask(con));
+  }
+}
+
 TEST(TokenMask, RandomWalksEndAccepted) {
   const auto vocab = std::shared_ptr<const TokenTrie>(&bpe_trie(), [](const TokenTrie*) {});
   const auto g = Grammar::parse(json_schema_to_gbnf(std::string_view(
