@@ -298,9 +298,15 @@ std::string py_percent(Renderer& r, const std::string& fmt, const Value& args) {
     // printf-style: right-aligned unless '-', zero-padded numbers with '0'.
     bool left = flags.find('-') != std::string::npos;
     bool zero = !left && flags.find('0') != std::string::npos && t != 's' && t != 'r';
-    std::string full = std::string(left ? "<" : zero ? "" : ">") + (flags.find('+') != std::string::npos ? "+" : "") +
-                       (zero ? "0" : "") + width + (prec.empty() ? "" : "." + std::to_string(std::stoll(prec)));
-    if (width.empty() && !zero) full = full.substr(1);
+    std::string full;
+    if (!width.empty() && !zero) full += left ? '<' : '>';
+    if (flags.find('+') != std::string::npos) full += '+';
+    if (zero) full += '0';
+    full += width;
+    if (!prec.empty()) {
+      full += '.';
+      full += std::to_string(std::stoll(prec));
+    }
     if (t == 's' || t == 'r') {
       Value s = Value(t == 'r' ? repr(v) : to_str(v));
       out += format_value(r, s, full.empty() ? "" : full + "s");

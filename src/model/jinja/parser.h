@@ -9,8 +9,10 @@
 // a chat template stands alone.
 //
 // Hostile input: nesting deeper than limits.max_depth (statements and
-// expressions), or parser recursion beyond limits.max_stack_bytes, is an error, not a stack overflow. Every error is an
-// ebb::Error "chat template line L, column C: what".
+// expressions), or parser recursion beyond limits.max_stack_bytes, is an
+// error, not a stack overflow. Unknown filters and tests are errors here, as
+// Jinja2 finds them when it compiles. Every error is an ebb::Error
+// "chat template line L, column C: what".
 #pragma once
 
 #include <memory>
