@@ -3,11 +3,11 @@
 // scopes, output and counters), so a parsed Template can be rendered by many
 // threads at once.
 //
-// Scoping follows Jinja2: a for loop's body, a macro's body and a with block
-// have their own scope (a `set` inside does not leak out; namespace() objects
-// carry values across); if blocks do not. Macros see the template's
-// top-level variables at call time and, when defined inside a loop or a
-// macro, the variables around their definition.
+// Scoping follows Jinja2: a for loop's body (afresh at each iteration), a
+// macro's body and a with block have their own scope (a `set` inside does
+// not leak out; namespace() objects carry values across); if blocks do not.
+// Macros see the template's top-level variables at call time and, when
+// defined inside a loop or a macro, the variables around their definition.
 //
 // Limits (limits.h) are checked as the render goes: loop iterations, macro
 // depth, native stack, output and intermediate sizes, total work. Any
