@@ -49,6 +49,10 @@ struct ServeArgs {
   std::string pressure = "off";
   double pressure_step = 25;  // percentage points of the footprint per signal
   double pressure_interval = 0.25;  // seconds between signals, at least
+  double http_timeout = 10;        // a request head's time, from its first byte
+  double body_timeout = 30;        // a request body's time, once its head is in
+  int max_connections = 512;
+  int max_connections_per_client = 64;
 };
 
 std::string model_id_of(const std::string& path) {
@@ -124,6 +128,10 @@ int serve(ServeArgs& a) {
   so.pressure = a.pressure;
   so.pressure_step = a.pressure_step / 100.0;
   so.pressure_interval_s = a.pressure_interval;
+  so.http.head_timeout_s = a.http_timeout;
+  so.http.body_timeout_s = a.body_timeout;
+  so.http.max_connections = a.max_connections;
+  so.http.max_connections_per_client = a.max_connections_per_client;
   if (a.format.empty()) {
     so.chat_format = detect_chat_format(engine->model().chat_template(), engine->config().arch_name);
   } else {
@@ -216,6 +224,17 @@ void add_serve_command(CLI::App& app, int* rc) {
   sub->add_option("--pressure-interval", a->pressure_interval,
                   "Seconds between pressure signals, at least (notifications in between are folded)")
       ->capture_default_str();
+  sub->add_option("--http-timeout", a->http_timeout,
+                  "Seconds a request's head may take from its first byte (408 and close beyond; slow clients "
+                  "hold no worker while they send it)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--body-timeout", a->body_timeout, "Seconds a request's body may take once its head is in")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--max-connections", a->max_connections, "Open connections at most (503 and close beyond)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--max-connections-per-client", a->max_connections_per_client,
+                  "Open connections from one client address at most (503 and close beyond)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   sub->callback([a, rc] { *rc = serve(*a); });
 }
 
