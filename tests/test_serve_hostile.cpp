@@ -323,6 +323,23 @@ TEST_F(ServeHostile, ConnectionsPerClientAreCapped) {
   for (int fd : fds) ::close(fd);
 }
 
+// A route asked with a method it does not take is a 405 naming the ones it
+// does (not a 404 "no route"); a POST with no body where none is needed works.
+TEST_F(ServeHostile, AWrongMethodIsA405NamingTheRightOne) {
+  auto c = client(port());
+  auto r = c->Get("/v1/chat/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "method_not_allowed");
+  auto m = c->Post("/v1/metrics", "", "application/json");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 404);  // no such route at all
+  auto restore = c->Post("/v1/memory/restore");
+  ASSERT_TRUE(restore);
+  EXPECT_EQ(restore->status, 200) << restore->body;
+}
+
 // A second server on a port the first holds is refused with a clear error.
 TEST(ServeHostilePort, ASecondServerOnTheSamePortIsRefused) {
   ServerProcess first({"--quiet"});

@@ -338,6 +338,33 @@ HttpServer::HttpServer() : reactor_(std::make_unique<Reactor>()) {
 
 HttpServer::~HttpServer() { shutdown_connections(); }
 
+HttpServer& HttpServer::Get(const std::string& pattern, Handler h) {
+  routes_.emplace_back(std::regex(pattern), "GET");
+  httplib::Server::Get(pattern, std::move(h));
+  return *this;
+}
+
+HttpServer& HttpServer::Post(const std::string& pattern, Handler h) {
+  routes_.emplace_back(std::regex(pattern), "POST");
+  httplib::Server::Post(pattern, std::move(h));
+  return *this;
+}
+
+HttpServer& HttpServer::Delete(const std::string& pattern, Handler h) {
+  routes_.emplace_back(std::regex(pattern), "DELETE");
+  httplib::Server::Delete(pattern, std::move(h));
+  return *this;
+}
+
+std::string HttpServer::allowed_methods(const std::string& path) const {
+  std::string out;
+  for (const auto& [re, method] : routes_) {
+    if (!std::regex_match(path, re) || out.find(method) != std::string::npos) continue;
+    out += (out.empty() ? "" : ", ") + method;
+  }
+  return out;
+}
+
 void HttpServer::start_connections() {
   if (!reactor_->started) reactor_->start();
 }

@@ -36,7 +36,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <regex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ebb::serve {
 
@@ -100,6 +103,15 @@ class HttpServer : public httplib::Server {
   HttpCounters counters() const;
   int open_connections() const;
 
+  // httplib's route registration, with each route's pattern and method
+  // recorded, so that a path asked with the wrong method is a 405 naming
+  // the methods it has (allowed_methods), not a 404.
+  HttpServer& Get(const std::string& pattern, Handler h);
+  HttpServer& Post(const std::string& pattern, Handler h);
+  HttpServer& Delete(const std::string& pattern, Handler h);
+  // "GET, POST" for a path some route matches; "" for none.
+  std::string allowed_methods(const std::string& path) const;
+
   struct Conn;
   struct Reactor;
 
@@ -108,6 +120,7 @@ class HttpServer : public httplib::Server {
   void serve(std::shared_ptr<Conn> c);  // on a worker
 
   std::unique_ptr<Reactor> reactor_;
+  std::vector<std::pair<std::regex, std::string>> routes_;  // pattern, method
 };
 
 }  // namespace ebb::serve

@@ -62,6 +62,7 @@ void Server::Impl::routes() {
   hl.workers = opts.http_threads > 0 ? opts.http_threads : std::max(8, 2 * sched.options().max_batch) + 4;
   http.set_limits(hl);
   http.set_keep_alive_timeout(static_cast<time_t>(hl.idle_timeout_s));
+  http.set_keep_alive_max_count(static_cast<size_t>(hl.max_requests_per_connection));
   http.set_read_timeout(static_cast<time_t>(hl.body_timeout_s));
   http.set_write_timeout(static_cast<time_t>(hl.write_timeout_s));
   // The key is checked on the request head, before a byte of the body is read.
@@ -100,9 +101,16 @@ void Server::Impl::routes() {
 
   // What httplib answers itself (no route, a body over the limit, a bad
   // request line) gets OpenAI's shape too.
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 404) {
+      if (const std::string allow = http.allowed_methods(req.path); !allow.empty()) {
+        send_error(res, error_of(405, req.path + " takes " + allow + ", not " + req.method, "invalid_request_error",
+                                 "method_not_allowed"));
+        res.status = 405;
+        res.set_header("Allow", allow);
+        return;
+      }
       send_error(res, error_of(404,
                                "No route " + req.method + " " + req.path +
                                    " (routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/memory, "

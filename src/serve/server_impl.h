@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -196,6 +197,9 @@ struct Server::Impl {
 
   bool gone(const auto& st) {
     st.stream->cancel();
+    if (opts.log_requests)
+      std::fprintf(stderr, "%s %s %s | cancelled: the client went away mid-stream\n", st.method.c_str(),
+                   st.path.c_str(), st.id.c_str());
     std::lock_guard lock(stats_mu);
     ++streams_cancelled;
     return false;
