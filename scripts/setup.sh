@@ -9,6 +9,7 @@ packages=(
   liburing-dev libzstd-dev liblz4-dev libedit-dev libcpp-httplib-dev nodejs
   chromium  # test_serve_memory renders ebb serve's page at / headless
   g++-aarch64-linux-gnu qemu-user
+  clang libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer targets with ASan + UBSan
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -2,8 +2,10 @@
 # Builds ebb and runs every test: the release suite through CTest, the C API
 # installed into a temporary prefix and used from C (scripts/test_install.sh), the kernel
 # tests cross-built for aarch64 under qemu-user (EBB_SKIP_ARM=1 skips them),
-# then the GGUF mutation test again under AddressSanitizer + UBSan, then the
-# elastic and streaming fault tests under ThreadSanitizer (EBB_SKIP_TSAN=1 skips).
+# then the GGUF mutation test again under AddressSanitizer + UBSan, the
+# libFuzzer targets of the request and template parsers (EBB_SKIP_FUZZ=1
+# skips), then the elastic and streaming fault tests under ThreadSanitizer
+# (EBB_SKIP_TSAN=1 skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -34,6 +36,14 @@ if [ "${EBB_SKIP_SANITIZE:-0}" != 1 ]; then
   cmake --build build-asan -j"$jobs" --target test_gguf
   ctest --test-dir build-asan --output-on-failure -R 'Gguf' -j"$jobs"
   lap "sanitizer job"
+fi
+
+if [ "${EBB_SKIP_FUZZ:-0}" != 1 ]; then
+  # The parsers of untrusted input (HTTP requests and their JSON, chat
+  # templates) under libFuzzer with ASan + UBSan, a bounded time each.
+  echo "== fuzz job: libFuzzer targets in tests/fuzz/, ${FUZZ_SECONDS:-45} s each =="
+  FUZZ_SECONDS="${FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
+  lap "fuzz job"
 fi
 
 if [ "${EBB_SKIP_TSAN:-0}" != 1 ]; then

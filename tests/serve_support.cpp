@@ -20,7 +20,8 @@ namespace ebb::test {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-ServerProcess::ServerProcess(const std::vector<std::string>& extra, const std::string& model) {
+ServerProcess::ServerProcess(const std::vector<std::string>& extra, const std::string& model,
+                             const std::string& cgroup_procs) {
   std::vector<std::string> args = {EBB_CLI_PATH, "serve",     "-m", model.empty() ? model_path("stories260K.gguf") : model,
                                    "--port",     "0",         "--threads", "1", "--kv-chunk", "16", "--batch", "16"};
   args.insert(args.end(), extra.begin(), extra.end());
@@ -28,6 +29,12 @@ ServerProcess::ServerProcess(const std::vector<std::string>& extra, const std::s
   if (::pipe(out) != 0) return;
   pid_ = ::fork();
   if (pid_ == 0) {
+    if (!cgroup_procs.empty()) {  // into the cgroup before anything is charged
+      const std::string me = std::to_string(::getpid());
+      const int fd = ::open(cgroup_procs.c_str(), O_WRONLY);
+      if (fd < 0 || ::write(fd, me.data(), me.size()) != static_cast<ssize_t>(me.size())) ::_exit(126);
+      ::close(fd);
+    }
     ::dup2(out[1], STDOUT_FILENO);
     const int devnull = ::open("/dev/null", O_WRONLY);
     if (devnull >= 0) ::dup2(devnull, STDERR_FILENO);

@@ -21,7 +21,10 @@ class ServerProcess {
  public:
   // Starts it and reads its port from the first line it prints; port() is 0
   // when no line comes within 20 s (first_line() says what came).
-  explicit ServerProcess(const std::vector<std::string>& extra, const std::string& model = "");
+  // cgroup_procs: a cgroup's cgroup.procs file the child joins before it
+  // execs (its memory is then charged there from the start).
+  explicit ServerProcess(const std::vector<std::string>& extra, const std::string& model = "",
+                         const std::string& cgroup_procs = "");
   ~ServerProcess();
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;

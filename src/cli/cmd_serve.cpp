@@ -23,6 +23,7 @@
 #include "cli/options.h"
 #include "memory/budget_plan.h"
 #include "model/chat_template.h"
+#include "platform/cgroup.h"
 #include "platform/error.h"
 #include "runtime/scheduler.h"
 #include "serve/server.h"
@@ -49,12 +50,56 @@ struct ServeArgs {
   std::string pressure = "off";
   double pressure_step = 25;  // percentage points of the footprint per signal
   double pressure_interval = 0.25;  // seconds between signals, at least
+  double http_timeout = 10;        // a request head's time, from its first byte
+  double body_timeout = 30;        // a request body's time, once its head is in
+  int max_connections = 512;
+  int max_connections_per_client = 64;
 };
 
 std::string model_id_of(const std::string& path) {
   std::string id = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
   if (id.size() > 5 && id.compare(id.size() - 5, 5, ".gguf") == 0) id.resize(id.size() - 5);
   return id.empty() ? "model" : id;
+}
+
+// Under a cgroup memory limit (and no --memory-limit), the engine's limit
+// for weights and KV is what the cgroup leaves once the server runs: less
+// what the process holds outside the ledger (code, tokenizer, heap, thread
+// stacks: measured now that every thread has started, not assumed) and a
+// reserve for requests on their way in (HTTP buffers, JSON, tokenization:
+// 32 MiB and four bodies at --max-body). Generations whose KV would pass
+// the limit then wait (Scheduler), so the process stays inside the cgroup.
+void fit_cgroup_limit(const ServeArgs& a, Scheduler& sched, uint64_t max_body) {
+  if (!a.model.memory_limit.empty()) return;
+  const std::optional<CgroupMemoryLimit> cg = cgroup_memory_limit(a.model.cgroup_root);
+  if (!cg) return;
+  struct Seen {
+    bool elastic = false;
+    Footprint f;
+  };
+  const Seen seen = sched.call([](Engine& e) { return Seen{e.elastic() != nullptr, e.footprint()}; }).get();
+  if (!seen.elastic) return;
+  const uint64_t held = resident_bytes();
+  const uint64_t ledger = seen.f.total();
+  const uint64_t outside = held > ledger ? held - ledger : 0;
+  const uint64_t reserve = (32ull << 20) + 4 * max_body;
+  const uint64_t beside = seen.f.globals + seen.f.scratch + seen.f.adapters + outside + reserve;
+  if (cg->bytes <= beside + (16ull << 20)) {
+    std::fprintf(stderr,
+                 "ebb serve: warning: the cgroup memory limit %s (%s) leaves no room for weights and KV beside what "
+                 "the process holds (%s outside the ledger, %s reserved for requests); it may be killed\n",
+                 format_bytes(cg->bytes).c_str(), cg->file.c_str(), format_bytes(outside).c_str(),
+                 format_bytes(reserve).c_str());
+    return;
+  }
+  const uint64_t limit = cg->bytes - beside;
+  sched.call([limit](Engine& e) { return e.set_memory_limit(limit); }).get();
+  std::fprintf(stderr,
+               "note: ebb serve in cgroup limit %s: weights and KV within %s (beside them: globals and scratch %s, "
+               "%s measured outside the ledger, %s reserved for requests); requests whose KV would pass it wait\n",
+               format_bytes(cg->bytes).c_str(), format_bytes(limit).c_str(),
+               format_bytes(seen.f.globals + seen.f.scratch + seen.f.adapters).c_str(), format_bytes(outside).c_str(),
+               format_bytes(reserve).c_str());
 }
 
 int serve(ServeArgs& a) {
@@ -124,6 +169,10 @@ int serve(ServeArgs& a) {
   so.pressure = a.pressure;
   so.pressure_step = a.pressure_step / 100.0;
   so.pressure_interval_s = a.pressure_interval;
+  so.http.head_timeout_s = a.http_timeout;
+  so.http.body_timeout_s = a.body_timeout;
+  so.http.max_connections = a.max_connections;
+  so.http.max_connections_per_client = a.max_connections_per_client;
   if (a.format.empty()) {
     so.chat_format = detect_chat_format(engine->model().chat_template(), engine->config().arch_name);
   } else {
@@ -155,6 +204,7 @@ int serve(ServeArgs& a) {
   // earlier would reach a stop() that httplib then forgets, and the server
   // would never exit.
   while (!server.running() && !listen_failed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!listen_failed) fit_cgroup_limit(a, scheduler, static_cast<uint64_t>(max_body));
   std::printf("ebb serve: listening on http://%s:%d (model %s, context %lld, chat format %s, policy %s%s)\n",
               a.host.c_str(), port, so.model_id.c_str(), static_cast<long long>(n_ctx),
               std::string(chat_format_name(so.chat_format)).c_str(), std::string(sched_policy_name(*policy)).c_str(),
@@ -216,6 +266,17 @@ void add_serve_command(CLI::App& app, int* rc) {
   sub->add_option("--pressure-interval", a->pressure_interval,
                   "Seconds between pressure signals, at least (notifications in between are folded)")
       ->capture_default_str();
+  sub->add_option("--http-timeout", a->http_timeout,
+                  "Seconds a request's head may take from its first byte (408 and close beyond; slow clients "
+                  "hold no worker while they send it)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--body-timeout", a->body_timeout, "Seconds a request's body may take once its head is in")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--max-connections", a->max_connections, "Open connections at most (503 and close beyond)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--max-connections-per-client", a->max_connections_per_client,
+                  "Open connections from one client address at most (503 and close beyond)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   sub->callback([a, rc] { *rc = serve(*a); });
 }
 

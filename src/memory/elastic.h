@@ -159,6 +159,12 @@ class ElasticMemory final : public WeightSource, public KvPoolListener {
   // now when memory holds more. Raising it lets the next request restore all.
   EvictReport set_memory_limit(uint64_t bytes);
   uint64_t memory_limit() const { return opts_.memory_limit; }
+  // KV the running sessions may still grow to in all (their prompts and
+  // max_tokens; the scheduler's admission sets it). A restore under the
+  // limit leaves room for what of it is not yet in RAM, so weights brought
+  // back are not then pushed past the limit by KV growth.
+  void set_kv_reserve(uint64_t bytes) { kv_reserve_ = bytes; }
+  uint64_t kv_reserve() const { return kv_reserve_; }
   // Some weight layers are served by streaming (the limit did not let them back).
   bool streaming() const { return streaming_; }
 
@@ -221,6 +227,7 @@ class ElasticMemory final : public WeightSource, public KvPoolListener {
   StreamSlot stream_[2];
   std::vector<IoRequest> stream_reqs_;  // reused: no allocation per streamed layer
   bool streaming_ = false;
+  uint64_t kv_reserve_ = 0;  // set_kv_reserve()
   uint64_t max_unit_bytes() const;
   int next_streamed_after(int layer) const;
   void stream_submit(StreamSlot& s, int layer);

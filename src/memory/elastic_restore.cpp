@@ -98,7 +98,10 @@ void ElasticMemory::begin_restore() {
     }
     const ElasticFootprint f = footprint();
     const uint64_t in_ram = f.in_ram() - f.compressed;  // the stack empties as chunks come back
-    const uint64_t room = opts_.memory_limit > in_ram + kv_need ? opts_.memory_limit - in_ram - kv_need : 0;
+    // KV the running sessions may still add (set_kv_reserve) is room taken.
+    const uint64_t growth = kv_reserve_ > f.kv_resident + kv_need ? kv_reserve_ - f.kv_resident - kv_need : 0;
+    const uint64_t taken = in_ram + kv_need + growth;
+    const uint64_t room = opts_.memory_limit > taken ? opts_.memory_limit - taken : 0;
     if (w_need > room) {
       stream = true;
       const uint64_t window = 2 * max_unit_bytes();

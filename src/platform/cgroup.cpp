@@ -1,5 +1,9 @@
 #include "platform/cgroup.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -99,6 +103,15 @@ std::optional<CgroupMemoryLimit> cgroup_memory_limit(const std::string& root) {
     if (auto m = find_mount(root, 2)) return walk_up(root, *m, v2_path, 2);
   }
   return std::nullopt;
+}
+
+uint64_t resident_bytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long long size = 0, rss = 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &rss);
+  std::fclose(f);
+  return n == 2 ? rss * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
 }  // namespace ebb

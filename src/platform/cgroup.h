@@ -33,4 +33,7 @@ struct CgroupMemoryLimit {
 // no cgroup file system; never throws.
 std::optional<CgroupMemoryLimit> cgroup_memory_limit(const std::string& root = "");
 
+// This process's resident set (/proc/self/statm), in bytes; 0 when unknown.
+uint64_t resident_bytes();
+
 }  // namespace ebb

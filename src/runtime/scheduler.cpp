@@ -9,6 +9,7 @@
 #include <limits>
 #include <set>
 
+#include "memory/prefix_cache.h"
 #include "platform/cgroup.h"
 #include "platform/thread_name.h"
 #include "platform/timer.h"
@@ -40,15 +41,6 @@ uint64_t meminfo_available() {
   }
   std::fclose(f);
   return found ? kib * 1024 : std::numeric_limits<uint64_t>::max();
-}
-
-uint64_t resident_bytes() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (!f) return 0;
-  unsigned long long size = 0, rss = 0;
-  const int n = std::fscanf(f, "%llu %llu", &size, &rss);
-  std::fclose(f);
-  return n == 2 ? rss * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
 double percentile(std::vector<double> v, double q) {
@@ -115,6 +107,7 @@ struct Scheduler::FgItem {
   std::optional<Task> task;
   TaskId id = 0;
   bool cancelled = false;  // cancel(id) while waiting
+  bool deferred_memory = false;  // held back by the memory limit (counted once)
 };
 
 struct Scheduler::BgItem {
@@ -138,6 +131,7 @@ struct Scheduler::Running {
   std::unique_ptr<Session> session;
   std::unique_ptr<Generation> gen;  // destroyed before session
   int64_t counted_tokens = 0;       // generated tokens already in the metrics
+  uint64_t kv_reserved = 0;         // KV bytes this generation may grow to (under a memory limit)
   std::optional<Task> task;
   TaskId id = 0;
   ~Running() { gen.reset(); }
@@ -343,6 +337,35 @@ void Scheduler::apply_kind_estimates_locked(TaskDescriptor& d) {
   if (d.est_duration_s <= 0 && k.duration_s.set()) d.est_duration_s = k.duration_s.value();
 }
 
+uint64_t Scheduler::engine_memory_limit() const {
+  if (!engine_ || !engine_->elastic()) return 0;
+  return engine_->elastic()->memory_limit();
+}
+
+uint64_t Scheduler::in_ram_under_limit() const {
+  const Footprint f = engine_->footprint();
+  return f.weights() + f.kv() + f.compressed + f.io_buffers;
+}
+
+uint64_t Scheduler::make_room(uint64_t bytes) {
+  PrefixCache* pc = engine_->prefix_cache();
+  if (!pc || bytes == 0) return 0;
+  const uint64_t held = pc->private_bytes();
+  return pc->trim(held > bytes ? held - bytes : 0);
+}
+
+uint64_t Scheduler::kv_projection(const GenerationRequest& g) const {
+  const ModelConfig& c = engine_->config();
+  const uint64_t elem = g.session.kv_type == DType::kF32 ? 4 : 2;
+  const uint64_t per_token = static_cast<uint64_t>(c.n_layer * c.kv_dim()) * 2 * elem;
+  int64_t n_ctx = g.session.n_ctx > 0 ? g.session.n_ctx : std::min<int64_t>(c.n_ctx_train > 0 ? c.n_ctx_train : 4096, 4096);
+  const int64_t prompt = static_cast<int64_t>(g.prompt.size());
+  const int64_t gen = g.options.max_tokens > 0 ? g.options.max_tokens : n_ctx;
+  const int64_t tokens = std::min(n_ctx, prompt + gen);
+  const int64_t chunk = g.session.kv_chunk_size > 0 ? g.session.kv_chunk_size : 256;
+  return per_token * static_cast<uint64_t>((tokens + chunk - 1) / chunk * chunk);
+}
+
 bool Scheduler::no_foreground_locked() const { return fg_queue_.empty() && running_.empty(); }
 
 bool Scheduler::admissible_locked(BgItem& b, uint64_t free_mem, bool count) {
@@ -432,6 +455,32 @@ Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
   };
   // Moves waiting foreground items into this round, up to the batch limit:
   // by priority then arrival, or (fifo) by arrival up to `before`.
+  // Under a memory limit, a generation joins only while what is in RAM,
+  // the KV the running ones may still grow to and its own fit the limit;
+  // otherwise it waits for them to finish (alone, it is admitted and
+  // start_generation() evicts to make room, or refuses it).
+  const uint64_t limit = engine_memory_limit();
+  uint64_t committed = 0;
+  if (limit > 0) {
+    committed = in_ram_under_limit();
+    for (const auto& r : running_) committed += r->kv_reserved;
+  }
+  const auto fits = [&](FgItem& f) {
+    if (limit == 0 || !f.gen) return true;
+    const uint64_t need = kv_projection(*f.gen);
+    if (running_.empty() && u.admit.empty()) {  // alone: start_generation() makes room or refuses it
+      committed += need;
+      return true;
+    }
+    if (committed + need > limit) committed -= make_room(committed + need - limit);
+    if (committed + need <= limit) {
+      committed += need;
+      return true;
+    }
+    if (!f.deferred_memory) ++m_.fg_deferred_memory;
+    f.deferred_memory = true;
+    return false;
+  };
   const auto admit = [&](uint64_t before) {
     size_t room = static_cast<size_t>(opts_.max_batch) - std::min(running_.size(), static_cast<size_t>(opts_.max_batch));
     if (opts_.policy != SchedPolicy::kFifo) {
@@ -439,7 +488,7 @@ Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
         return a->priority != b->priority ? a->priority > b->priority : a->seq < b->seq;
       });
     }
-    while (room > 0 && !fg_queue_.empty() && fg_queue_.front()->seq < before) {
+    while (room > 0 && !fg_queue_.empty() && fg_queue_.front()->seq < before && fits(*fg_queue_.front())) {
       u.admit.push_back(std::move(fg_queue_.front()));
       fg_queue_.pop_front();
       --room;
@@ -619,6 +668,26 @@ void Scheduler::start_generation(FgItem& item) {
   r->stream = item.stream;
   GenerationRequest& req = *item.gen;
   try {
+    if (const uint64_t limit = engine_memory_limit(); limit > 0) {
+      r->kv_reserved = kv_projection(req);
+      uint64_t committed = in_ram_under_limit();
+      for (const auto& x : running_) committed += x->kv_reserved;
+      if (committed + r->kv_reserved > limit) committed -= make_room(committed + r->kv_reserved - limit);
+      if (running_.empty() && committed + r->kv_reserved > limit) {
+        engine_->evict(committed + r->kv_reserved - limit);  // between requests: weights go to streaming
+        committed = in_ram_under_limit();
+        if (r->kv_reserved > limit || committed + r->kv_reserved > limit + limit / 8) {
+          throw Error("the request needs up to " + std::to_string(r->kv_reserved >> 20) +
+                      " MiB of KV (its prompt and max_tokens), more than the memory limit (" +
+                      std::to_string(limit >> 20) + " MiB for weights and KV) leaves: lower max_tokens");
+        }
+      }
+    }
+    if (r->kv_reserved > 0) {
+      uint64_t reserve = r->kv_reserved;
+      for (const auto& x : running_) reserve += x->kv_reserved;
+      engine_->elastic()->set_kv_reserve(reserve);
+    }
     r->session = std::make_unique<Session>(*engine_, req.session);
     if (!req.adapters.empty()) r->session->set_adapters(req.adapters);
     GenerationStream* s = r->stream.get();
@@ -646,6 +715,11 @@ void Scheduler::start_generation(FgItem& item) {
 void Scheduler::finish_running(size_t i, TaskOutcome outcome, const std::string& error) {
   std::unique_ptr<Running> r = std::move(running_[i]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+  if (r->kv_reserved > 0 && engine_->elastic()) {
+    uint64_t reserve = 0;
+    for (const auto& x : running_) reserve += x->kv_reserved;
+    engine_->elastic()->set_kv_reserve(reserve);
+  }
   if (r->gen) {
     const GenerateStats& st = r->gen->stats();
     {

@@ -210,6 +210,8 @@ struct SchedulerOptions {
 struct SchedulerMetrics {
   // Foreground.
   int64_t fg_submitted = 0, fg_completed = 0, fg_cancelled = 0, fg_failed = 0, fg_rejected = 0;
+  // Generations that waited because the memory limit had no room for their KV.
+  int64_t fg_deferred_memory = 0;
   int64_t fg_waiting = 0, fg_running = 0;
   int64_t prompt_tokens = 0;     // prompt tokens of finished requests
   int64_t cached_tokens = 0;     // of which taken from the prefix cache
@@ -305,6 +307,16 @@ class Scheduler {
   void loop();
   Unit pick_locked(uint64_t free_mem);
   bool no_foreground_locked() const;
+  // Under the engine's memory limit (0: none): what counts against it now
+  // (weights, KV, compressed KV, I/O buffers), and the KV a generation may
+  // grow to (prompt + max_tokens, within the context, whole chunks).
+  // Scheduler thread.
+  uint64_t engine_memory_limit() const;
+  uint64_t in_ram_under_limit() const;
+  uint64_t kv_projection(const GenerationRequest& g) const;
+  // Drops prefix-cache chunks only the cache holds (coldest first) to free
+  // `bytes` under the limit; returns the bytes freed.
+  uint64_t make_room(uint64_t bytes);
   bool admissible_locked(BgItem& b, uint64_t free_mem, bool count);
   void reap_cancelled_locked(std::vector<std::function<void()>>& after);
   void run_foreground_round(std::vector<std::unique_ptr<FgItem>> admitted);

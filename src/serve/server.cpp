@@ -1,10 +1,14 @@
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
+#include <cstring>
+#include <random>
 #include <cstdio>
 #include <ctime>
 
 #include "platform/error.h"
 #include "platform/timer.h"
+#include "serve/json_bounded.h"
 #include "serve/server_impl.h"
 
 namespace ebb::serve {
@@ -35,21 +39,44 @@ bool same_secret(const std::string& a, const std::string& b) {
 }
 
 json parse_body(const httplib::Request& req) {
-  try {
-    return json::parse(req.body);
-  } catch (const json::parse_error& e) {
-    throw ApiException(
-        invalid_request(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json"));
+  json j;
+  JsonError err;
+  if (!parse_json_bounded(req.body, JsonLimits{}, j, err)) {
+    if (!err.field.empty())
+      throw ApiException(invalid_request("'" + err.field + "': " + err.message, err.field, "invalid_value"));
+    throw ApiException(invalid_request("the request body is not valid JSON: " + err.message, "", "invalid_json"));
   }
+  return j;
 }
 
 void Server::Impl::routes() {
-  http.set_payload_max_length(opts.max_body);
-  http.set_keep_alive_timeout(2);
-  http.set_read_timeout(30);
-  http.set_write_timeout(30);
-  const int threads = opts.http_threads > 0 ? opts.http_threads : std::max(8, 2 * sched.options().max_batch) + 4;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  {
+    std::random_device rd;
+    std::mt19937_64 g((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(now_seconds() * 1e9));
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%016" PRIx64 "-", g());
+    id_prefix = buf;
+  }
+  HttpLimits hl = opts.http;
+  hl.max_body = opts.max_body;
+  hl.workers = opts.http_threads > 0 ? opts.http_threads : std::max(8, 2 * sched.options().max_batch) + 4;
+  http.set_limits(hl);
+  http.set_keep_alive_timeout(static_cast<time_t>(hl.idle_timeout_s));
+  http.set_keep_alive_max_count(static_cast<size_t>(hl.max_requests_per_connection));
+  http.set_read_timeout(static_cast<time_t>(hl.body_timeout_s));
+  http.set_write_timeout(static_cast<time_t>(hl.write_timeout_s));
+  // The key is checked on the request head, before a byte of the body is read.
+  http.set_head_check([this](const HttpHead& h) {
+    HttpRefusal r;
+    if (open_route(h.path) || key_ok(h.authorization)) return r;
+    r.status = 401;
+    r.body = dump(unauthorized(h.authorization).body());
+    r.www_authenticate = "Bearer";
+    return r;
+  });
+  http.set_error_body([](int status, const std::string& message, const std::string& code) {
+    return dump(error_of(status, message, status >= 500 ? "server_error" : "invalid_request_error", code).body());
+  });
 
   http.Get("/health", guarded([](const httplib::Request&,
                                  httplib::Response& res) { res.set_content(R"({"status":"ok"})", kJson); },
@@ -74,9 +101,16 @@ void Server::Impl::routes() {
 
   // What httplib answers itself (no route, a body over the limit, a bad
   // request line) gets OpenAI's shape too.
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 404) {
+      if (const std::string allow = http.allowed_methods(req.path); !allow.empty()) {
+        send_error(res, error_of(405, req.path + " takes " + allow + ", not " + req.method, "invalid_request_error",
+                                 "method_not_allowed"));
+        res.status = 405;
+        res.set_header("Allow", allow);
+        return;
+      }
       send_error(res, error_of(404,
                                "No route " + req.method + " " + req.path +
                                    " (routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/memory, "
@@ -186,7 +220,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   } catch (const SchedulerBusy& e) {
     throw ApiException(error_of(503, e.what(), "server_error", "server_overloaded"));
   }
-  const std::string id = (ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+  const std::string id = new_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
 
   // The first event decides the status: an error before any text is
@@ -367,8 +401,12 @@ int Server::bind() {
     port = impl_->http.bind_to_any_port(host);
     if (port <= 0) throw Error("cannot listen on " + host + " (any port): is the address valid on this machine?");
   } else if (!impl_->http.bind_to_port(host, port)) {
-    throw Error("cannot listen on " + host + ":" + std::to_string(port) +
-                " (in use, or not an address of this machine; --port 0 picks a free one)");
+    const int err = errno;
+    if (err == EADDRINUSE)
+      throw Error("cannot listen on " + host + ":" + std::to_string(port) +
+                  ": the port is in use (another ebb serve or another server holds it; --port 0 picks a free one)");
+    throw Error("cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(err) +
+                " (is it an address of this machine? --port 0 picks a free port)");
   }
   impl_->bound_port = port;
   return port;
@@ -376,6 +414,7 @@ int Server::bind() {
 
 bool Server::listen() {
   impl_->start_pressure();
+  impl_->http.start_connections();
   return impl_->http.listen_after_bind();
 }
 
@@ -388,6 +427,7 @@ void Server::stop(double drain_s) {
   impl_->stop_training();
   if (drain_s > 0) impl_->drain(drain_s);
   impl_->http.stop();
+  impl_->http.shutdown_connections();
 }
 
 }  // namespace ebb::serve

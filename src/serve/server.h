@@ -22,6 +22,7 @@
 #include <string>
 
 #include "model/chat_template.h"
+#include "serve/http_server.h"
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
 #include "runtime/session.h"
@@ -38,6 +39,9 @@ struct ServerOptions {
   ChatFormat chat_format = ChatFormat::kPlain;
   int64_t n_ctx = 0;               // the sessions' context (prompts must be shorter)
   int http_threads = 0;            // 0: max(8, 2 x the scheduler's batch) + 4
+  // Connection limits and timeouts (http_server.h); max_body and the
+  // worker count above take precedence over theirs.
+  HttpLimits http;
   bool log_requests = true;        // one line per completion on stderr
   // Adapters load over HTTP from this directory only, by name ("": none
   // load over HTTP); trained adapters and their checkpoints are written here.

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "serve/http_server.h"
 #include "serve/openai.h"
 #include "serve/server.h"
 
@@ -62,10 +64,14 @@ struct Server::Impl {
   Engine& engine;
   Scheduler& sched;
   ServerOptions opts;
-  httplib::Server http;
+  HttpServer http;
   RequestLimits limits;
   int64_t started = static_cast<int64_t>(std::time(nullptr));
+  // Response ids: a random prefix drawn at start-up and a counter, so ids
+  // stay unique across restarts (feedback names a response by its id).
+  std::string id_prefix;
   std::atomic<uint64_t> next_id{1};
+  std::string new_id(const char* kind) { return kind + id_prefix + std::to_string(next_id++); }
   mutable std::mutex stats_mu;
   std::map<int, int64_t> responses;  // by HTTP status
   int64_t streams_cancelled = 0;     // streaming clients that went away
@@ -104,17 +110,25 @@ struct Server::Impl {
   }
   ~Impl();
 
-  bool authorized(const httplib::Request& req, httplib::Response& res) const {
+  // The routes open without a key: the health check and the page at /
+  // (static; its script sends the key to the data routes).
+  static bool open_route(const std::string& path) { return path == "/health" || path == "/"; }
+  bool key_ok(const std::string& authorization) const {
     if (opts.api_key.empty()) return true;
-    const std::string h = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
-    if (h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 &&
-        same_secret(h.substr(prefix.size()), opts.api_key))
-      return true;
-    send_error(res, error_of(401,
-                             h.empty() ? "No API key given: send the header 'Authorization: Bearer KEY'"
-                                       : "Incorrect API key given",
-                             "invalid_request_error", "invalid_api_key"));
+    return authorization.size() > prefix.size() && authorization.compare(0, prefix.size(), prefix) == 0 &&
+           same_secret(authorization.substr(prefix.size()), opts.api_key);
+  }
+  static ApiError unauthorized(const std::string& authorization) {
+    return error_of(401,
+                    authorization.empty() ? "No API key given: send the header 'Authorization: Bearer KEY'"
+                                          : "Incorrect API key given",
+                    "invalid_request_error", "invalid_api_key");
+  }
+  bool authorized(const httplib::Request& req, httplib::Response& res) const {
+    const std::string h = req.get_header_value("Authorization");
+    if (key_ok(h)) return true;
+    send_error(res, unauthorized(h));
     res.set_header("WWW-Authenticate", "Bearer");
     return false;
   }
@@ -183,6 +197,9 @@ struct Server::Impl {
 
   bool gone(const auto& st) {
     st.stream->cancel();
+    if (opts.log_requests)
+      std::fprintf(stderr, "%s %s %s | cancelled: the client went away mid-stream\n", st.method.c_str(),
+                   st.path.c_str(), st.id.c_str());
     std::lock_guard lock(stats_mu);
     ++streams_cancelled;
     return false;

@@ -46,6 +46,22 @@ std::string Server::Impl::metrics() const {
   sample(o, "ebb_requests_total" + label("outcome", "cancelled"), static_cast<double>(m.fg_cancelled));
   sample(o, "ebb_requests_total" + label("outcome", "failed"), static_cast<double>(m.fg_failed));
   sample(o, "ebb_requests_total" + label("outcome", "rejected"), static_cast<double>(m.fg_rejected));
+  metric(o, "ebb_requests_deferred_memory_total", "counter",
+         "Generation requests that waited because the memory limit had no room for their KV");
+  sample(o, "ebb_requests_deferred_memory_total", static_cast<double>(m.fg_deferred_memory));
+  {
+    const HttpCounters h = http.counters();
+    metric(o, "ebb_http_connections", "gauge", "Open HTTP connections");
+    sample(o, "ebb_http_connections", static_cast<double>(http.open_connections()));
+    metric(o, "ebb_http_refused_total", "counter", "Requests and connections refused by the HTTP layer, by reason");
+    sample(o, "ebb_http_refused_total" + label("reason", "connection_cap"), static_cast<double>(h.refused_connections));
+    sample(o, "ebb_http_refused_total" + label("reason", "head_timeout"), static_cast<double>(h.head_timeouts));
+    sample(o, "ebb_http_refused_total" + label("reason", "body_timeout"), static_cast<double>(h.body_timeouts));
+    sample(o, "ebb_http_refused_total" + label("reason", "body_too_large"), static_cast<double>(h.refused_bodies));
+    sample(o, "ebb_http_refused_total" + label("reason", "unauthorized"), static_cast<double>(h.refused_unauthorized));
+    metric(o, "ebb_http_pipelined_total", "counter", "Requests that arrived behind another on one connection");
+    sample(o, "ebb_http_pipelined_total", static_cast<double>(h.pipelined));
+  }
   metric(o, "ebb_tokens_generated_total", "counter", "Tokens generated");
   sample(o, "ebb_tokens_generated_total", static_cast<double>(m.generated_tokens));
   metric(o, "ebb_prompt_tokens_total", "counter", "Prompt tokens of finished requests");
