@@ -455,6 +455,36 @@ TEST(Jinja, WorkLimit) {
   EXPECT_LT(s, 10.0);
 }
 
+TEST(Jinja, RepeatedScansOfLargeValuesCount) {
+  // Each step is small in nodes but scans megabytes: it is charged as work.
+  auto t0 = std::chrono::steady_clock::now();
+  std::string e = error_of(
+      "{% set s = 'x' * 4000000 %}{% for i in range(100000) %}{% for j in range(10) %}{% set n = s | length %}"
+      "{% endfor %}{% endfor %}");
+  EXPECT_NE(e.find("too much work"), std::string::npos) << e;
+  e = error_of(
+      "{% set l = range(100000) | list %}{% for i in range(100000) %}{% for j in range(10) %}{% set b = -1 in l %}"
+      "{% endfor %}{% endfor %}");
+  EXPECT_NE(e.find("too much work"), std::string::npos) << e;
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 10.0);
+}
+
+TEST(Jinja, RenderTimeLimit) {
+  // Comparing two nested lists costs a million steps the counts do not see;
+  // the clock stops the render.
+  JinjaLimits l;
+  l.max_render_ms = 200;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string e = error_of(
+      "{% set a = [range(1000) | list] * 1000 %}{% set b = [range(1000) | list] * 1000 %}"
+      "{% for i in range(100000) %}{% if a == b %}{% endif %}{% endfor %}",
+      "{}", with_limits(l));
+  EXPECT_NE(e.find("takes too long to render (more than 200 ms)"), std::string::npos) << e;
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 5.0);
+}
+
 TEST(Jinja, ValueNestingAndCycles) {
   std::string e = error_of(
       "{% set ns = namespace(l=[]) %}{% for i in range(2000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}");

@@ -516,6 +516,7 @@ Value apply_filter(Renderer& r, std::string_view f, const Value& v, CallArgs& a)
     int64_t n = int_opt(a, f == "batch" ? "linecount" : "slices", 0, 1);
     if (n <= 0) throw Fail(std::string(f) + " needs a positive count");
     const Value* fill = arg(a, "fill_with", 1);
+    if (fill) r.check_list(size_t(n));
     std::vector<Value> items = iterate(v), out;
     if (f == "batch") {
       for (size_t i = 0; i < items.size(); i += size_t(n)) {

@@ -1,5 +1,7 @@
 #include "model/jinja/interpreter.h"
 
+#include <chrono>
+
 #include "model/jinja/builtins.h"
 
 namespace ebb::jinja {
@@ -83,6 +85,7 @@ void Renderer::set_global(std::string name, Value v) {
 }
 
 std::string Renderer::render() {
+  start_ = std::chrono::steady_clock::now();
   std::string out;
   out_ = &out;
   stack_base_ = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
@@ -114,9 +117,28 @@ void Renderer::check_list(size_t n) const {
 }
 
 void Renderer::charge(int64_t units) {
+  int64_t before = work_;
   work_ += units;
   if (work_ > limits_.max_work)
     throw Fail("template does too much work (more than " + std::to_string(limits_.max_work) + " steps)");
+  // The clock, every 4096 steps: a catch-all for work the counts miss
+  // (comparing deeply nested values, say).
+  if (limits_.max_render_ms > 0 && (before >> 12) != (work_ >> 12)) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start_).count();
+    if (ms > limits_.max_render_ms)
+      throw Fail("template takes too long to render (more than " + std::to_string(limits_.max_render_ms) + " ms)");
+  }
+}
+
+// What touching a value costs in work units: strings by bytes, containers
+// by items (a 4 MiB string searched a million times must count).
+static int64_t cost(const Value& v) {
+  switch (v.kind()) {
+    case Kind::String: return int64_t(v.str().size() / 16);
+    case Kind::List: return int64_t(v.list().items.size());
+    case Kind::Dict: return int64_t(v.dict().items.size());
+    default: return 0;
+  }
 }
 
 void Renderer::check_stack() {
@@ -400,13 +422,15 @@ Value Renderer::call_macro(const MacroFn& m, CallArgs& args) {
 
 void Renderer::eval_args(const std::vector<Arg>& in, CallArgs& out) {
   for (const auto& a : in) {
-    if (a.name.empty()) out.pos.push_back(eval(*a.value));
-    else out.kw.emplace_back(a.name, eval(*a.value));
+    Value v = eval(*a.value);
+    charge(cost(v));
+    if (a.name.empty()) out.pos.push_back(std::move(v));
+    else out.kw.emplace_back(a.name, std::move(v));
   }
 }
 
 Value Renderer::eval(const Expr& e) {
-  if (++work_ > limits_.max_work) charge(0);
+  charge(1);
   switch (e.kind) {
     case ExprKind::Literal: return e.value;
     case ExprKind::Name: {
@@ -439,6 +463,7 @@ Value Renderer::eval(const Expr& e) {
       Value obj = eval(*e.a);
       Value key = eval(*e.b);
       pos_ = e.pos;
+      if (obj.is_string()) charge(cost(obj));  // indexing by code point scans the string
       if (obj.is_undefined()) obj.fail_undefined();
       return get_item(obj, key);
     }
@@ -448,6 +473,7 @@ Value Renderer::eval(const Expr& e) {
       for (int i = 0; i < 3; ++i)
         if (e.items[size_t(i)]) parts[i] = eval(*e.items[size_t(i)]);
       pos_ = e.pos;
+      charge(cost(obj));
       if (obj.is_undefined()) obj.fail_undefined();
       return get_slice(*this, obj, e.items[0] ? &parts[0] : nullptr, e.items[1] ? &parts[1] : nullptr,
                        e.items[2] ? &parts[2] : nullptr);
@@ -459,6 +485,7 @@ Value Renderer::eval(const Expr& e) {
       CallArgs args;
       eval_args(e.args, args);
       pos_ = e.pos;
+      charge(cost(v));
       bool r = apply_test(*this, e.name, v, args);
       return Value(e.negated ? !r : r);
     }
@@ -480,6 +507,7 @@ Value Renderer::eval(const Expr& e) {
       Value a = eval(*e.a);
       Value b = eval(*e.b);
       pos_ = e.pos;
+      charge(cost(a) + cost(b));
       Value r = binary_op(*this, e.name, a, b);
       if (r.is_string()) charge(int64_t(r.str().size() / 16));
       return r;
@@ -499,6 +527,7 @@ Value Renderer::eval_compare(const Expr& e) {
   for (size_t i = 0; i < e.ops.size(); ++i) {
     Value right = eval(*e.items[i + 1]);
     pos_ = e.pos;
+    charge(cost(left) + cost(right));
     const std::string& op = e.ops[i];
     bool ok;
     if (op == "==") ok = equals(left, right);
@@ -524,6 +553,7 @@ Value Renderer::eval_call(const Expr& e) {
     eval_args(e.args, args);
     pos_ = e.pos;
     if (obj.is_undefined()) obj.fail_undefined();
+    charge(cost(obj));
     std::optional<Value> m = call_method(*this, obj, e.a->name, args);
     r = m ? std::move(*m) : call(get_attr(obj, e.a->name), args);
   } else {
@@ -546,6 +576,7 @@ Value Renderer::eval_filter(const Expr& e, const Value* input) {
   CallArgs args;
   eval_args(e.args, args);
   pos_ = e.pos;
+  charge(cost(v));
   Value r = apply_filter(*this, e.name, v, args);
   if (r.is_string()) {
     check_string(r.str().size());

@@ -14,6 +14,7 @@
 // failure is an ebb::Error "chat template line L, column C: what".
 #pragma once
 
+#include <chrono>
 #include <ctime>
 #include <functional>
 #include <string>
@@ -95,6 +96,7 @@ class Renderer {
   int64_t work_ = 0;
   int macro_depth_ = 0;
   uintptr_t stack_base_ = 0;
+  std::chrono::steady_clock::time_point start_;
   std::vector<std::weak_ptr<DictObj>> namespaces_;
 };
 

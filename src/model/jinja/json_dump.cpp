@@ -56,6 +56,8 @@ struct Dumper {
   std::string out;
 
   void newline(uint32_t level) {
+    if (out.size() + 1 + size_t(level) * o.indent->size() > o.max_bytes)
+      throw Fail("tojson output exceeds " + std::to_string(o.max_bytes) + " bytes");
     out += '\n';
     for (uint32_t i = 0; i < level; ++i) out += *o.indent;
   }

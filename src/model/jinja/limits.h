@@ -15,6 +15,7 @@ struct JinjaLimits {
   size_t max_string_bytes = size_t(4) << 20; // any string a template builds ('x' * n, join, replace, ...)
   size_t max_list_items = size_t(1) << 20;   // any list a template builds (range, list * n, ...)
   int64_t max_work = 100'000'000;            // evaluation steps in one render (nodes, plus bytes built / 16)
+  int64_t max_render_ms = 10'000;            // wall time of one render (checked every 4096 steps); 0: none
   // Native stack the parser and the renderer may use, measured from where
   // they start; keep it well below the calling thread's stack size.
   size_t max_stack_bytes = size_t(1) << 20;

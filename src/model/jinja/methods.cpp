@@ -183,6 +183,7 @@ std::optional<Value> string_method(Renderer& r, const std::string& s, std::strin
   if (m == "istitle") return Value(!s.empty() && py_title(s) == s && s != py_lower(s));
   if (m == "center" || m == "ljust" || m == "rjust" || m == "zfill") {
     int64_t width = int_arg(a, 0, 0);
+    if (width > 0) r.check_string(size_t(width));
     std::string fill = m == "zfill" ? "0" : a.pos.size() > 1 ? str_arg(a, 1, "center") : " ";
     int64_t len = int64_t(utf8_length(s));
     if (width <= len) return Value(s);

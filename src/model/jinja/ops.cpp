@@ -166,11 +166,11 @@ Value get_slice(Renderer& r, const Value& obj, const Value* start, const Value* 
   };
   int64_t lo = clamp(a, has_start, st > 0 ? 0 : len - 1);
   int64_t hi = clamp(b, has_stop, st > 0 ? len : -1);
-  std::vector<int64_t> picks;
+  std::vector<int64_t> picks;  // 128-bit steps: a step near INT64_MAX must not wrap
   if (st > 0)
-    for (int64_t i = lo; i < hi; i += st) picks.push_back(i);
+    for (__int128 i = lo; i < hi; i += st) picks.push_back(int64_t(i));
   else
-    for (int64_t i = lo; i > hi; i += st) picks.push_back(i);
+    for (__int128 i = lo; i > hi; i += st) picks.push_back(int64_t(i));
   r.charge(int64_t(picks.size()));
   if (obj.is_string()) {
     const std::string& s = obj.str();
