@@ -14,7 +14,10 @@ out="$build/fuzz"
 mkdir -p "$out"
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  for f in tests/fuzz/fuzz_*.cpp; do targets+=("$(basename "$f" .cpp)"); done
+  # Targets with a script of their own (scripts/NAME.sh) are run by it.
+  for f in tests/fuzz/fuzz_*.cpp; do
+    grep -q '^// fuzz-sources:' "$f" && targets+=("$(basename "$f" .cpp)")
+  done
 fi
 for t in "${targets[@]}"; do
   src="tests/fuzz/$t.cpp"

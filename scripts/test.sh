@@ -43,6 +43,7 @@ if [ "${EBB_SKIP_FUZZ:-0}" != 1 ]; then
   # templates) under libFuzzer with ASan + UBSan, a bounded time each.
   echo "== fuzz job: libFuzzer targets in tests/fuzz/, ${FUZZ_SECONDS:-45} s each =="
   FUZZ_SECONDS="${FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
+  bash scripts/fuzz_jinja.sh "${FUZZ_SECONDS:-45}" 2>&1 | tail -n 12
   lap "fuzz job"
 fi
 
