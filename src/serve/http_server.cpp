@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -123,6 +124,11 @@ struct HttpServer::Reactor {
   std::unique_ptr<httplib::ThreadPool> pool;
   std::atomic<bool> stopping{false};
   bool started = false;
+
+  // Body bytes in flight (HttpLimits::max_inflight_body_bytes).
+  std::mutex body_mu;
+  std::condition_variable body_cv;
+  size_t body_bytes = 0;
 
   mutable std::mutex mu;
   std::unordered_map<int, std::shared_ptr<Conn>> conns;  // every open connection, by fd
@@ -366,6 +372,10 @@ std::string HttpServer::allowed_methods(const std::string& path) const {
 }
 
 void HttpServer::start_connections() {
+  // httplib listens with a backlog of 5: a burst of clients would have their
+  // connections dropped and retried a second later. Linux takes a second
+  // listen() on a listening socket as a new backlog.
+  if (svr_sock_ != INVALID_SOCKET) ::listen(svr_sock_, std::max(64, reactor_->limits.max_connections));
   if (!reactor_->started) reactor_->start();
 }
 
@@ -395,6 +405,10 @@ int HttpServer::open_connections() const {
 void HttpServer::shutdown_connections() {
   Reactor& r = *reactor_;
   if (!r.started || r.stopping.exchange(true)) return;
+  {
+    std::lock_guard lock(r.body_mu);  // a worker waiting for body room sees stopping
+  }
+  r.body_cv.notify_all();
   const uint64_t one = 1;
   (void)!::write(r.wake, &one, sizeof one);
   r.thread.join();
@@ -518,6 +532,39 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
         return;
       }
     }
+    // Room for the body among the bodies in flight, waited for within the
+    // body's time; given back when the request is done.
+    const size_t cap = lim.max_inflight_body_bytes > 0 ? lim.max_inflight_body_bytes : 2 * lim.max_body;
+    const size_t claim = std::min(cap, h.chunked ? lim.max_body : static_cast<size_t>(h.content_length));
+    {
+      std::unique_lock lock(r.body_mu);
+      if (r.body_bytes + claim > cap) {
+        {
+          std::lock_guard l2(r.mu);
+          ++r.counters.body_waits;
+        }
+        if (!r.body_cv.wait_for(lock, std::chrono::duration<double>(lim.body_timeout_s),
+                                [&] { return r.body_bytes + claim <= cap || r.stopping.load(); }) ||
+            r.stopping.load()) {
+          lock.unlock();
+          r.refuse(*c, 503, r.body_of(503, "The server is busy reading other request bodies; try again", "server_busy"));
+          r.close(c);
+          return;
+        }
+      }
+      r.body_bytes += claim;
+    }
+    struct Release {
+      Reactor& r;
+      size_t n;
+      ~Release() {
+        {
+          std::lock_guard lock(r.body_mu);
+          r.body_bytes -= n;
+        }
+        r.body_cv.notify_all();
+      }
+    } release{r, claim};
     // The body, read within body_timeout_s; a chunked one decoded as it comes.
     const auto t0 = Clock::now();
     const auto fill = [&](size_t want_total) {  // until pending() holds want_total bytes

@@ -54,6 +54,11 @@ struct HttpLimits {
   int max_connections = 512;       // open connections in all
   int max_connections_per_client = 64;  // ... from one client address
   int max_requests_per_connection = 1000;
+  // Body bytes held by requests being read or handled at once (0: twice
+  // max_body); a request whose body would pass it waits for room before
+  // its body is read, so bodies in memory stay bounded whatever the
+  // number of clients.
+  size_t max_inflight_body_bytes = 0;
 };
 
 // What the head check sees of a request before its body.
@@ -76,6 +81,7 @@ struct HttpCounters {
   uint64_t refused_bodies = 0;        // 413 before or while the body was read
   uint64_t refused_unauthorized = 0;  // 401 before the body was read
   uint64_t pipelined = 0;             // requests that were already buffered behind another
+  uint64_t body_waits = 0;            // requests that waited for body room
 };
 
 class HttpServer : public httplib::Server {

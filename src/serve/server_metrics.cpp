@@ -59,6 +59,8 @@ std::string Server::Impl::metrics() const {
     sample(o, "ebb_http_refused_total" + label("reason", "body_timeout"), static_cast<double>(h.body_timeouts));
     sample(o, "ebb_http_refused_total" + label("reason", "body_too_large"), static_cast<double>(h.refused_bodies));
     sample(o, "ebb_http_refused_total" + label("reason", "unauthorized"), static_cast<double>(h.refused_unauthorized));
+    metric(o, "ebb_http_body_waits_total", "counter", "Requests that waited for room among the bodies in flight");
+    sample(o, "ebb_http_body_waits_total", static_cast<double>(h.body_waits));
     metric(o, "ebb_http_pipelined_total", "counter", "Requests that arrived behind another on one connection");
     sample(o, "ebb_http_pipelined_total", static_cast<double>(h.pipelined));
   }
