@@ -33,7 +33,9 @@ struct InspectArgs {
 void print_budget_plan(const InspectArgs& a) {
   Ledger ledger;
   Allocator alloc(&ledger);
-  auto model = Model::load(a.model, alloc, {.load_weights = false});
+  ModelOptions mo;
+  mo.load_weights = false;
+  auto model = Model::load(a.model, alloc, mo);
   ThreadPool pool(ThreadPoolOptions{.n_threads = a.threads});
   ForwardOptions fo;
   fo.max_batch = a.batch;
