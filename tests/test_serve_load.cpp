@@ -104,8 +104,10 @@ TEST(ServeLoad, EightClientsWithEvictionsDisconnectsAndAPublish) {
   std::thread control([&] {
     auto c = client(port);
     int round = 0;
-    while (!stop_control.load()) {
-      std::this_thread::sleep_for(150ms);
+    // Every 50 ms while the clients run, and at least one eviction and one
+    // restore however fast they finish.
+    while (!stop_control.load() || evictions.load() == 0 || restores.load() == 0) {
+      std::this_thread::sleep_for(50ms);
       if (round % 2 == 0) {
         const Reply r = post(*c, "/v1/memory/evict", json{{"fraction", 0.5}});
         EXPECT_EQ(r.status, 200) << r.raw;
