@@ -21,6 +21,8 @@
 #include <memory>
 #include <string>
 
+#include "model/chat_jinja.h"
+#include "model/chat_parse.h"
 #include "model/chat_template.h"
 #include "serve/http_server.h"
 #include "runtime/engine.h"
@@ -37,6 +39,13 @@ struct ServerOptions {
   std::string model_id;            // the base model's id in /v1/models and responses
   SessionOptions session;          // each request's session (its cache namespace is the default one)
   ChatFormat chat_format = ChatFormat::kPlain;
+  // The model's Jinja chat template (model/chat_jinja.h): chat prompts are
+  // rendered through it from the request's messages, tools and
+  // chat_template_kwargs, and tools are served. Null: the marker renderer of
+  // chat_format, and requests with tools are refused.
+  std::shared_ptr<const ChatTemplate> chat_template;
+  // How the model writes reasoning and tool calls (model/chat_parse.h).
+  ChatOutputFormat output_format;
   int64_t n_ctx = 0;               // the sessions' context (prompts must be shorter)
   int http_threads = 0;            // 0: max(8, 2 x the scheduler's batch) + 4
   // Connection limits and timeouts (http_server.h); max_body and the
