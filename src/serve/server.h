@@ -10,6 +10,14 @@
 //   POST /tokenize {"content", "add_special"?}   -> {"tokens"}
 //   POST /detokenize {"tokens"}                  -> {"content"}
 //
+// Chat prompts are rendered through the model's Jinja template when it has
+// one (ServerOptions::chat_template; server_chat.cpp), which also serves
+// tools: calls forced (tool_choice required / a named function) or lazily
+// constrained (auto) by a grammar, and read back into tool_calls (streamed
+// as deltas) and reasoning_content. response_format / grammar / json_schema
+// constrain the output with or without a template. Without a template chat
+// uses the marker renderer (chat_format) and tools are refused.
+//
 // Errors are OpenAI's {"error": {message, type, param, code}}: 400 a bad
 // request, 401 a missing or wrong API key, 404 an unknown route or model,
 // 413 a body over max_body, 503 a full queue or a shutdown, 500 an internal

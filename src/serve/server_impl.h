@@ -113,6 +113,9 @@ struct Server::Impl {
     limits.n_ctx = opts.n_ctx;
     limits.served.constraints = true;
     limits.served.tools = opts.chat_template != nullptr;  // calls are rendered by the template
+    if (!limits.served.tools)
+      limits.served.tools_why_not =
+          "the model has no usable Jinja chat template (ebb serve --chat-template FILE gives one)";
     routes();
   }
   ~Impl();
