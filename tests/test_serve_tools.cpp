@@ -10,11 +10,17 @@
 // call's arguments parse and match the tool's schema, a json_schema
 // response's content does, a streamed call equals the whole one at
 // temperature 0, and a tool result in the history renders. A server without
-// a template refuses tools by name.
+// a template refuses tools by name. The official openai npm client runs the
+// same checks (tests/openai_client_tools.mjs).
 #include <gtest/gtest.h>
 
 #include <httplib.h>
 #include <signal.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -61,7 +67,9 @@ class ServeTools : public ::testing::Test {
     ASSERT_GT(server_->port(), 0) << "no port in the server's first line: '" << server_->first_line() << "'";
   }
   static void TearDownTestSuite() {
-    if (server_) EXPECT_EQ(server_->stop(SIGTERM), 0);
+    if (server_) {
+      EXPECT_EQ(server_->stop(SIGTERM), 0);
+    }
     delete server_;
     server_ = nullptr;
   }
@@ -227,6 +235,29 @@ TEST_F(ServeTools, AGbnfGrammarConstrainsTheOutput) {
   EXPECT_TRUE(content == "yes" || content == "no") << r.raw;
 }
 
+// The official openai npm client (scripts/setup.sh installs it into
+// BUILD/npm) on the same server: tools, streamed calls, a tool result, a
+// json_schema response (tests/openai_client_tools.mjs).
+TEST_F(ServeTools, TheOfficialClientCallsTools) {
+  const std::string cli = EBB_CLI_PATH;
+  const std::string prefix = cli.substr(0, cli.rfind('/')) + "/npm";
+  ASSERT_EQ(std::system("node --version >/dev/null 2>&1"), 0) << "node is not installed: run scripts/setup.sh";
+  ASSERT_TRUE(std::filesystem::exists(prefix + "/node_modules/openai/package.json"))
+      << "the openai npm package is not in " << prefix << ": run scripts/setup.sh";
+  const std::string cmd = "timeout 60 node " + std::string(EBB_SOURCE_DIR) +
+                          "/tests/openai_client_tools.mjs http://127.0.0.1:" + std::to_string(server_->port()) +
+                          "/v1 " + kKey + " stories260K " + prefix + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("openai client tools: all checks passed"), std::string::npos) << out;
+}
+
 TEST(ServeToolsFallback, AServerWithoutATemplateRefusesToolsByName) {
   ServerProcess server({"--api-key", kKey, "--quiet"});
   ASSERT_GT(server.port(), 0) << server.first_line();
@@ -235,7 +266,9 @@ TEST(ServeToolsFallback, AServerWithoutATemplateRefusesToolsByName) {
                     {"messages", {user("hi")}},
                     {"tools", {weather_tool()}},
                     {"max_tokens", 4}};
-  expect_openai_error(post(*c, "/v1/chat/completions", req), 400, "", "tools");
+  const Reply refused = post(*c, "/v1/chat/completions", req);
+  expect_openai_error(refused, 400, "", "tools");
+  EXPECT_NE(refused.raw.find("--chat-template"), std::string::npos) << refused.raw;
   // Constraints do not need a template.
   const json g = {{"model", "stories260K"},
                   {"messages", {user("hi")}},
