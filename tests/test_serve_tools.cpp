@@ -34,7 +34,11 @@ namespace {
 using nlohmann::json;
 using namespace ebb::test;
 
-std::string qwen3_template() { return std::string(EBB_SHARED_DIR) + "/golden/templates/Qwen-Qwen3-0.6B.jinja"; }
+std::string qwen3_template() {
+  std::string path = EBB_SHARED_DIR;
+  path += "/golden/templates/Qwen-Qwen3-0.6B.jinja";
+  return path;
+}
 
 // A tool whose arguments are bounded (a short string, a small integer), so
 // that even a model writing nonsense finishes its call well within max_tokens.
@@ -235,6 +239,43 @@ TEST_F(ServeTools, AGbnfGrammarConstrainsTheOutput) {
   EXPECT_TRUE(content == "yes" || content == "no") << r.raw;
 }
 
+TEST_F(ServeTools, ToolChoiceAutoAnswersWithALazyGrammar) {
+  // The weights never write <tool_call>, so the lazy grammar stays off:
+  // the answer is plain content, unconstrained.
+  json req = forced_call_request();
+  req["tool_choice"] = "auto";
+  req["max_tokens"] = 16;
+  const Reply r = post(*c_, "/v1/chat/completions", req);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& choice = r.body["choices"][0];
+  EXPECT_TRUE(choice["finish_reason"] == "stop" || choice["finish_reason"] == "length") << r.raw;
+  EXPECT_TRUE(choice["message"]["content"].is_string()) << r.raw;
+}
+
+TEST_F(ServeTools, ThinkingIsReasoningContentWholeAndStreamed) {
+  // A grammar makes the model write Qwen3's reasoning block and an answer.
+  const json req = {{"model", "stories260K"},
+                    {"messages", {user("Think first.")}},
+                    {"grammar", R"(root ::= "<think>\nhmm\n</think>\n\nok")"},
+                    {"max_tokens", 64},
+                    {"temperature", 0}};
+  const Reply r = post(*c_, "/v1/chat/completions", req);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& msg = r.body["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], "hmm") << r.raw;
+  EXPECT_EQ(msg["content"], "ok") << r.raw;
+
+  const Streamed s = stream(*c_, "/v1/chat/completions", req, /*chat=*/true);
+  ASSERT_TRUE(s.done && s.done_last);
+  std::string reasoning;
+  for (const json& c : s.chunks) {
+    const json& d = c["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "hmm");
+  EXPECT_EQ(s.text, "ok");
+}
+
 // The official openai npm client (scripts/setup.sh installs it into
 // BUILD/npm) on the same server: tools, streamed calls, a tool result, a
 // json_schema response (tests/openai_client_tools.mjs).
@@ -279,6 +320,22 @@ TEST(ServeToolsFallback, AServerWithoutATemplateRefusesToolsByName) {
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.body["choices"][0]["message"]["content"], "ok") << r.raw;
   EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServeToolsFallback, AChatTemplateFileThatCannotBeUsedIsAnError) {
+  ebb::test::TempDir dir("ebb-serve-tools");
+  const std::string bad = dir.file("bad.jinja");
+  std::FILE* f = std::fopen(bad.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("{% if %}", f);
+  std::fclose(f);
+  const CliResult r = run_cli("serve -m " + model_path("stories260K.gguf") + " --port 0 --chat-template " + bad);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find(bad), std::string::npos) << r.err;
+  const CliResult missing =
+      run_cli("serve -m " + model_path("stories260K.gguf") + " --port 0 --chat-template " + dir.file("none.jinja"));
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.err.find("neither a format name"), std::string::npos) << missing.err;
 }
 
 }  // namespace
