@@ -129,6 +129,22 @@ TEST_F(ServeTools, ANamedFunctionIsCalled) {
   expect_weather_arguments(calls[0]["function"]["arguments"].get<std::string>());
 }
 
+TEST_F(ServeTools, ArgumentsFollowTheSchemasKeyOrder) {
+  // "days" before "city", as the client wrote them (not sorted).
+  json req = forced_call_request();
+  req.erase("tools");
+  const std::string body = req.dump();
+  const std::string tools = R"(,"tools":[{"type":"function","function":{"name":"get_weather","parameters":
+    {"type":"object","properties":{"days":{"type":"integer","minimum":1,"maximum":7},
+     "city":{"type":"string","maxLength":8}},"required":["days","city"]}}}]})";
+  const Reply r = post(*c_, "/v1/chat/completions", body.substr(0, body.size() - 1) + tools);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& calls = r.body["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << r.raw;
+  const std::string args = calls[0]["function"]["arguments"];
+  EXPECT_EQ(args.rfind("{\"days\":", 0), 0u) << args;
+}
+
 TEST_F(ServeTools, AStreamedCallEqualsTheWholeOne) {
   const Reply whole = post(*c_, "/v1/chat/completions", forced_call_request());
   ASSERT_EQ(whole.status, 200) << whole.raw;

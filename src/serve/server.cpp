@@ -186,8 +186,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   GenerationRequest g;
   g.options = r.gen;
   ChatOutputFormat fmt;
-  g.prompt = prompt_tokens(r, g.options, fmt);
-  g.options.constraint = constraint_for(r, fmt);
+  const ClientOrder order = client_order(r, req.body);
+  g.prompt = prompt_tokens(r, g.options, fmt, order);
+  g.options.constraint = constraint_for(r, fmt, order);
   const char* what = ep == Endpoint::kChat ? "messages" : "prompt";
   if (g.prompt.empty()) throw ApiException(invalid_request("the prompt is empty", what));
   if (static_cast<int64_t>(g.prompt.size()) >= opts.n_ctx) {

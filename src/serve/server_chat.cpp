@@ -41,7 +41,56 @@ ordered_json template_messages(const json& messages) {
   return m;
 }
 
+// A value of the body in the client's key order, when it is the same value
+// as the request's (sorted) one; else the request's.
+ordered_json same_or(const ordered_json* from_body, const json& in_request) {
+  if (from_body && json::parse(from_body->dump()) == in_request) return *from_body;
+  return ordered(in_request);
+}
+
+const ordered_json* member(const ordered_json& o, const char* key) {
+  if (!o.is_object()) return nullptr;
+  const auto it = o.find(key);
+  return it == o.end() ? nullptr : &*it;
+}
+
 }  // namespace
+
+ClientOrder client_order(const CompletionRequest& r, const std::string& body) {
+  ClientOrder out;
+  if (r.tools.empty() && r.response_format.schema.is_null()) return out;
+  // The body was read (bounded) already; this is a second, ordered reading.
+  const ordered_json b = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  const ordered_json* body_tools = member(b, "tools");
+  for (const json& t : r.tools_json) {
+    ordered_json tool = ordered(t);
+    const ordered_json* params = nullptr;
+    if (body_tools && body_tools->is_array() && t.contains("function")) {
+      for (const ordered_json& bt : *body_tools) {
+        const ordered_json* f = member(bt, "function");
+        const ordered_json* name = f ? member(*f, "name") : nullptr;
+        if (name && name->is_string() && *name == t["function"].value("name", "")) params = member(*f, "parameters");
+      }
+    }
+    if (t.contains("function") && t["function"].contains("parameters"))
+      tool["function"]["parameters"] = same_or(params, t["function"]["parameters"]);
+    out.tools.push_back(std::move(tool));
+  }
+  if (!r.response_format.schema.is_null()) {
+    const ordered_json* rf = member(b, "response_format");
+    const ordered_json* js = rf ? member(*rf, "json_schema") : nullptr;
+    const ordered_json* candidates[] = {js ? member(*js, "schema") : nullptr, rf ? member(*rf, "schema") : nullptr,
+                                        member(b, "json_schema")};
+    out.schema = ordered(r.response_format.schema);
+    for (const ordered_json* c : candidates) {
+      if (c && json::parse(c->dump()) == r.response_format.schema) {
+        out.schema = *c;
+        break;
+      }
+    }
+  }
+  return out;
+}
 
 std::shared_ptr<const grammar::TokenTrie> Server::Impl::token_trie() const {
   std::lock_guard lock(trie_mu);
@@ -50,7 +99,7 @@ std::shared_ptr<const grammar::TokenTrie> Server::Impl::token_trie() const {
 }
 
 std::vector<TokenId> Server::Impl::prompt_tokens(const CompletionRequest& r, GenerateOptions& go,
-                                                 ChatOutputFormat& fmt) const {
+                                                 ChatOutputFormat& fmt, const ClientOrder& order) const {
   const Tokenizer& tok = engine.tokenizer();
   EncodeOptions eo;
   eo.add_bos = tok.add_bos_default();
@@ -65,7 +114,7 @@ std::vector<TokenId> Server::Impl::prompt_tokens(const CompletionRequest& r, Gen
       ordered_json extra = ordered(r.chat_template_kwargs);
       if (!r.reasoning_effort.empty() && !extra.contains("reasoning_effort"))
         extra["reasoning_effort"] = r.reasoning_effort;
-      const ordered_json tools = r.tools.empty() ? ordered_json() : ordered(r.tools_json);
+      const ordered_json tools = r.tools.empty() ? ordered_json() : order.tools;
       text = opts.chat_template->render(template_messages(r.chat_messages), tools, true, extra);
     } catch (const Error& e) {
       throw ApiException(invalid_request(std::string("the chat template cannot render these messages: ") + e.what(),
@@ -89,7 +138,8 @@ std::vector<TokenId> Server::Impl::prompt_tokens(const CompletionRequest& r, Gen
 }
 
 std::shared_ptr<grammar::GrammarConstraint> Server::Impl::constraint_for(const CompletionRequest& r,
-                                                                         const ChatOutputFormat& fmt) const {
+                                                                         const ChatOutputFormat& fmt,
+                                                                         const ClientOrder& order) const {
   const bool forced = calls_on(r) && (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kFunction);
   const bool lazy = calls_on(r) && r.tool_choice == ToolChoice::kAuto &&
                     r.response_format.kind == OutputConstraint::kNone && !fmt.triggers.empty();
@@ -97,7 +147,7 @@ std::shared_ptr<grammar::GrammarConstraint> Server::Impl::constraint_for(const C
   try {
     if (forced || lazy) {
       param = r.tool_choice == ToolChoice::kFunction ? "tool_choice" : "tools";
-      ordered_json tools = ordered(r.tools_json);
+      ordered_json tools = order.tools;
       if (r.tool_choice == ToolChoice::kFunction) {
         ordered_json one = ordered_json::array();
         for (const auto& t : tools)
@@ -116,11 +166,11 @@ std::shared_ptr<grammar::GrammarConstraint> Server::Impl::constraint_for(const C
         case OutputConstraint::kJsonObject:
           param = "response_format";
           gbnf = r.response_format.schema.is_null() ? grammar::json_object_gbnf()
-                                                    : grammar::json_schema_to_gbnf(ordered(r.response_format.schema));
+                                                    : grammar::json_schema_to_gbnf(order.schema);
           break;
         case OutputConstraint::kJsonSchema:
           param = r.response_format.name.empty() ? "json_schema" : "response_format";
-          gbnf = grammar::json_schema_to_gbnf(ordered(r.response_format.schema));
+          gbnf = grammar::json_schema_to_gbnf(order.schema);
           break;
         case OutputConstraint::kGrammar:
           param = "grammar";

@@ -65,6 +65,17 @@ std::string label(const char* key, const std::string& value);
 // server.cpp: fresh call ids for one response (make_call_id).
 CallIdFn call_ids();
 
+// server_chat.cpp: r.tools_json and r.response_format.schema with their
+// objects' keys in the order the client sent them (CompletionRequest's
+// nlohmann::json sorts keys), for the template's tojson and the grammars'
+// key order. Where the request's normalised value differs from the body's
+// (a legacy `functions` entry, a default), the sorted value is kept.
+struct ClientOrder {
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  nlohmann::ordered_json schema;  // null: none
+};
+ClientOrder client_order(const CompletionRequest& r, const std::string& body);
+
 struct Server::Impl {
   Engine& engine;
   Scheduler& sched;
@@ -195,12 +206,13 @@ struct Server::Impl {
   bool has_adapter(const std::string& name) const;
   // The prompt's tokens; for chat, fmt receives the output format (with
   // open_think decided by the rendered prompt).
-  std::vector<TokenId> prompt_tokens(const CompletionRequest& r, GenerateOptions& go, ChatOutputFormat& fmt) const;
+  std::vector<TokenId> prompt_tokens(const CompletionRequest& r, GenerateOptions& go, ChatOutputFormat& fmt,
+                                     const ClientOrder& order) const;
   // server_chat.cpp: the request's grammar (response_format, grammar,
   // json_schema, tools), or null. ApiException (400) naming the field when
   // it does not compile.
-  std::shared_ptr<grammar::GrammarConstraint> constraint_for(const CompletionRequest& r,
-                                                             const ChatOutputFormat& fmt) const;
+  std::shared_ptr<grammar::GrammarConstraint> constraint_for(const CompletionRequest& r, const ChatOutputFormat& fmt,
+                                                             const ClientOrder& order) const;
   // The vocabulary as a byte trie, built on first use and shared.
   std::shared_ptr<const grammar::TokenTrie> token_trie() const;
   mutable std::mutex trie_mu;
