@@ -16,12 +16,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "cli/options.h"
 #include "memory/budget_plan.h"
+#include "model/chat_jinja.h"
+#include "model/chat_parse.h"
 #include "model/chat_template.h"
 #include "platform/cgroup.h"
 #include "platform/error.h"
@@ -40,6 +43,7 @@ struct ServeArgs {
   std::string kv_spare = "256MiB";
   std::string policy = "foreground-first";
   std::string format;
+  std::string chat_template;  // --chat-template NAME|FILE
   int max_batch = 8;
   double background_window = 0.5;  // W_bg, seconds
   double background_starvation = 5;  // seconds
@@ -100,6 +104,57 @@ void fit_cgroup_limit(const ServeArgs& a, Scheduler& sched, uint64_t max_body) {
                format_bytes(cg->bytes).c_str(), format_bytes(limit).c_str(),
                format_bytes(seen.f.globals + seen.f.scratch + seen.f.adapters).c_str(), format_bytes(outside).c_str(),
                format_bytes(reserve).c_str());
+}
+
+// The Jinja template chat prompts are rendered with: --chat-template FILE,
+// else the GGUF's (unless --format or --chat-template NAME picks a marker
+// renderer, which may change chat_format). A GGUF template that is absent
+// or does not parse falls back to the marker renderer, said in one line; a
+// FILE that cannot be read or parsed is an error.
+std::shared_ptr<const ChatTemplate> jinja_template(const ServeArgs& a, const Engine& engine, ChatFormat& marker) {
+  const Tokenizer& tok = engine.tokenizer();
+  const std::string bos = tok.bos() >= 0 ? tok.token_to_piece(tok.bos(), true) : "";
+  const std::string eos = tok.eos() >= 0 ? tok.token_to_piece(tok.eos(), true) : "";
+  if (!a.chat_template.empty()) {
+    if (auto f = parse_chat_format(a.chat_template)) {
+      marker = *f;
+      return nullptr;
+    }
+    constexpr uintmax_t kMaxTemplate = 1u << 20;
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(a.chat_template, ec);
+    if (ec)
+      throw UsageError("--chat-template '" + a.chat_template +
+                       "' is neither a format name (chatml, llama3, llama2, plain) nor a readable file: " + ec.message());
+    if (size > kMaxTemplate)
+      throw UsageError("--chat-template '" + a.chat_template + "' is " + std::to_string(size) +
+                       " bytes; a chat template may have 1 MiB at most");
+    std::ifstream in(a.chat_template, std::ios::binary);
+    std::string source(static_cast<size_t>(size), '\0');
+    if (!in.read(source.data(), static_cast<std::streamsize>(size)))
+      throw UsageError("--chat-template '" + a.chat_template + "': cannot read the file");
+    try {
+      return std::make_shared<const ChatTemplate>(std::move(source), bos, eos);
+    } catch (const Error& e) {
+      throw UsageError("--chat-template '" + a.chat_template + "': " + e.what());
+    }
+  }
+  if (!a.format.empty()) return nullptr;
+  const std::string& source = engine.model().chat_template();
+  if (source.empty()) {
+    std::fprintf(stderr, "ebb serve: the model has no chat template; chat prompts use the %s marker format, tools are "
+                         "refused (--chat-template FILE gives one)\n",
+                 std::string(chat_format_name(marker)).c_str());
+    return nullptr;
+  }
+  try {
+    return std::make_shared<const ChatTemplate>(source, bos, eos);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ebb serve: the model's chat template does not parse (%s); chat prompts use the %s marker "
+                         "format, tools are refused\n",
+                 e.what(), std::string(chat_format_name(marker)).c_str());
+    return nullptr;
+  }
 }
 
 int serve(ServeArgs& a) {
@@ -180,6 +235,9 @@ int serve(ServeArgs& a) {
     if (!f) throw UsageError("--format '" + a.format + "' is not one of chatml, llama3, llama2, plain");
     so.chat_format = *f;
   }
+  so.chat_template = jinja_template(a, *engine, so.chat_format);
+  so.output_format = detect_chat_output_format(so.chat_template ? so.chat_template->source() : std::string(),
+                                               engine->config().arch_name);
 
   SchedulerOptions sched_opts;
   sched_opts.policy = *policy;
@@ -207,7 +265,8 @@ int serve(ServeArgs& a) {
   if (!listen_failed) fit_cgroup_limit(a, scheduler, static_cast<uint64_t>(max_body));
   std::printf("ebb serve: listening on http://%s:%d (model %s, context %lld, chat format %s, policy %s%s)\n",
               a.host.c_str(), port, so.model_id.c_str(), static_cast<long long>(n_ctx),
-              std::string(chat_format_name(so.chat_format)).c_str(), std::string(sched_policy_name(*policy)).c_str(),
+              so.chat_template ? ("jinja, " + std::string(tool_call_syntax_name(so.output_format.syntax)) + " calls").c_str()
+                               : std::string(chat_format_name(so.chat_format)).c_str(), std::string(sched_policy_name(*policy)).c_str(),
               a.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
 
@@ -243,6 +302,9 @@ void add_serve_command(CLI::App& app, int* rc) {
       ->capture_default_str();
   sub->add_option("--policy", a->policy, "Scheduling policy: foreground-first, round-robin, fifo")->capture_default_str();
   sub->add_option("--format", a->format, "Chat template: chatml, llama3, llama2, plain (default: the model's)");
+  sub->add_option("--chat-template", a->chat_template,
+                  "A Jinja chat template FILE (1 MiB at most) to render chat prompts with, or a marker format NAME "
+                  "(chatml, llama3, llama2, plain); default: the model's template");
   sub->add_option("--max-batch", a->max_batch, "Requests decoded together at most")->capture_default_str();
   sub->add_option("--background-window", a->background_window,
                   "W_bg: the longest a new request may wait for a background step (training, warm-up), seconds")

@@ -1,10 +1,12 @@
 #include "runtime/generate.h"
 
+
 #include <algorithm>
 
 #include "platform/error.h"
 #include "platform/timer.h"
 #include "runtime/engine.h"
+#include "runtime/grammar/constraint.h"
 
 namespace ebb {
 
@@ -84,6 +86,8 @@ Generation::Generation(Session& session, std::span<const TokenId> prompt, const 
   session_.append(prompt);  // throws with the session unchanged when it does not fit
   // Penalties see the conversation so far.
   for (TokenId t : session_.tokens()) sampler_.accept(t);
+  // The grammar sees only what is generated from here on.
+  if (opts_.constraint) sampler_.set_constraint(opts_.constraint);
 }
 
 Generation::~Generation() = default;
@@ -137,7 +141,13 @@ void Generation::sample_next() {
   sampler_.accept(t);
   st_.tokens.push_back(t);
   st_.generated_tokens = static_cast<int64_t>(st_.tokens.size());
-  const bool eog = opts_.stop_at_eog && session_.engine().tokenizer().is_eog(t);
+  const Tokenizer& tok = session_.engine().tokenizer();
+  // A grammar that is complete allows tokens without text (control tokens)
+  // besides EOG; one of them ends a constrained output as EOG would, rather
+  // than running on without text to max_tokens.
+  const grammar::GrammarConstraint* c = sampler_.constraint();
+  const bool eog = opts_.stop_at_eog &&
+                   (tok.is_eog(t) || (c && c->is_complete() && tok.token_to_piece(t).empty()));
   if (!eog) emit(stops_->push(decoder_.push(t)));
   // The token is kept either way: it runs next step, or first next turn.
   session_.append_pending(t);

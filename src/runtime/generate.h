@@ -26,6 +26,10 @@ struct GenerateOptions {
   std::vector<std::string> stop_strings;  // generation ends before any of these
   bool stop_at_eog = true;                // end at EOS / EOT tokens
   ProgressFn prefill_progress;            // called after each prefill micro-batch
+  // Constrains the generated tokens to a grammar (set on the sampler once
+  // the prompt's tokens were accepted). One Generation owns it: pass a fresh
+  // constraint (GrammarConstraint::copy()) per generation.
+  std::shared_ptr<grammar::GrammarConstraint> constraint;
 };
 
 enum class StopReason { kMaxTokens, kEndOfGeneration, kStopString, kContextFull, kCancelled };

@@ -176,7 +176,9 @@ struct ServedFeatures {
   bool token_ids = false;       // return_token_ids
   bool stop_token_ids = false;  // token ids in stop
   bool logit_bias = false;
-  static ServedFeatures all() { return {true, true, true, true, true, true, true}; }
+  // Why tools are not served, appended to their refusal ("": "not yet").
+  std::string tools_why_not;
+  static ServedFeatures all() { return {true, true, true, true, true, true, true, {}}; }
 };
 
 struct RequestLimits {

@@ -300,12 +300,17 @@ void refuse_unserved(const json& body, const CompletionRequest& r, const ServedF
     throw ApiException(invalid_request("'" + param + "': this server does not support " + what + " yet", param));
   };
   if (!sv.tools) {
-    if (!r.tools.empty()) refuse(field(body, "tools") ? "tools" : "functions", "tool calls");
+    const auto refuse_tools = [&](const std::string& param, const std::string& what) {
+      if (sv.tools_why_not.empty()) refuse(param, what);
+      throw ApiException(
+          invalid_request("'" + param + "': this server does not support " + what + ": " + sv.tools_why_not, param));
+    };
+    if (!r.tools.empty()) refuse_tools(field(body, "tools") ? "tools" : "functions", "tool calls");
     for (size_t i = 0; i < r.chat_messages.size(); ++i) {
       const json& m = r.chat_messages[i];
       const std::string p = "messages[" + std::to_string(i) + "]";
-      if (m.contains("tool_calls")) refuse(p + ".tool_calls", "tool calls in the conversation");
-      if (m["role"] == "tool") refuse(p + ".role", "tool results in the conversation");
+      if (m.contains("tool_calls")) refuse_tools(p + ".tool_calls", "tool calls in the conversation");
+      if (m["role"] == "tool") refuse_tools(p + ".role", "tool results in the conversation");
     }
   }
   if (!sv.constraints && r.response_format.kind != OutputConstraint::kNone) {

@@ -163,25 +163,10 @@ bool Server::Impl::has_adapter(const std::string& name) const {
   return false;
 }
 
-// The prompt's tokens as the session will hold them.
-
-std::vector<TokenId> Server::Impl::prompt_tokens(const CompletionRequest& r, GenerateOptions& go) const {
-  const Tokenizer& tok = engine.tokenizer();
-  EncodeOptions eo;
-  eo.add_bos = tok.add_bos_default();
-  if (r.endpoint == Endpoint::kChat) {
-    std::string text;
-    try {
-      text = apply_chat_template(opts.chat_format, r.messages, true);
-    } catch (const Error& e) {
-      throw ApiException(invalid_request(e.what(), "messages"));
-    }
-    for (const std::string& s : chat_stop_strings(opts.chat_format)) go.stop_strings.push_back(s);
-    eo.parse_special = true;
-    return tok.encode(text, eo);
-  }
-  if (r.prompt_is_tokens) return r.prompt_tokens;
-  return tok.encode(r.prompt, eo);
+// Call ids for one response: make_call_id over a generator of its own.
+CallIdFn call_ids() {
+  auto rng = std::make_shared<std::mt19937_64>(std::random_device{}());
+  return [rng] { return make_call_id(*rng); };
 }
 
 void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
@@ -200,7 +185,10 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   }
   GenerationRequest g;
   g.options = r.gen;
-  g.prompt = prompt_tokens(r, g.options);
+  ChatOutputFormat fmt;
+  const ClientOrder order = client_order(r, req.body);
+  g.prompt = prompt_tokens(r, g.options, fmt, order);
+  g.options.constraint = constraint_for(r, fmt, order);
   const char* what = ep == Endpoint::kChat ? "messages" : "prompt";
   if (g.prompt.empty()) throw ApiException(invalid_request("the prompt is empty", what));
   if (static_cast<int64_t>(g.prompt.size()) >= opts.n_ctx) {
@@ -250,12 +238,24 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       if (ev->kind == GenerationEvent::Kind::kError)
         throw ApiException(error_of(500, ev->error, "server_error", "internal_error"));
       const Usage u = usage_of(n_prompt, ev->stats);
-      res.set_content(dump(completion_response(r, id, created, text, ev->stats.stop, u)), kJson);
+      if (parse_chat(r)) {
+        Choice c;
+        c.text = text;
+        c.stop = ev->stats.stop;
+        c.completion_tokens = ev->stats.generated_tokens;
+        c.parsed = parse_chat_output(fmt, text, calls_on(r), call_ids());
+        res.set_content(dump(completion_response(r, id, created, std::span<const Choice>(&c, 1), u)), kJson);
+      } else {
+        res.set_content(dump(completion_response(r, id, created, text, ev->stats.stop, u)), kJson);
+      }
       log(req, 200, id, u, ev->stats.stop, now_seconds() - t0);
       return;
     }
   }
-  stream_response(req, res, std::move(r), stream, std::move(*first), id, created, n_prompt, t0, std::move(ticket));
+  std::unique_ptr<ChatStreamParser> parser;
+  if (parse_chat(r)) parser = std::make_unique<ChatStreamParser>(fmt, calls_on(r), call_ids());
+  stream_response(req, res, std::move(r), stream, std::move(*first), id, created, n_prompt, t0, std::move(ticket),
+                  std::move(parser));
 }
 
 Usage Server::Impl::usage_of(int64_t n_prompt, const GenerateStats& st) {
@@ -281,8 +281,10 @@ void Server::Impl::log(const httplib::Request& req, int status, const std::strin
 void Server::Impl::stream_response(const httplib::Request& req, httplib::Response& res, CompletionRequest r,
                                    std::shared_ptr<GenerationStream> stream, GenerationEvent first,
                                    const std::string& id, int64_t created, int64_t n_prompt, double t0,
-                                   std::shared_ptr<Ticket> ticket) {
+                                   std::shared_ptr<Ticket> ticket, std::unique_ptr<ChatStreamParser> parser) {
   struct State {
+    std::unique_ptr<ChatStreamParser> parser;  // chat through a template: deltas of content, reasoning, calls
+    bool made_calls = false;
     std::shared_ptr<Ticket> ticket;
     CompletionRequest r;
     std::shared_ptr<GenerationStream> stream;
@@ -295,6 +297,7 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
   };
   auto st = std::make_shared<State>();
   st->ticket = std::move(ticket);
+  st->parser = std::move(parser);
   st->r = std::move(r);
   st->stream = std::move(stream);
   st->pending = std::move(first);
@@ -322,9 +325,19 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
         st->pending.reset();
         if (!ev) ev = st->stream->next(kPollSeconds);
         if (!ev) return sink.is_writable() ? true : gone(*st);
+        // The parser's deltas as one chunk (none when it holds everything back).
+        const auto write_deltas = [&](std::vector<ChatDelta> deltas, const std::string* fin) {
+          for (const ChatDelta& d : deltas) st->made_calls |= d.kind == ChatDelta::Kind::kToolCall;
+          if (deltas.empty() && !fin) return true;
+          StreamChoice c;
+          c.deltas = std::move(deltas);
+          if (fin) c.finish_reason = *fin;
+          return write(sse(stream_chunk(st->r, st->id, st->created, std::span<const StreamChoice>(&c, 1))));
+        };
         if (ev->kind == GenerationEvent::Kind::kText) {
-          if (!write(sse(stream_chunk(st->r, st->id, st->created, ev->text, false, nullptr)))) return gone(*st);
-          return true;
+          const bool ok = st->parser ? write_deltas(st->parser->feed(ev->text), nullptr)
+                                     : write(sse(stream_chunk(st->r, st->id, st->created, ev->text, false, nullptr)));
+          return ok ? true : gone(*st);
         }
         st->ended = true;
         if (ev->kind == GenerationEvent::Kind::kError) {
@@ -332,9 +345,18 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
           sink.done();
           return true;
         }
-        const std::string fin = finish_reason(ev->stats.stop);
         const Usage u = usage_of(st->n_prompt, ev->stats);
-        bool ok = write(sse(stream_chunk(st->r, st->id, st->created, "", false, &fin)));
+        bool ok = true;
+        std::string fin;
+        if (st->parser) {
+          std::vector<ChatDelta> last = st->parser->finish();
+          for (const ChatDelta& d : last) st->made_calls |= d.kind == ChatDelta::Kind::kToolCall;
+          fin = finish_reason(ev->stats.stop, st->made_calls);
+          ok = write_deltas(std::move(last), &fin);
+        } else {
+          fin = finish_reason(ev->stats.stop);
+          ok = write(sse(stream_chunk(st->r, st->id, st->created, "", false, &fin)));
+        }
         if (ok && st->r.include_usage) ok = write(sse(usage_chunk(st->r, st->id, st->created, u)));
         if (ok) ok = write("data: [DONE]\n\n");
         if (!ok) return false;

@@ -10,6 +10,14 @@
 //   POST /tokenize {"content", "add_special"?}   -> {"tokens"}
 //   POST /detokenize {"tokens"}                  -> {"content"}
 //
+// Chat prompts are rendered through the model's Jinja template when it has
+// one (ServerOptions::chat_template; server_chat.cpp), which also serves
+// tools: calls forced (tool_choice required / a named function) or lazily
+// constrained (auto) by a grammar, and read back into tool_calls (streamed
+// as deltas) and reasoning_content. response_format / grammar / json_schema
+// constrain the output with or without a template. Without a template chat
+// uses the marker renderer (chat_format) and tools are refused.
+//
 // Errors are OpenAI's {"error": {message, type, param, code}}: 400 a bad
 // request, 401 a missing or wrong API key, 404 an unknown route or model,
 // 413 a body over max_body, 503 a full queue or a shutdown, 500 an internal
@@ -21,6 +29,8 @@
 #include <memory>
 #include <string>
 
+#include "model/chat_jinja.h"
+#include "model/chat_parse.h"
 #include "model/chat_template.h"
 #include "serve/http_server.h"
 #include "runtime/engine.h"
@@ -37,6 +47,13 @@ struct ServerOptions {
   std::string model_id;            // the base model's id in /v1/models and responses
   SessionOptions session;          // each request's session (its cache namespace is the default one)
   ChatFormat chat_format = ChatFormat::kPlain;
+  // The model's Jinja chat template (model/chat_jinja.h): chat prompts are
+  // rendered through it from the request's messages, tools and
+  // chat_template_kwargs, and tools are served. Null: the marker renderer of
+  // chat_format, and requests with tools are refused.
+  std::shared_ptr<const ChatTemplate> chat_template;
+  // How the model writes reasoning and tool calls (model/chat_parse.h).
+  ChatOutputFormat output_format;
   int64_t n_ctx = 0;               // the sessions' context (prompts must be shorter)
   int http_threads = 0;            // 0: max(8, 2 x the scheduler's batch) + 4
   // Connection limits and timeouts (http_server.h); max_body and the

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/grammar/constraint.h"
+#include "runtime/grammar/token_trie.h"
 #include "serve/http_server.h"
 #include "serve/openai.h"
 #include "serve/server.h"
@@ -59,6 +61,20 @@ auto on_engine(Scheduler& sched, F fn) {
 void metric(std::string& out, const char* name, const char* type, const char* help);
 void sample(std::string& out, const std::string& name, double v);
 std::string label(const char* key, const std::string& value);
+
+// server.cpp: fresh call ids for one response (make_call_id).
+CallIdFn call_ids();
+
+// server_chat.cpp: r.tools_json and r.response_format.schema with their
+// objects' keys in the order the client sent them (CompletionRequest's
+// nlohmann::json sorts keys), for the template's tojson and the grammars'
+// key order. Where the request's normalised value differs from the body's
+// (a legacy `functions` entry, a default), the sorted value is kept.
+struct ClientOrder {
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  nlohmann::ordered_json schema;  // null: none
+};
+ClientOrder client_order(const CompletionRequest& r, const std::string& body);
 
 struct Server::Impl {
   Engine& engine;
@@ -106,6 +122,11 @@ struct Server::Impl {
     limits.model_id = opts.model_id;
     limits.n_vocab = engine.config().n_vocab;
     limits.n_ctx = opts.n_ctx;
+    limits.served.constraints = true;
+    limits.served.tools = opts.chat_template != nullptr;  // calls are rendered by the template
+    if (!limits.served.tools)
+      limits.served.tools_why_not =
+          "the model has no usable Jinja chat template (ebb serve --chat-template FILE gives one)";
     routes();
   }
   ~Impl();
@@ -183,14 +204,33 @@ struct Server::Impl {
 
   void models(httplib::Response& res) const;
   bool has_adapter(const std::string& name) const;
-  std::vector<TokenId> prompt_tokens(const CompletionRequest& r, GenerateOptions& go) const;
+  // The prompt's tokens; for chat, fmt receives the output format (with
+  // open_think decided by the rendered prompt).
+  std::vector<TokenId> prompt_tokens(const CompletionRequest& r, GenerateOptions& go, ChatOutputFormat& fmt,
+                                     const ClientOrder& order) const;
+  // server_chat.cpp: the request's grammar (response_format, grammar,
+  // json_schema, tools), or null. ApiException (400) naming the field when
+  // it does not compile.
+  std::shared_ptr<grammar::GrammarConstraint> constraint_for(const CompletionRequest& r, const ChatOutputFormat& fmt,
+                                                             const ClientOrder& order) const;
+  // The vocabulary as a byte trie, built on first use and shared.
+  std::shared_ptr<const grammar::TokenTrie> token_trie() const;
+  mutable std::mutex trie_mu;
+  mutable std::shared_ptr<const grammar::TokenTrie> trie;
+  // Whether the output is read for calls: tools given and not tool_choice none.
+  static bool calls_on(const CompletionRequest& r) { return !r.tools.empty() && r.tool_choice != ToolChoice::kNone; }
+  // Chat responses are parsed (reasoning, calls) when a template rendered them.
+  bool parse_chat(const CompletionRequest& r) const {
+    return r.endpoint == Endpoint::kChat && opts.chat_template != nullptr;
+  }
   void completion(const httplib::Request& req, httplib::Response& res, Endpoint ep);
   static Usage usage_of(int64_t n_prompt, const GenerateStats& st);
   void log(const httplib::Request& req, int status, const std::string& id, const Usage& u, StopReason stop,
            double seconds) const;
   void stream_response(const httplib::Request& req, httplib::Response& res, CompletionRequest r,
                        std::shared_ptr<GenerationStream> stream, GenerationEvent first, const std::string& id,
-                       int64_t created, int64_t n_prompt, double t0, std::shared_ptr<Ticket> ticket);
+                       int64_t created, int64_t n_prompt, double t0, std::shared_ptr<Ticket> ticket,
+                       std::unique_ptr<ChatStreamParser> parser);
   void tokenize(const httplib::Request& req, httplib::Response& res) const;
   void detokenize(const httplib::Request& req, httplib::Response& res) const;
   std::string metrics() const;  // server_metrics.cpp

@@ -1,0 +1,131 @@
+// Drives a running `ebb serve` that has a chat template (test_serve_tools.cpp
+// starts it with Qwen3's) with the official `openai` npm client: a forced
+// tool call, the same call streamed (the client's own accumulation of
+// tool_call deltas), a tool result sent back, and a json_schema response.
+//
+//   node tests/openai_client_tools.mjs BASE_URL API_KEY MODEL NPM_PREFIX
+//
+// Prints one line per check and "openai client tools: all checks passed";
+// any failure exits 1 with its reason.
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import { join } from 'node:path';
+
+const [baseURL, apiKey, model, prefix] = process.argv.slice(2);
+if (!baseURL || !apiKey || !model || !prefix) {
+  console.error('usage: node openai_client_tools.mjs BASE_URL API_KEY MODEL NPM_PREFIX');
+  process.exit(2);
+}
+
+let mod;
+try {
+  mod = createRequire(join(prefix, 'package.json'))('openai');
+} catch (e) {
+  console.error(`the openai package is not installed under ${prefix} (run scripts/setup.sh): ${e.message}`);
+  process.exit(1);
+}
+const OpenAI = mod.OpenAI ?? mod.default ?? mod;
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 15000 });
+
+async function check(name, fn) {
+  await fn();
+  console.log(`ok: ${name}`);
+}
+
+const tools = [
+  {
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      description: 'The weather in a city',
+      parameters: {
+        type: 'object',
+        properties: { city: { type: 'string', maxLength: 8 }, days: { type: 'integer', minimum: 1, maximum: 7 } },
+        required: ['city', 'days'],
+        additionalProperties: false,
+      },
+    },
+  },
+];
+
+function checkArguments(text) {
+  const a = JSON.parse(text);
+  assert.equal(typeof a.city, 'string');
+  assert.ok(a.city.length <= 8, text);
+  assert.ok(Number.isInteger(a.days) && a.days >= 1 && a.days <= 7, text);
+}
+
+async function main() {
+  const req = {
+    model,
+    messages: [{ role: 'user', content: 'What is the weather in Oslo?' }],
+    tools,
+    tool_choice: 'required',
+    parallel_tool_calls: false,
+    max_tokens: 200,
+    temperature: 0,
+  };
+  let whole;
+  await check('a required tool call', async () => {
+    const r = await client.chat.completions.create(req);
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'tool_calls');
+    assert.equal(c.message.tool_calls.length, 1);
+    assert.equal(c.message.tool_calls[0].function.name, 'get_weather');
+    checkArguments(c.message.tool_calls[0].function.arguments);
+    whole = c.message;
+  });
+
+  await check('the same call streamed (client-side accumulation)', async () => {
+    const runner = client.chat.completions.stream({ ...req, stream: true });
+    const done = await runner.finalChatCompletion();
+    const m = done.choices[0].message;
+    assert.equal(done.choices[0].finish_reason, 'tool_calls');
+    assert.equal(m.tool_calls.length, 1);
+    assert.equal(m.tool_calls[0].function.name, whole.tool_calls[0].function.name);
+    assert.equal(m.tool_calls[0].function.arguments, whole.tool_calls[0].function.arguments);
+  });
+
+  await check('a tool result sent back', async () => {
+    const r = await client.chat.completions.create({
+      model,
+      messages: [...req.messages, whole, { role: 'tool', tool_call_id: whole.tool_calls[0].id, content: 'Sunny' }],
+      tools,
+      max_tokens: 12,
+      temperature: 0,
+    });
+    assert.equal(r.choices[0].message.role, 'assistant');
+  });
+
+  await check('a json_schema response', async () => {
+    const r = await client.chat.completions.create({
+      model,
+      messages: [{ role: 'user', content: 'Answer in JSON.' }],
+      response_format: {
+        type: 'json_schema',
+        json_schema: {
+          name: 'answer',
+          strict: true,
+          schema: {
+            type: 'object',
+            properties: { answer: { type: 'string', maxLength: 10 } },
+            required: ['answer'],
+            additionalProperties: false,
+          },
+        },
+      },
+      max_tokens: 100,
+      temperature: 0,
+    });
+    const a = JSON.parse(r.choices[0].message.content);
+    assert.equal(typeof a.answer, 'string');
+  });
+}
+
+main().then(
+  () => console.log('openai client tools: all checks passed'),
+  (e) => {
+    console.error(`openai client tools: FAILED: ${e.stack ?? e}`);
+    process.exit(1);
+  },
+);
