@@ -7,29 +7,9 @@
 // (npm install --prefix BUILD/npm openai). Prints one line per check and
 // "openai client: all checks passed"; any failure exits 1 with its reason.
 import assert from 'node:assert/strict';
-import { createRequire } from 'node:module';
-import { join } from 'node:path';
+import { connect, check } from './openai_client_common.mjs';
 
-const [baseURL, apiKey, model, prefix] = process.argv.slice(2);
-if (!baseURL || !apiKey || !model || !prefix) {
-  console.error('usage: node openai_client.mjs BASE_URL API_KEY MODEL NPM_PREFIX');
-  process.exit(2);
-}
-
-let mod;
-try {
-  mod = createRequire(join(prefix, 'package.json'))('openai');
-} catch (e) {
-  console.error(`the openai package is not installed under ${prefix} (run scripts/setup.sh): ${e.message}`);
-  process.exit(1);
-}
-const OpenAI = mod.OpenAI ?? mod.default ?? mod;
-const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 15000 });
-
-async function check(name, fn) {
-  await fn();
-  console.log(`ok: ${name}`);
-}
+const { baseURL, apiKey, model, mod, OpenAI, client } = connect('openai_client.mjs');
 
 async function main() {
   await check('models.list names the base model', async () => {

@@ -1,5 +1,7 @@
 #include "serve_support.h"
 
+#include <filesystem>
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -191,6 +194,37 @@ uint64_t rss_bytes(pid_t pid) {
     if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
   }
   return 0;
+}
+
+ScriptRun run_openai_script(const std::string& script, int port) {
+  ScriptRun run;
+  const std::string cli = EBB_CLI_PATH;
+  const std::string prefix = cli.substr(0, cli.rfind('/')) + "/npm";
+  if (std::system("node --version >/dev/null 2>&1") != 0) {
+    ADD_FAILURE() << "node is not installed: run scripts/setup.sh (it installs nodejs, and the openai package into "
+                  << prefix << ")";
+    return run;
+  }
+  if (!std::filesystem::exists(prefix + "/node_modules/openai/package.json")) {
+    ADD_FAILURE() << "the openai npm package is not in " << prefix << ": run scripts/setup.sh (EBB_BUILD_DIR="
+                  << prefix.substr(0, prefix.size() - 4) << " for this build tree), or npm install --prefix " << prefix
+                  << " openai";
+    return run;
+  }
+  const std::string cmd = "timeout 60 node " + std::string(EBB_SOURCE_DIR) + "/tests/" + script +
+                          " http://127.0.0.1:" + std::to_string(port) + "/v1 " + kKey + " stories260K " + prefix +
+                          " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) {
+    ADD_FAILURE() << "cannot run " << cmd;
+    return run;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) run.out.append(buf, n);
+  const int status = ::pclose(p);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
 }
 
 }  // namespace ebb::test

@@ -78,6 +78,17 @@ void expect_openai_error(const Reply& r, int status, const std::string& code = "
 // A sample's value in GET /metrics (name with its labels); -1 when absent.
 double metric_value(httplib::Client& c, const std::string& name);
 
+// Runs tests/SCRIPT (a script driving the official `openai` npm client)
+// against 127.0.0.1:port with kKey, model id "stories260K" and the npm
+// package scripts/setup.sh installed beside the CLI (BUILD/npm). Node or the
+// package missing is a test failure, not a skip. Returns the script's exit
+// status (-1 when it could not run) and its output.
+struct ScriptRun {
+  int status = -1;
+  std::string out;
+};
+ScriptRun run_openai_script(const std::string& script, int port);
+
 // VmRSS of a process in bytes (0 when it cannot be read).
 uint64_t rss_bytes(pid_t pid);
 

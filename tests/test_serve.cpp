@@ -371,26 +371,11 @@ TEST(ServeAlone, AFullQueueIs503AndSigtermShutsDownGracefully) {
 // completions plain and streamed, a wrong key, an unknown model, a
 // disconnect mid-stream. Node or the package missing is a failure, not a skip.
 TEST(ServeOpenAiClient, TheOfficialClientWorks) {
-  const std::string cli = EBB_CLI_PATH;
-  const std::string prefix = cli.substr(0, cli.rfind('/')) + "/npm";
-  ASSERT_EQ(std::system("node --version >/dev/null 2>&1"), 0)
-      << "node is not installed: run scripts/setup.sh (it installs nodejs, and the openai package into " << prefix << ")";
-  ASSERT_TRUE(std::filesystem::exists(prefix + "/node_modules/openai/package.json"))
-      << "the openai npm package is not in " << prefix << ": run scripts/setup.sh (EBB_BUILD_DIR=" << prefix.substr(0, prefix.size() - 4)
-      << " for this build tree), or npm install --prefix " << prefix << " openai";
   ServerProcess server({"--api-key", kKey, "--ctx", "512", "--quiet"});
   ASSERT_GT(server.port(), 0) << server.first_line();
-  const std::string cmd = "timeout 60 node " + std::string(EBB_SOURCE_DIR) + "/tests/openai_client.mjs http://127.0.0.1:" +
-                          std::to_string(server.port()) + "/v1 " + kKey + " stories260K " + prefix + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
-  EXPECT_NE(out.find("openai client: all checks passed"), std::string::npos) << out;
+  const ScriptRun run = run_openai_script("openai_client.mjs", server.port());
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("openai client: all checks passed"), std::string::npos) << run.out;
   EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 

@@ -296,23 +296,9 @@ TEST_F(ServeTools, ThinkingIsReasoningContentWholeAndStreamed) {
 // BUILD/npm) on the same server: tools, streamed calls, a tool result, a
 // json_schema response (tests/openai_client_tools.mjs).
 TEST_F(ServeTools, TheOfficialClientCallsTools) {
-  const std::string cli = EBB_CLI_PATH;
-  const std::string prefix = cli.substr(0, cli.rfind('/')) + "/npm";
-  ASSERT_EQ(std::system("node --version >/dev/null 2>&1"), 0) << "node is not installed: run scripts/setup.sh";
-  ASSERT_TRUE(std::filesystem::exists(prefix + "/node_modules/openai/package.json"))
-      << "the openai npm package is not in " << prefix << ": run scripts/setup.sh";
-  const std::string cmd = "timeout 60 node " + std::string(EBB_SOURCE_DIR) +
-                          "/tests/openai_client_tools.mjs http://127.0.0.1:" + std::to_string(server_->port()) +
-                          "/v1 " + kKey + " stories260K " + prefix + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
-  EXPECT_NE(out.find("openai client tools: all checks passed"), std::string::npos) << out;
+  const ScriptRun run = run_openai_script("openai_client_tools.mjs", server_->port());
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("openai client tools: all checks passed"), std::string::npos) << run.out;
 }
 
 TEST(ServeToolsFallback, AServerWithoutATemplateRefusesToolsByName) {

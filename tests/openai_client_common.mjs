@@ -1,0 +1,31 @@
+// What the scripts that drive `ebb serve` with the official `openai` npm
+// client share (openai_client.mjs, openai_client_tools.mjs): their
+// arguments, the package loaded from where scripts/setup.sh installed it,
+// a client, and one printed line per check.
+//
+//   node tests/SCRIPT.mjs BASE_URL API_KEY MODEL NPM_PREFIX
+import { createRequire } from 'node:module';
+import { join } from 'node:path';
+
+export function connect(script) {
+  const [baseURL, apiKey, model, prefix] = process.argv.slice(2);
+  if (!baseURL || !apiKey || !model || !prefix) {
+    console.error(`usage: node ${script} BASE_URL API_KEY MODEL NPM_PREFIX`);
+    process.exit(2);
+  }
+  let mod;
+  try {
+    mod = createRequire(join(prefix, 'package.json'))('openai');
+  } catch (e) {
+    console.error(`the openai package is not installed under ${prefix} (run scripts/setup.sh): ${e.message}`);
+    process.exit(1);
+  }
+  const OpenAI = mod.OpenAI ?? mod.default ?? mod;
+  const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 15000 });
+  return { baseURL, apiKey, model, mod, OpenAI, client };
+}
+
+export async function check(name, fn) {
+  await fn();
+  console.log(`ok: ${name}`);
+}
