@@ -1,6 +1,5 @@
 #include "runtime/generate.h"
 
-
 #include <algorithm>
 
 #include "platform/error.h"
