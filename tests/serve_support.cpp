@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,10 +28,17 @@ using namespace std::chrono_literals;
 ServerProcess::ServerProcess(const std::vector<std::string>& extra, const std::string& model,
                              const std::string& cgroup_procs) {
   std::vector<std::string> args = {EBB_CLI_PATH, "serve",     "-m", model.empty() ? model_path("stories260K.gguf") : model,
-                                   "--port",     "0",         "--threads", "1", "--kv-chunk", "16", "--batch", "16"};
+                                   "--port",     "0",         "--threads", "1", "--batch", "16"};
+  // KV chunks of 16 unless the test names its own (--kv-chunk 0: ebb's default).
+  if (std::find(extra.begin(), extra.end(), "--kv-chunk") == extra.end()) args.insert(args.end(), {"--kv-chunk", "16"});
   args.insert(args.end(), extra.begin(), extra.end());
-  int out[2];
+  int out[2], err[2];
   if (::pipe(out) != 0) return;
+  if (::pipe(err) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return;
+  }
   pid_ = ::fork();
   if (pid_ == 0) {
     if (!cgroup_procs.empty()) {  // into the cgroup before anything is charged
@@ -39,10 +48,8 @@ ServerProcess::ServerProcess(const std::vector<std::string>& extra, const std::s
       ::close(fd);
     }
     ::dup2(out[1], STDOUT_FILENO);
-    const int devnull = ::open("/dev/null", O_WRONLY);
-    if (devnull >= 0) ::dup2(devnull, STDERR_FILENO);
-    ::close(out[0]);
-    ::close(out[1]);
+    ::dup2(err[1], STDERR_FILENO);
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -50,7 +57,10 @@ ServerProcess::ServerProcess(const std::vector<std::string>& extra, const std::s
     ::_exit(127);
   }
   ::close(out[1]);
+  ::close(err[1]);
   out_ = out[0];
+  err_ = err[0];
+  err_reader_ = std::thread([this] { drain(err_, &err_text_); });
   std::string line;
   const auto end = std::chrono::steady_clock::now() + 20s;
   while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < end) {
@@ -61,7 +71,12 @@ ServerProcess::ServerProcess(const std::vector<std::string>& extra, const std::s
     if (n <= 0) break;
     line.append(buf, static_cast<size_t>(n));
   }
-  first_line_ = line;
+  {
+    std::lock_guard lock(mu_);
+    out_text_ = line;
+  }
+  out_reader_ = std::thread([this] { drain(out_, &out_text_); });
+  first_line_ = line.substr(0, line.find('\n') == std::string::npos ? line.size() : line.find('\n') + 1);
   const size_t at = line.find("http://127.0.0.1:");
   if (at != std::string::npos) port_ = std::atoi(line.c_str() + at + std::strlen("http://127.0.0.1:"));
 }
@@ -71,7 +86,34 @@ ServerProcess::~ServerProcess() {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
   }
+  // The child is gone: both pipes reach EOF and the readers end.
+  if (out_reader_.joinable()) out_reader_.join();
+  if (err_reader_.joinable()) err_reader_.join();
   if (out_ >= 0) ::close(out_);
+  if (err_ >= 0) ::close(err_);
+}
+
+void ServerProcess::drain(int fd, std::string* into) {
+  constexpr size_t kKeep = 256 << 10;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    std::lock_guard lock(mu_);
+    into->append(buf, static_cast<size_t>(n));
+    if (into->size() > kKeep) into->erase(0, into->size() - kKeep);
+  }
+}
+
+std::string ServerProcess::out() const {
+  std::lock_guard lock(mu_);
+  return out_text_;
+}
+
+std::string ServerProcess::err() const {
+  std::lock_guard lock(mu_);
+  return err_text_;
 }
 
 int ServerProcess::stop(int sig, std::chrono::milliseconds limit) {
@@ -82,6 +124,9 @@ int ServerProcess::stop(int sig, std::chrono::milliseconds limit) {
   while (std::chrono::steady_clock::now() < end) {
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       reaped_ = true;
+      // Its pipes are at EOF: out() and err() hold everything it printed.
+      if (out_reader_.joinable()) out_reader_.join();
+      if (err_reader_.joinable()) err_reader_.join();
       return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     std::this_thread::sleep_for(10ms);

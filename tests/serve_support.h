@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/types.h>
@@ -15,8 +17,9 @@ namespace ebb::test {
 
 inline constexpr const char* kKey = "test-key-123";
 
-// An `ebb serve` child process on stories260K (1 thread, KV chunks of 16,
-// batch 16) plus `extra` arguments; killed at the end unless stopped.
+// An `ebb serve` child process on stories260K (1 thread, KV chunks of 16
+// unless extra has --kv-chunk, batch 16) plus `extra` arguments; killed at
+// the end unless stopped.
 class ServerProcess {
  public:
   // Starts it and reads its port from the first line it prints; port() is 0
@@ -31,14 +34,23 @@ class ServerProcess {
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
   const std::string& first_line() const { return first_line_; }
+  // What it printed so far on stdout (the first line included) and on
+  // stderr, each its last 256 KiB: readers drain both pipes, so a server
+  // that logs every request never blocks on a full pipe.
+  std::string out() const;
+  std::string err() const;
 
   // Sends `sig` and waits up to `limit` for the exit; returns the exit
   // status, or -1 when it did not exit (it is killed then).
   int stop(int sig, std::chrono::milliseconds limit = std::chrono::milliseconds(10000));
 
  private:
+  void drain(int fd, std::string* into);
   pid_t pid_ = -1;
-  int out_ = -1;
+  int out_ = -1, err_ = -1;
+  mutable std::mutex mu_;
+  std::string out_text_, err_text_;
+  std::thread out_reader_, err_reader_;
   int port_ = 0;
   bool reaped_ = false;
   std::string first_line_;

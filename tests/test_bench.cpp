@@ -137,7 +137,7 @@ using test::run_cli;
 
 TEST(BenchCli, SpeedJsonHasTheRequiredKeys) {
   const std::string model = test::model_path("stories260K.gguf");
-  const CliResult r = run_cli("bench speed -m " + model + " -p 16 -n 4 -r 2 --threads 2 --membw-mib 2 --json");
+  const CliResult r = run_cli("bench speed -m " + model + " -p 16 -n 4 --reps 2 --threads 2 --membw-mib 2 --json");
   ASSERT_EQ(r.status, 0) << r.err;
   nlohmann::json j;
   ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
@@ -161,7 +161,7 @@ TEST(BenchCli, SpeedJsonHasTheRequiredKeys) {
 
 TEST(BenchCli, SpeedTableAndErrors) {
   const std::string model = test::model_path("stories260K.gguf");
-  const CliResult t = run_cli("bench speed -m " + model + " -p 8 -n 2 -r 1 --threads 1 --membw-mib 1");
+  const CliResult t = run_cli("bench speed -m " + model + " -p 8 -n 2 --reps 1 --threads 1 --membw-mib 1");
   ASSERT_EQ(t.status, 0) << t.err;
   for (const char* k : {"prefill tok/s", "decode tok/s", "model MB / token", "achieved GB/s", "machine read GB/s",
                         "achieved / bound", "decode roofline tok/s", "isa", "threads"}) {
@@ -169,10 +169,10 @@ TEST(BenchCli, SpeedTableAndErrors) {
   }
   // `bench` needs a benchmark name.
   EXPECT_NE(run_cli("bench").status, 0);
-  const CliResult ctx = run_cli("bench speed -m " + model + " -p 16 -n 4 -r 1 -c 8 --membw-mib 0");
+  const CliResult ctx = run_cli("bench speed -m " + model + " -p 16 -n 4 --reps 1 -c 8 --membw-mib 0");
   EXPECT_EQ(ctx.status, 1);
   EXPECT_NE(ctx.err.find("context"), std::string::npos) << ctx.err;
-  const CliResult reps = run_cli("bench speed -m " + model + " -r 0 --membw-mib 0");
+  const CliResult reps = run_cli("bench speed -m " + model + " --reps 0 --membw-mib 0");
   EXPECT_EQ(reps.status, 1);
   EXPECT_NE(reps.err.find("reps must be >= 1"), std::string::npos) << reps.err;
   const CliResult missing = run_cli("bench speed -m /nonexistent/model.gguf");

@@ -312,7 +312,7 @@ TEST(CliRun, TheCgroupLimitIsTheDefaultMemoryLimit) {
 TEST(CliBench, ABudgetThatFailsIsReportedAfterTheTableOfThoseThatRan) {
   // 1 MiB is below what the plan needs; 90% runs and is printed.
   const Result r = run_cli("bench budget -m " + test::model_path("tiny-qwen3-f16.gguf") +
-                           " --budget 1MiB,90% --systems ebb -n 4 -p 8 -r 1 --no-resident -t 1");
+                           " --budget 1MiB,90% --systems ebb -n 4 -p 8 --reps 1 --no-resident -t 1");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.out.find("system           budget"), std::string::npos) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\nebb +5\.63 MiB +[0-9.]+ )"))) << r.out;

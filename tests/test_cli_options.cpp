@@ -85,6 +85,29 @@ TEST(CliOptions, TyposGetTheClosestOption) {
   EXPECT_EQ(r.err.find("did you mean"), std::string::npos) << r.err;
 }
 
+// -r is the reverse prompt (run, chat) and nothing else: train spells its
+// rank --rank, the benchmarks their repetitions --reps (a -r there is
+// pointed to it).
+TEST(CliOptions, ShortRIsNotRepsInBench) {
+  Result r = run_cli("bench speed -m " + stories() + " -p 8 -n 2 -r 1 --membw-mib 0");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("ebb bench speed has no option -r; did you mean --reps?"), std::string::npos) << r.err;
+  r = run_cli("bench speed -m " + stories() + " -p 8 -n 2 --reps 1 -t 1 --membw-mib 0");
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (const char* sub : {"bench ttft", "bench budget", "bench batch", "bench serve", "bench prefix", "bench train",
+                          "bench kvcodec"}) {
+    const Result h = run_cli(std::string(sub) + " --help");
+    EXPECT_EQ(h.status, 0) << sub << h.err;
+    EXPECT_NE(h.out.find("--reps"), std::string::npos) << sub;
+    EXPECT_EQ(h.out.find("-r,"), std::string::npos) << sub << h.out;
+  }
+  const Result train = run_cli("train --help");
+  EXPECT_NE(train.out.find("--rank"), std::string::npos) << train.out;
+  EXPECT_EQ(train.out.find("-r,"), std::string::npos) << train.out;
+  const Result run = run_cli("run --help");
+  EXPECT_TRUE(std::regex_search(run.out, std::regex(R"(-r,\s*--reverse-prompt)"))) << run.out;
+}
+
 TEST(CliOptions, HelpSubcommandAndGroups) {
   const Result top = run_cli("help");
   ASSERT_EQ(top.status, 0) << top.err;

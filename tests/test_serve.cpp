@@ -380,3 +380,66 @@ TEST(ServeOpenAiClient, TheOfficialClientWorks) {
 }
 
 }  // namespace
+
+// stories260K's context is 128 tokens: the default KV chunk adapts to it
+// (32 tokens), so two prompts that share a prefix share its KV; a chunk
+// larger than the context (--kv-chunk 256, the old default) shares nothing.
+TEST(ServeAlone, TheDefaultChunkFitsASmallContextSoPrefixesAreReused) {
+  const std::string shared = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
+  for (const char* chunk : {"0", "256"}) {
+    ServerProcess server({"--kv-chunk", chunk, "--quiet"});
+    ASSERT_GT(server.port(), 0) << server.first_line();
+    auto c = client(server.port(), false);
+    int64_t cached = -1;
+    for (const char* tail : {" One day", " Then"}) {
+      const Reply r = post(*c, "/v1/completions",
+                           json{{"prompt", shared + tail}, {"max_tokens", 4}, {"temperature", 0}});
+      ASSERT_EQ(r.status, 200) << r.raw;
+      ASSERT_GE(r.body["usage"]["prompt_tokens"].get<int64_t>(), 33) << r.raw;  // more than one chunk of 32
+      cached = r.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    }
+    const double hit = metric_value(*c, "ebb_prefix_cache_hit_tokens_total");
+    if (std::string(chunk) == "0") {
+      EXPECT_EQ(cached, 32) << "one whole chunk of the shared prefix";
+      EXPECT_EQ(hit, 32);
+    } else {
+      EXPECT_EQ(cached, 0);
+      EXPECT_EQ(hit, 0);
+    }
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+  }
+}
+
+// The listening line, one line per request and the shutdown go to stdout
+// (one stream tells what the server did); --quiet leaves the listening line
+// alone: no load progress, no request lines.
+TEST(ServeAlone, TheListeningLineAndRequestLogsShareStdoutQuietSilencesTheRest) {
+  {
+    ServerProcess server({"--progress-after", "0"});
+    ASSERT_GT(server.port(), 0) << server.first_line();
+    auto c = client(server.port(), false);
+    ASSERT_EQ(post(*c, "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 2}}).status, 200);
+    // The line is written after the answer: wait for it a little.
+    const auto end = std::chrono::steady_clock::now() + 5s;
+    while (server.out().find("POST /v1/completions 200") == std::string::npos && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+    const std::string out = server.out(), err = server.err();
+    const size_t listening = out.find("ebb serve: listening on http://");
+    const size_t request = out.find("POST /v1/completions 200");
+    ASSERT_NE(listening, std::string::npos) << out;
+    ASSERT_NE(request, std::string::npos) << out;
+    EXPECT_LT(listening, request);
+    EXPECT_NE(out.find("ebb serve: stopped"), std::string::npos) << out;
+    EXPECT_EQ(err.find("POST /v1/completions"), std::string::npos) << err;
+    EXPECT_NE(err.find("loading stories260K.gguf: 100%"), std::string::npos) << err;
+  }
+  ServerProcess quiet({"--progress-after", "0", "-q"});
+  ASSERT_GT(quiet.port(), 0) << quiet.first_line();
+  auto c = client(quiet.port(), false);
+  ASSERT_EQ(post(*c, "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 2}}).status, 200);
+  EXPECT_EQ(quiet.stop(SIGTERM), 0);
+  EXPECT_NE(quiet.out().find("ebb serve: listening on http://"), std::string::npos) << quiet.out();
+  EXPECT_EQ(quiet.out().find("POST /v1/completions"), std::string::npos) << quiet.out();
+  EXPECT_EQ(quiet.err().find("loading "), std::string::npos) << quiet.err();
+}

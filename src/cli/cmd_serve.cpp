@@ -203,12 +203,15 @@ int serve(ServeArgs& a) {
 
   // Conversations reuse their KV across requests through the prefix cache.
   a.model.prefix_cache = true;
+  a.model.quiet = a.model.quiet || a.quiet;  // --quiet: no load progress or notes either
   std::unique_ptr<Engine> engine = make_engine(a.model);
-  const SessionOptions sopts = session_options(a.model);
+  SessionOptions sopts = session_options(a.model);
   int64_t n_ctx = 0;
   {
     Session probe(*engine, sopts);
     n_ctx = probe.n_ctx();
+    // The chunk the context gets (the scheduler sizes requests' KV by it).
+    sopts.kv_chunk_size = probe.options().kv_chunk_size;
   }
 
   serve::ServerOptions so;
@@ -219,7 +222,7 @@ int serve(ServeArgs& a) {
   so.model_id = model_id_of(a.model.model);
   so.session = sopts;
   so.n_ctx = n_ctx;
-  so.log_requests = !a.quiet;
+  so.log_requests = !a.quiet;  // on stdout, after the listening line
   so.adapter_dir = a.adapter_dir;
   so.pressure = a.pressure;
   so.pressure_step = a.pressure_step / 100.0;
@@ -273,14 +276,16 @@ int serve(ServeArgs& a) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   if (!listen_failed) {
-    std::fprintf(stderr, "ebb serve: %s: finishing running answers (up to %.1f s), then exiting\n",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM", a.grace);
+    std::printf("ebb serve: %s: finishing running answers (up to %.1f s), then exiting\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM", a.grace);
+    std::fflush(stdout);
   }
   scheduler.shutdown(a.grace);  // new requests get 503; running ones finish or are cancelled
   server.stop();
   listener.join();
   if (listen_failed) throw Error("the HTTP server stopped unexpectedly on " + a.host + ":" + std::to_string(port));
-  std::fprintf(stderr, "ebb serve: stopped\n");
+  std::printf("ebb serve: stopped\n");
+  std::fflush(stdout);
   return 0;
 }
 
@@ -315,7 +320,7 @@ void add_serve_command(CLI::App& app, int* rc) {
       ->capture_default_str();
   sub->add_option("--max-queue", a->max_queue, "Requests waiting at most (503 beyond)")->capture_default_str();
   sub->add_option("--grace", a->grace, "On SIGINT/SIGTERM, seconds running answers get to finish")->capture_default_str();
-  sub->add_flag("--quiet", a->quiet, "Do not log a line per request on stderr");
+  sub->add_flag("-q,--quiet", a->quiet, "No load progress, notes or line per request (the listening line stays)");
   sub->add_option("--adapter-dir", a->adapter_dir,
                   "Directory adapters load from over HTTP (by name: NAME.gguf or a PEFT directory NAME/), "
                   "and where trained adapters are written");

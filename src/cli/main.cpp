@@ -56,10 +56,10 @@ constexpr const char* kShortFlags =
     "Short options mean the same in every subcommand, as in llama.cpp's tools:\n"
     "  -m model   -t threads   -c context size   -b prefill batch   -v verbose\n"
     "  -p prompt (bench: prompt tokens)   -n tokens to generate   -f prompt file\n"
-    "  -e process escapes in the prompt   -r reverse prompt (a stop string; bench: repetitions, as in llama-bench)\n"
+    "  -e process escapes in the prompt   -r reverse prompt (a stop string)\n"
     "  -o output file   -q quiet   -h help\n"
     "  -ngl, -fa, -sys are llama.cpp's spellings of --n-gpu-layers, --flash-attn, --system-prompt.\n"
-    "Long options only where a letter would mean two things (train --rank, train --batch-size).\n"
+    "Long options only where a letter would mean two things (train --rank, train --batch-size, bench --reps).\n"
     "ebb help SUBCOMMAND (or ebb SUBCOMMAND --help) shows a subcommand's options.";
 
 std::string names(const CLI::App* app) {

@@ -56,7 +56,11 @@ void add_model_options(CLI::App* app, ModelArgs& a, const ModelOptionSet& set) {
   app->add_flag("--no-mmap", a.no_mmap, "Accepted for llama.cpp and ignored: ebb reads the weights into its own memory")
       ->group(g);
   if (set.context) {
-    app->add_option("--kv-chunk", a.kv_chunk, "Tokens per KV chunk")->capture_default_str()->group(g);
+    app->add_option("--kv-chunk", a.kv_chunk,
+                    "Tokens per KV chunk, the prefix cache's granularity (0: 256, or for a small context the "
+                    "largest power of two <= ctx/4, at least 16)")
+        ->capture_default_str()
+        ->group(g);
     app->add_option("--kv-type", a.kv_type, "KV cache element type: f16 or f32")->capture_default_str()->group(g);
     app->add_flag("--f16-attention", a.f16_attention,
                   "F16 KV: accumulate attention in F16 position by position, as llama.cpp does (to compare logits "
@@ -212,6 +216,15 @@ std::string closest_name(const std::string& unknown, const std::vector<std::stri
   auto strip = [](const std::string& s) { return s.substr(std::min(s.find_first_not_of('-'), s.size())); };
   const std::string u = strip(unknown);
   if (u.empty()) return "";
+  // A short flag the command does not have (-r in bench): the one long
+  // option that starts with its letter (--reps), if only one does.
+  if (unknown.size() == 2 && unknown[0] == '-') {
+    std::string only;
+    int n = 0;
+    for (const std::string& name : known)
+      if (name.size() > 3 && name.compare(0, 2, "--") == 0 && name[2] == unknown[1]) only = name, ++n;
+    if (n == 1) return only;
+  }
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
   for (const std::string& name : known) {
@@ -278,7 +291,8 @@ namespace {
 void validate(const ModelArgs& a) {
   if (a.ctx < 0) throw UsageError("--ctx " + std::to_string(a.ctx) + ": must be >= 0 (0: min(training context, 4096))");
   if (a.batch <= 0) throw UsageError("--batch " + std::to_string(a.batch) + ": must be >= 1");
-  if (a.kv_chunk <= 0) throw UsageError("--kv-chunk " + std::to_string(a.kv_chunk) + ": must be >= 1");
+  if (a.kv_chunk < 0)
+    throw UsageError("--kv-chunk " + std::to_string(a.kv_chunk) + ": must be >= 1 (or 0: sized from the context)");
   if (a.memory_budget.empty() && !a.budget_system.empty())
     throw UsageError("--budget-system only applies with --memory-budget SIZE");
   if (a.budget_window <= 0) throw UsageError("--budget-window " + std::to_string(a.budget_window) + ": must be >= 1");
@@ -450,7 +464,8 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
                  "of %lld | prefill batch %lld | elastic memory %s | prefix cache %s%s%s | loaded in %.2f s\n",
                  a.model.c_str(), e->config().arch_name.c_str(), static_cast<long long>(e->config().n_layer),
                  static_cast<long long>(train_ctx), std::string(isa_name(e->isa())).c_str(), e->pool().size(),
-                 static_cast<long long>(context_of(a, *e)), a.kv_type.c_str(), static_cast<long long>(a.kv_chunk),
+                 static_cast<long long>(context_of(a, *e)), a.kv_type.c_str(),
+                 static_cast<long long>(a.kv_chunk > 0 ? a.kv_chunk : e->session_chunk_size(context_of(a, *e))),
                  static_cast<long long>(a.batch), e->elastic() ? "on" : "off (budget mode)",
                  o.prefix_cache ? "on" : "off", o.cache_dir.empty() ? "" : " in ", o.cache_dir.c_str(), clock.seconds());
   }

@@ -30,7 +30,7 @@ struct ModelArgs {
   std::string isa;
   int64_t ctx = 0;
   int n_gpu_layers = -1;              // llama.cpp's -ngl: accepted, ignored with a note (ebb runs on the CPU)
-  int64_t kv_chunk = 256;
+  int64_t kv_chunk = 0;               // 0: Engine::session_chunk_size (adapts to the context)
   std::string kv_type = "f16";
   bool f16_attention = false;
   int64_t batch = 64;

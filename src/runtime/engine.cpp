@@ -41,6 +41,13 @@ uint64_t fingerprint(const Model& m) {
 
 }  // namespace
 
+int64_t default_kv_chunk_size(int64_t n_ctx) {
+  int64_t chunk = 256;
+  if (n_ctx <= 0) return chunk;  // unknown context
+  while (chunk > 16 && chunk > n_ctx / 4) chunk /= 2;
+  return chunk;
+}
+
 uint64_t Footprint::weights() const {
   uint64_t t = 0;
   for (uint64_t b : weights_per_layer) t += b;
@@ -75,6 +82,12 @@ Engine::Engine(const EngineOptions& opts)
                     " with no kernels on target " + std::string(isa_name(isa_)));
       }
     }
+  }
+  // A chunk for sessions of the default context; each session's adapts to its own.
+  adaptive_chunk_ = opts_.kv_chunk_size <= 0;
+  if (adaptive_chunk_) {
+    const int64_t n_ctx = opts_.budget.n_ctx > 0 ? opts_.budget.n_ctx : std::min<int64_t>(c.n_ctx_train, 4096);
+    opts_.kv_chunk_size = default_kv_chunk_size(n_ctx);
   }
   ForwardOptions fo;
   fo.max_batch = opts_.prefill_batch;

@@ -26,12 +26,22 @@ namespace ebb {
 
 class Session;
 
+// The KV chunk a context of n_ctx tokens gets by default: 256 tokens, or
+// less for a small context — the largest power of two <= n_ctx / 4, at
+// least 16 — so the prefix cache (whose granularity is the chunk) can reuse
+// a shared prefix there too.
+int64_t default_kv_chunk_size(int64_t n_ctx);
+
 struct EngineOptions {
   std::string model_path;
   int n_threads = 0;            // 0: all hardware threads
   std::optional<Isa> isa;       // force a (lower) kernel target; default: best supported
   int64_t prefill_batch = 64;   // tokens per prefill micro-batch
-  int64_t kv_chunk_size = 256;  // default KV chunk size of sessions
+  // Default KV chunk size of sessions (tokens); 0: each session's adapts to
+  // its context (default_kv_chunk_size), so a small context still has
+  // several chunks for the prefix cache to share. options() reports the
+  // chunk of a session with the default context.
+  int64_t kv_chunk_size = 0;
   BudgetOptions budget;         // budget mode (FlexInfer) when budget.budget > 0
   bool elastic = true;          // elastic memory (evict/restore); off in budget mode
   ElasticOptions elastic_opts;  // its isa is set to the engine's target
@@ -77,6 +87,11 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const EngineOptions& options() const { return opts_; }
+  // The KV chunk of a session of n_ctx tokens that asks for none: the
+  // engine's kv_chunk_size when one was given, else default_kv_chunk_size.
+  int64_t session_chunk_size(int64_t n_ctx) const {
+    return adaptive_chunk_ ? default_kv_chunk_size(n_ctx) : opts_.kv_chunk_size;
+  }
   Model& model() { return *model_; }
   const Model& model() const { return *model_; }
   const Tokenizer& tokenizer() const { return model_->tokenizer(); }
@@ -135,6 +150,7 @@ class Engine {
   void detach(Session* s);
 
   EngineOptions opts_;
+  bool adaptive_chunk_ = false;  // opts.kv_chunk_size was 0: sessions' chunks follow their contexts
   Ledger ledger_;
   Allocator alloc_{&ledger_};
   ThreadPool pool_;

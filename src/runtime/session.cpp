@@ -12,7 +12,7 @@ namespace ebb {
 Session::Session(Engine& engine, SessionOptions opts) : engine_(engine), opts_(opts) {
   const ModelConfig& c = engine_.config();
   if (opts_.n_ctx <= 0) opts_.n_ctx = std::min<int64_t>(c.n_ctx_train, 4096);
-  if (opts_.kv_chunk_size <= 0) opts_.kv_chunk_size = engine_.options().kv_chunk_size;
+  if (opts_.kv_chunk_size <= 0) opts_.kv_chunk_size = engine_.session_chunk_size(opts_.n_ctx);
   KvCacheOptions ko;
   ko.chunk_size = opts_.kv_chunk_size;
   ko.type = opts_.kv_type;

@@ -29,7 +29,7 @@ class Engine;
 
 struct SessionOptions {
   int64_t n_ctx = 0;           // context limit in tokens; 0: min(model's training context, 4096)
-  int64_t kv_chunk_size = 0;   // 0: the engine's default
+  int64_t kv_chunk_size = 0;   // 0: the engine's default (Engine::session_chunk_size)
   DType kv_type = DType::kF16;  // kF16 or kF32
   // F16 KV: attention accumulates in F16 position by position, as the
   // reference engine does (to compare logits with it), instead of in F32

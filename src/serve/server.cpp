@@ -269,9 +269,11 @@ Usage Server::Impl::usage_of(int64_t n_prompt, const GenerateStats& st) {
 void Server::Impl::log(const httplib::Request& req, int status, const std::string& id, const Usage& u, StopReason stop,
                        double seconds) const {
   if (!opts.log_requests) return;
-  std::fprintf(stderr, "%s %s %d %s | prompt %" PRId64 " (cached %" PRId64 ") | gen %" PRId64 " | %s | %.1f ms\n",
+  // On stdout, as the listening line: one stream tells what the server did.
+  std::fprintf(stdout, "%s %s %d %s | prompt %" PRId64 " (cached %" PRId64 ") | gen %" PRId64 " | %s | %.1f ms\n",
                req.method.c_str(), req.path.c_str(), status, id.c_str(), u.prompt_tokens, u.cached_tokens,
                u.completion_tokens, std::string(stop_reason_name(stop)).c_str(), seconds * 1e3);
+  std::fflush(stdout);
 }
 
 // Server-Sent Events: a chunk per piece of text, the last chunk with the

@@ -59,7 +59,7 @@ struct ServerOptions {
   // Connection limits and timeouts (http_server.h); max_body and the
   // worker count above take precedence over theirs.
   HttpLimits http;
-  bool log_requests = true;        // one line per completion on stderr
+  bool log_requests = true;        // one line per completion on stdout
   // Adapters load over HTTP from this directory only, by name ("": none
   // load over HTTP); trained adapters and their checkpoints are written here.
   std::string adapter_dir;

@@ -237,9 +237,11 @@ struct Server::Impl {
 
   bool gone(const auto& st) {
     st.stream->cancel();
-    if (opts.log_requests)
-      std::fprintf(stderr, "%s %s %s | cancelled: the client went away mid-stream\n", st.method.c_str(),
+    if (opts.log_requests) {  // on stdout with the other request lines
+      std::fprintf(stdout, "%s %s %s | cancelled: the client went away mid-stream\n", st.method.c_str(),
                    st.path.c_str(), st.id.c_str());
+      std::fflush(stdout);
+    }
     std::lock_guard lock(stats_mu);
     ++streams_cancelled;
     return false;
