@@ -220,7 +220,7 @@ void add_bench_prefix_command(CLI::App* bench, int* rc) {
   add_model_options(sub, a->model);
   sub->add_option("--prefix", a->prefix, "Prefix tokens")->capture_default_str();
   sub->add_option("--turn", a->turn, "Turn tokens after the prefix")->capture_default_str();
-  sub->add_option("--reps,--repetitions", a->reps, "Timed rounds (after one warm-up); medians are reported")->capture_default_str();
+  sub->add_option("--reps", a->reps, "Timed rounds (after one warm-up); medians are reported")->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
   sub->callback([a, rc] { *rc = run_prefix_bench(*a); });
 }

@@ -287,7 +287,7 @@ void add_bench_serve_command(CLI::App* bench, int* rc) {
       ->capture_default_str();
   sub->add_option("-p,--prompt-tokens", a->prompt, "Prompt tokens per request")->capture_default_str();
   sub->add_option("-n,--gen-tokens", a->gen, "Tokens generated per request")->capture_default_str();
-  sub->add_option("--reps,--repetitions", a->reps, "Timed repetitions (after one warm-up); medians are reported")
+  sub->add_option("--reps", a->reps, "Timed repetitions (after one warm-up); medians are reported")
       ->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
   sub->callback([a, rc] { *rc = run_serve_bench(*a); });

@@ -213,7 +213,7 @@ void add_bench_train_command(CLI::App* bench, int* rc) {
   add_model_options(sub, a->model);
   sub->add_option("--rank", a->rank, "Rank of the adapter trained")->capture_default_str();
   sub->add_option("--seq", a->seq, "Tokens per sample (one sample per step), and of the prefill")->capture_default_str();
-  sub->add_option("--reps,--repetitions", a->reps, "Timed reps (after one warm-up); medians are reported")->capture_default_str();
+  sub->add_option("--reps", a->reps, "Timed reps (after one warm-up); medians are reported")->capture_default_str();
   sub->add_option("--targets", a->targets, "Projections adapted, comma-separated")->capture_default_str();
   sub->add_option("--recompute", a->recompute, "Activations: never (kept), always (recomputed per layer), auto")
       ->capture_default_str();

@@ -238,7 +238,7 @@ void add_speed_command(CLI::App* bench, int* rc) {
       ->capture_default_str();
   sub->add_option("-n,--gen-tokens", a->speed.gen_tokens, "Tokens decoded one at a time after the prompt")
       ->capture_default_str();
-  sub->add_option("--reps,--repetitions", a->speed.reps, "Timed repetitions (after one warm-up); medians are reported")
+  sub->add_option("--reps", a->speed.reps, "Timed repetitions (after one warm-up); medians are reported")
       ->capture_default_str();
   sub->add_option("--seed", a->speed.seed, "Seed of the pseudo-random prompt token ids")->capture_default_str();
   sub->add_option("--membw-mib", a->membw_mib, "Memory-bandwidth probe buffer in MiB (0: skip the probe)")

@@ -159,7 +159,7 @@ void add_budget_command(CLI::App* bench, int* rc) {
   sub->add_option("--systems", a->systems, "Systems to run")->capture_default_str();
   sub->add_option("-n,--gen-tokens", a->o.gen_tokens, "Decoded tokens")->capture_default_str();
   sub->add_option("-p,--prompt-tokens", a->o.prompt_tokens, "Prompt tokens (one prefill)")->capture_default_str();
-  sub->add_option("--reps,--repetitions", a->o.reps, "Repetitions; medians are reported")->capture_default_str();
+  sub->add_option("--reps", a->o.reps, "Repetitions; medians are reported")->capture_default_str();
   sub->add_option("-t,--threads", a->threads, "Compute threads (0: all hardware threads)")->capture_default_str();
   sub->add_option("--window", a->o.window, "Prefetch window in layers")->capture_default_str();
   sub->add_flag("--drop-caches", a->o.drop_caches, "Drop the page cache before each run (root)");

@@ -90,7 +90,7 @@ void add_kvcodec_command(CLI::App* bench, int* rc) {
       ->capture_default_str();
   sub->add_option("--continuation", a->bench.continuation, "Tokens fed after the round trip to measure accuracy")
       ->capture_default_str();
-  sub->add_option("--reps,--repetitions", a->bench.reps, "Timed repetitions; medians are reported")->capture_default_str();
+  sub->add_option("--reps", a->bench.reps, "Timed repetitions; medians are reported")->capture_default_str();
   sub->add_option("--codec-isa", a->codec_isa, "Codec target: scalar, avx2, avx512, neon (default: the engine's)");
   sub->add_flag("--zstd19", a->bench.zstd19, "Also run zstd at level 19 (slow)");
   sub->add_flag("--json", a->json, "Print one JSON array of rows instead of the table");

@@ -132,7 +132,7 @@ void add_ttft_command(CLI::App* bench, int* rc) {
   sub->add_option("--context", a->contexts, "Context lengths in tokens, comma-separated")->capture_default_str();
   sub->add_option("--remaining", a->remaining, "Remaining memory levels in % of weights + KV")->capture_default_str();
   sub->add_option("--query", a->o.query_tokens, "Query tokens fed after the context")->capture_default_str();
-  sub->add_option("--reps,--repetitions", a->o.reps, "Rounds (every level once per round); medians are reported")
+  sub->add_option("--reps", a->o.reps, "Rounds (every level once per round); medians are reported")
       ->capture_default_str();
   sub->add_option("-t,--threads", a->threads, "Compute threads (0: all hardware threads)")->capture_default_str();
   sub->add_option("--kv-chunk", a->o.kv_chunk_size, "KV chunk size in tokens")->capture_default_str();

@@ -4,7 +4,10 @@
 // chat's /memory prints it), memory by state over the last ten minutes
 // (a stacked chart on a canvas, from /v1/memory/history), tok/s and the
 // queues, refreshed every second, and has buttons for evict, restore, trim
-// and the limit.
+// and the limit. A chat panel streams answers from /v1/chat/completions
+// with the base model, a loaded adapter (/v1/models) or an agent
+// (/v1/agents, when the server has agents) while the map keeps updating;
+// /?demo=TEXT sends TEXT once the page has loaded (tests, screenshots).
 //
 // The page is static and holds no data; with --api-key its script sends
 // the key as "Authorization: Bearer KEY", taken from the URL's fragment
@@ -60,12 +63,34 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
   table.bytes { border-collapse: collapse; font-variant-numeric: tabular-nums; }
   table.bytes td { padding: 1px 12px 1px 0; }
   table.bytes td:nth-child(2) { text-align: right; }
+  #chat-log { max-height: 320px; min-height: 60px; overflow: auto; display: flex; flex-direction: column; gap: 6px; margin: 8px 0; }
+  .msg { padding: 6px 10px; border-radius: 6px; white-space: pre-wrap; max-width: 90%; }
+  .msg.user { align-self: flex-end; background: #e7f0fb; }
+  .msg.assistant { align-self: flex-start; background: #f1f1f1; }
+  .msg.assistant.streaming::after { content: "▍"; color: var(--muted); }
+  .msg.failed { background: #fbe9e9; color: var(--stored); }
+  #chat-form textarea { flex: 1; min-width: 200px; font: inherit; padding: 6px 10px; border: 1px solid #bbb; border-radius: 4px; resize: vertical; }
+  #chat-stats { font-size: 12px; color: var(--muted); min-height: 1.4em; }
 </style>
 </head>
 <body>
-<header><h1>ebb serve</h1><span id="model"></span><span id="status">connecting…</span>
+<header><h1>ebb serve</h1><span id="model"></span><span id="status">connecting to the server…</span>
 <form id="keyform" hidden><input id="key" type="password" placeholder="API key" autocomplete="off"><button>Use key</button></form></header>
 <main>
+  <section class="wide" id="chat-panel">
+    <h2>Chat</h2>
+    <div class="controls">
+      <label>with <select id="chat-model"><option value="">(the base model)</option></select></label>
+      <button id="chat-new" type="button">New chat</button>
+    </div>
+    <div id="chat-log" aria-live="polite"></div>
+    <form id="chat-form" class="controls">
+      <textarea id="chat-input" rows="2" placeholder="Message (Enter sends, Shift+Enter starts a new line)"></textarea>
+      <button id="chat-send">Send</button>
+      <button id="chat-stop" type="button" disabled>Stop</button>
+    </form>
+    <div id="chat-stats"></div>
+  </section>
   <section class="wide">
     <h2>Now</h2>
     <div class="stats">
@@ -138,12 +163,17 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
     key = $("key").value.trim();
     sessionStorage.setItem("ebb-key", key);
     $("keyform").hidden = true;
+    loadChoices().catch(() => {});
     tick();
   };
 
-  async function api(path, body) {
-    const headers = {};
+  function auth(headers) {
     if (key) headers["Authorization"] = "Bearer " + key;
+    return headers;
+  }
+
+  async function api(path, body) {
+    const headers = auth({});
     const init = { headers, cache: "no-store" };
     if (body !== undefined) {
       init.method = "POST";
@@ -270,12 +300,27 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
     return Math.min(WINDOW_S, Math.max(60, history[history.length - 1].t - history[0].t));
   }
 
-  function axes(g, w, h, pad, top, label, sp) {
+  // Four steps of 1, 2, 2.5 or 5 times a power of `base` (1024 for bytes,
+  // 10 otherwise) from 0 to at least `max`: labels that are all different
+  // and round ("0 B, 256 KiB, 512 KiB, ..." rather than "0 B, 1 B, 1 B, 1 B").
+  function niceScale(max, base) {
+    let unit = 1;
+    while (max / unit >= base) unit *= base;
+    const raw = max / unit / 4;
+    let mag = 1;
+    while (mag * 10 <= raw) mag *= 10;
+    while (mag > raw && mag > 1e-6) mag /= 10;
+    let step = mag;
+    for (const f of [1, 2, 2.5, 5, 10]) { step = f * mag; if (step >= raw) break; }
+    return { top: step * unit * 4, step: step * unit };
+  }
+
+  function axes(g, w, h, pad, top, label, sp, step) {
     g.strokeStyle = "#ddd"; g.fillStyle = "#666"; g.font = "11px system-ui, sans-serif"; g.lineWidth = 1;
     for (let k = 0; k <= 4; ++k) {
       const y = h - pad.b - (h - pad.t - pad.b) * k / 4;
       g.beginPath(); g.moveTo(pad.l, y); g.lineTo(w - pad.r, y); g.stroke();
-      g.fillText(label(top * k / 4), 4, y + 4);
+      g.fillText(label(step * k), 4, y + 4);
     }
     const step = sp <= 120 ? 15 : sp <= 300 ? 60 : 120;
     for (let s = 0; s <= sp + 0.001; s += step) {
@@ -289,11 +334,11 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
     const [g, w, h] = setupCanvas($("chart"));
     const pad = { l: 70, r: 10, t: 8, b: 20 };
     const now = history.length ? history[history.length - 1].t : Date.now() / 1000;
-    let top = 1;
-    for (const s of history) { let sum = 0; for (const [, , f] of SERIES) sum += f(s); top = Math.max(top, sum); }
-    top *= 1.1;
+    let max = 1 << 20;  // an empty chart still has a scale: 0 to 1 MiB
+    for (const s of history) { let sum = 0; for (const [, , f] of SERIES) sum += f(s); max = Math.max(max, sum); }
+    const { top, step } = niceScale(max * 1.05, 1024);
     const sp = span();
-    axes(g, w, h, pad, top, bytes, sp);
+    axes(g, w, h, pad, top, bytes, sp, step);
     const X = (t) => pad.l + (w - pad.l - pad.r) * (1 - (now - t) / sp);
     const Y = (v) => h - pad.b - (h - pad.t - pad.b) * v / top;
     if (history.length < 1) return;
@@ -316,11 +361,11 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
     const [g, w, h] = setupCanvas($("load"));
     const pad = { l: 70, r: 10, t: 8, b: 20 };
     const now = history.length ? history[history.length - 1].t : Date.now() / 1000;
-    let top = 1;
-    for (const s of history) top = Math.max(top, s.tok_s, s.fg_waiting + s.bg_waiting);
-    top *= 1.1;
+    let max = 4;
+    for (const s of history) max = Math.max(max, s.tok_s, s.fg_waiting + s.bg_waiting);
+    const { top, step } = niceScale(max * 1.05, 10);
     const sp = span();
-    axes(g, w, h, pad, top, (v) => v.toFixed(v < 10 ? 1 : 0), sp);
+    axes(g, w, h, pad, top, (v) => String(Math.round(v * 100) / 100), sp, step);
     const X = (t) => pad.l + (w - pad.l - pad.r) * (1 - (now - t) / sp);
     const Y = (v) => h - pad.b - (h - pad.t - pad.b) * v / top;
     const line = (color, f) => {
@@ -397,7 +442,141 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
     act("/v1/memory/limit", { bytes: /^\d+$/.test(v) ? Number(v) : (v || "off") }, "limit " + (v || "off"));
   };
 
-  api("/v1/models").then((j) => { $("model").textContent = j.data && j.data[0] ? j.data[0].id : ""; }).catch(() => {});
+  // ---- chat ----
+  // The choices: the base model and each adapter (/v1/models), then each
+  // agent (/v1/agents; a server without agents answers 404 and the list
+  // has none), named in the request as "BASE:agent/NAME".
+  const chat = { messages: [], controller: null };
+  async function loadChoices() {
+    const sel = $("chat-model");
+    const choices = [];
+    const j = await api("/v1/models");
+    const ids = (j.data || []).map((m) => m.id);
+    $("model").textContent = ids[0] || "";
+    ids.forEach((id, i) => choices.push([id, i === 0 ? id + " (base model)" : "adapter " + id]));
+    try {
+      const r = await fetch("/v1/agents", { headers: auth({}), cache: "no-store" });
+      if (r.ok) {
+        const a = await r.json();
+        for (const ag of a.data || a.agents || []) {
+          const name = ag.name || ag.id;
+          if (name) choices.push([(ids[0] || "") + ":agent/" + name, "agent " + name]);
+        }
+      }
+    } catch (e) { /* no agents here */ }
+    if (choices.length) sel.replaceChildren(...choices.map(([v, t]) => new Option(t, v)));
+  }
+
+  function addMessage(role, text) {
+    const d = document.createElement("div");
+    d.className = "msg " + role;
+    d.textContent = text;
+    $("chat-log").appendChild(d);
+    $("chat-log").scrollTop = $("chat-log").scrollHeight;
+    return d;
+  }
+
+  // Streams one answer: Server-Sent Events, a delta per piece of text.
+  async function send(text) {
+    if (chat.controller || !text) return;
+    chat.messages.push({ role: "user", content: text });
+    addMessage("user", text);
+    const out = addMessage("assistant", "");
+    out.classList.add("streaming");
+    out.dataset.chunks = "0";
+    const ctrl = new AbortController();
+    chat.controller = ctrl;
+    $("chat-send").disabled = true;
+    $("chat-stop").disabled = false;
+    const body = { messages: chat.messages, stream: true, stream_options: { include_usage: true } };
+    if ($("chat-model").value) body.model = $("chat-model").value;
+    const t0 = performance.now();
+    let answer = "", first = 0, usage = null, finish = "";
+    try {
+      const r = await fetch("/v1/chat/completions", {
+        method: "POST", signal: ctrl.signal, cache: "no-store",
+        headers: auth({ "Content-Type": "application/json" }), body: JSON.stringify(body) });
+      if (!r.ok) {
+        const j = await r.json().catch(() => ({}));
+        throw new Error((j.error && j.error.message) || ("HTTP " + r.status));
+      }
+      const reader = r.body.getReader();
+      const dec = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += dec.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+        for (let at; (at = buf.indexOf("\n\n")) >= 0;) {
+          const ev = buf.slice(0, at);
+          buf = buf.slice(at + 2);
+          for (const line of ev.split("\n")) {
+            if (!line.startsWith("data:")) continue;
+            const d = line.slice(5).trim();
+            if (d === "[DONE]") continue;
+            const j = JSON.parse(d);
+            if (j.error) throw new Error(j.error.message || "the stream failed");
+            if (j.usage) usage = j.usage;
+            const c = j.choices && j.choices[0];
+            if (c && c.delta && c.delta.content) {
+              if (!first) first = performance.now();
+              answer += c.delta.content;
+              out.textContent = answer;
+              out.dataset.chunks = String(Number(out.dataset.chunks) + 1);
+              $("chat-log").scrollTop = $("chat-log").scrollHeight;
+            }
+            if (c && c.finish_reason) finish = c.finish_reason;
+          }
+        }
+      }
+      chat.messages.push({ role: "assistant", content: answer });
+      out.dataset.done = "1";
+      const secs = (performance.now() - t0) / 1000;
+      const n = usage ? usage.completion_tokens : Number(out.dataset.chunks);
+      $("chat-stats").textContent = n + " tokens in " + secs.toFixed(2) + " s" +
+          (first ? " · first token after " + ((first - t0) / 1000).toFixed(2) + " s" : "") +
+          (usage ? " · prompt " + usage.prompt_tokens + " (cached " +
+                   ((usage.prompt_tokens_details || {}).cached_tokens || 0) + ")" : "") +
+          (finish ? " · " + finish : "");
+    } catch (e) {
+      chat.messages.pop();  // the question goes again with the next message
+      if (ctrl.signal.aborted) {
+        out.dataset.done = "stopped";
+        $("chat-stats").textContent = "stopped";
+      } else {
+        out.classList.add("failed");
+        out.textContent = answer + (answer ? "\n" : "") + "error: " + (e.message || e);
+        out.dataset.done = "error";
+      }
+    } finally {
+      out.classList.remove("streaming");
+      chat.controller = null;
+      $("chat-send").disabled = false;
+      $("chat-stop").disabled = true;
+      tick();
+    }
+  }
+  $("chat-form").onsubmit = (ev) => {
+    ev.preventDefault();
+    const t = $("chat-input").value.trim();
+    $("chat-input").value = "";
+    send(t);
+  };
+  $("chat-input").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("chat-form").requestSubmit(); }
+  });
+  $("chat-stop").onclick = () => { if (chat.controller) chat.controller.abort(); };
+  $("chat-new").onclick = () => {
+    if (chat.controller) chat.controller.abort();
+    chat.messages = [];
+    $("chat-log").replaceChildren();
+    $("chat-stats").textContent = "";
+  };
+
+  drawChart();  // the axes before the first sample
+  drawLoad();
+  const demo = new URLSearchParams(location.search).get("demo");
+  loadChoices().catch((e) => status(String(e.message || e), true)).finally(() => { if (demo) send(demo); });
   tick();
   setInterval(tick, 1000);
   window.addEventListener("resize", () => { drawChart(); drawLoad(); });
