@@ -17,6 +17,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -485,6 +487,46 @@ TEST_F(ServeMemory, ThePageRendersTheResidencyMapAndShowsAnEviction) {
   EXPECT_NE(keyless.find("class=\"err\""), std::string::npos) << keyless.substr(0, 3000);
   EXPECT_EQ(count(keyless, "class=\"cell"), 0u);
   std::filesystem::remove_all(profile.path() + "-2");
+}
+
+// The chat panel: ?demo=TEXT sends TEXT once the page has loaded; the
+// answer streams in (a DOM update per delta) and ends; the memory map keeps
+// its cells; the axis labels are distinct even before any sample.
+TEST_F(ServeMemory, ThePageChatsWithStreamedAnswers) {
+  const std::string chromium = find_chromium();
+  ASSERT_FALSE(chromium.empty()) << "chromium is not installed: run scripts/setup.sh (apt-get install chromium)";
+  ebb::test::TempDir profile("ebb-chromium-chat");
+  const std::string url = "http://127.0.0.1:" + std::to_string(port()) + "/?demo=Once%20upon%20a%20time#key=" + kKey;
+  const std::string dom = dump_dom(chromium, url, profile.path(), 8000);
+  EXPECT_EQ(dom.find("class=\"err\""), std::string::npos) << "the page shows an error: " << dom.substr(0, 4000);
+  EXPECT_NE(dom.find("<div class=\"msg user\">Once upon a time</div>"), std::string::npos) << dom.substr(0, 6000);
+  const std::smatch m = [&] {
+    std::smatch r;
+    std::regex_search(dom, r, std::regex(R"re(<div class="msg assistant" data-chunks="([0-9]+)" data-done="([^"]*)">([^<]*)</div>)re"));
+    return r;
+  }();
+  ASSERT_FALSE(m.empty()) << dom.substr(0, 6000);
+  EXPECT_GT(std::stoi(m[1].str()), 1) << "the answer came in more than one delta";
+  EXPECT_EQ(m[2].str(), "1") << "the stream ended with [DONE]";
+  EXPECT_GE(m[3].str().size(), 8u) << m[3].str();
+  // The choice lists the base model by its id.
+  EXPECT_NE(dom.find("<option value=\"stories260K\">stories260K (base model)</option>"), std::string::npos)
+      << dom.substr(0, 6000);
+  // The map is drawn beside the chat; the stats line names the tokens.
+  EXPECT_EQ(count(dom, "class=\"cell w\""), 5u);
+  EXPECT_TRUE(std::regex_search(dom, std::regex(R"re(id="chat-stats">[0-9]+ tokens in )re"))) << dom.substr(0, 6000);
+  EXPECT_NE(dom.find("live · "), std::string::npos);
+  // Each chart's five axis labels are all different.
+  for (const char* chart : {"chart", "load"}) {
+    std::smatch l;
+    ASSERT_TRUE(std::regex_search(dom, l, std::regex(std::string("<canvas id=\"") + chart + R"re(" [^>]*data-ylabels="([^"]*)")re")))
+        << chart << dom.substr(0, 6000);
+    std::vector<std::string> labels;
+    std::stringstream in(l[1].str());
+    for (std::string t; std::getline(in, t, '|');) labels.push_back(t);
+    ASSERT_EQ(labels.size(), 5u) << l[1].str();
+    EXPECT_EQ(std::set<std::string>(labels.begin(), labels.end()).size(), 5u) << chart << ": " << l[1].str();
+  }
 }
 
 }  // namespace

@@ -317,13 +317,16 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
 
   function axes(g, w, h, pad, top, label, sp, step) {
     g.strokeStyle = "#ddd"; g.fillStyle = "#666"; g.font = "11px system-ui, sans-serif"; g.lineWidth = 1;
+    const labels = [];
     for (let k = 0; k <= 4; ++k) {
       const y = h - pad.b - (h - pad.t - pad.b) * k / 4;
       g.beginPath(); g.moveTo(pad.l, y); g.lineTo(w - pad.r, y); g.stroke();
-      g.fillText(label(step * k), 4, y + 4);
+      labels.push(label(step * k));
+      g.fillText(labels[k], 4, y + 4);
     }
-    const step = sp <= 120 ? 15 : sp <= 300 ? 60 : 120;
-    for (let s = 0; s <= sp + 0.001; s += step) {
+    g.canvas.dataset.ylabels = labels.join("|");  // what the axis says, for tests
+    const tstep = sp <= 120 ? 15 : sp <= 300 ? 60 : 120;
+    for (let s = 0; s <= sp + 0.001; s += tstep) {
       const x = pad.l + (w - pad.l - pad.r) * (1 - s / sp);
       const t = s === 0 ? "now" : "-" + (s < 60 || s % 60 ? s + " s" : s / 60 + " min");
       g.fillText(t, Math.max(pad.l, x - 14), h - 4);
