@@ -49,7 +49,7 @@ commit=$(git -C "$dir/src" log -1 --format=%h)
 
 rows=()
 for m in "$@"; do
-  e=$(build/ebb bench speed -m "$m" -p 512 -n 128 -r "$reps" -t "$threads" --json 2>/dev/null)
+  e=$(build/ebb bench speed -m "$m" -p 512 -n 128 --reps "$reps" -t "$threads" --json 2>/dev/null)
   l=$("$bench" -m "$m" -p 512 -n 128 -r "$reps" -t "$threads" -o jsonl 2>/dev/null)
   d=$("$bench" -m "$m" -p 0 -n 128 -d 512 -r "$reps" -t "$threads" -o jsonl 2>/dev/null)
   rows+=("$(python3 - "$m" "$e" "$l" "$d" <<'EOF'

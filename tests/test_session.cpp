@@ -42,6 +42,35 @@ class SessionTest : public testing::Test {
   std::vector<TokenId> prompt;
 };
 
+// The default KV chunk follows the context: 256 tokens, or a quarter of a
+// small context as a power of two (at least 16), so the prefix cache, whose
+// granularity is the chunk, can share prefixes there too.
+TEST(DefaultKvChunk, FollowsTheContextAndAnExplicitSizeWins) {
+  EXPECT_EQ(default_kv_chunk_size(4096), 256);
+  EXPECT_EQ(default_kv_chunk_size(1024), 256);
+  EXPECT_EQ(default_kv_chunk_size(1023), 128);
+  EXPECT_EQ(default_kv_chunk_size(512), 128);
+  EXPECT_EQ(default_kv_chunk_size(128), 32);
+  EXPECT_EQ(default_kv_chunk_size(100), 16);
+  EXPECT_EQ(default_kv_chunk_size(16), 16);
+  EXPECT_EQ(default_kv_chunk_size(0), 256);  // unknown
+  auto adaptive = engine_for("stories260K.gguf");  // trained on 128 tokens
+  EXPECT_EQ(adaptive->options().kv_chunk_size, 32);
+  EXPECT_EQ(Session(*adaptive).options().kv_chunk_size, 32);
+  SessionOptions big;
+  big.n_ctx = 2048;
+  EXPECT_EQ(Session(*adaptive, big).options().kv_chunk_size, 256);
+  SessionOptions own;
+  own.kv_chunk_size = 8;
+  EXPECT_EQ(Session(*adaptive, own).options().kv_chunk_size, 8);
+  EngineOptions o;
+  o.model_path = test::model_path("stories260K.gguf");
+  o.n_threads = 1;
+  o.kv_chunk_size = 256;  // given: every session that asks for none gets it
+  Engine fixed(o);
+  EXPECT_EQ(Session(fixed).options().kv_chunk_size, 256);
+}
+
 TEST_F(SessionTest, SecondTurnRunsOnlyNewTokens) {
   Session s(*engine);
   const GenerateStats a = greedy(s, prompt, 10);
