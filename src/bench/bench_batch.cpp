@@ -39,7 +39,7 @@ struct BatchRow {
 };
 
 int run_batch_bench(BatchArgs& a) {
-  if (a.prompt < 1 || a.gen < 1 || a.reps < 1) throw Error("bench batch: -p, -n and -r must be at least 1");
+  if (a.prompt < 1 || a.gen < 1 || a.reps < 1) throw Error("bench batch: -p, -n and --reps must be at least 1");
   std::vector<int64_t> streams = a.streams;
   for (int64_t s : streams)
     if (s < 1) throw Error("bench batch: --streams takes positive counts, got " + std::to_string(s));

@@ -69,7 +69,7 @@ void drop_page_cache() {
 }
 
 int run_prefix_bench(PrefixArgs& a) {
-  if (a.prefix < 1 || a.turn < 1 || a.reps < 1) throw Error("bench prefix: --prefix, --turn and -r must be at least 1");
+  if (a.prefix < 1 || a.turn < 1 || a.reps < 1) throw Error("bench prefix: --prefix, --turn and --reps must be at least 1");
   // --cache-dir (a model option) is where resume is measured; the hit, live
   // and cold rows keep their cache in RAM.
   const std::string cache_dir = a.model.cache_dir;

@@ -155,7 +155,7 @@ struct Row {
 };
 
 int run_serve_bench(ServeBenchArgs& a) {
-  if (a.prompt < 1 || a.gen < 2 || a.reps < 1) throw Error("bench serve: -p and -r must be at least 1, -n at least 2");
+  if (a.prompt < 1 || a.gen < 2 || a.reps < 1) throw Error("bench serve: -p and --reps must be at least 1, -n at least 2");
   std::vector<int64_t> counts = a.clients;
   for (int64_t c : counts)
     if (c < 1) throw Error("bench serve: --clients takes positive counts, got " + std::to_string(c));

@@ -60,7 +60,7 @@ uint64_t peak_rss_bytes() {
 }
 
 int run_train_bench(TrainBenchArgs& a) {
-  if (a.rank < 1 || a.seq < 2 || a.reps < 1) throw Error("bench train: --rank >= 1, --seq >= 2 and -r >= 1");
+  if (a.rank < 1 || a.seq < 2 || a.reps < 1) throw Error("bench train: --rank >= 1, --seq >= 2 and --reps >= 1");
   std::unique_ptr<Engine> engine = make_engine(a.model);
   const int64_t nv = engine->config().n_vocab;
   std::mt19937 rng(11);
