@@ -729,10 +729,11 @@ void Scheduler::start_generation(FgItem& item) {
 
 void Scheduler::make_generation(Running& r, const GenerationRequest& req, int choice) {
   GenerateOptions o = req.options;
-  if (choice > 0) {
-    if (o.sampling.seed != 0) o.sampling.seed += static_cast<uint64_t>(choice);
-    if (o.constraint) o.constraint = std::make_shared<grammar::GrammarConstraint>(o.constraint->copy());
-  }
+  if (choice > 0 && o.sampling.seed != 0) o.sampling.seed += static_cast<uint64_t>(choice);
+  // Each choice its own grammar state; the request's stays at its start
+  // for the choices forked later.
+  if (req.n_choices > 1 && o.constraint)
+    o.constraint = std::make_shared<grammar::GrammarConstraint>(o.constraint->copy());
   Running* rp = &r;  // Running is held by a unique_ptr: the address stays
   GenerationStream* s = r.stream.get();
   r.choice = choice;
