@@ -4,8 +4,8 @@
 //   0. grammar (only with a constraint set, see set_constraint): tokens the
 //      grammar does not allow are dropped before any later step sees them;
 //   1. logit_bias: each listed token's logit gets its bias added (a bias of
-//      -100 or less bans the token: its logit becomes -inf);
-//   1b. penalties, over the last `penalty_last_n` accepted tokens:
+//      -100 or less bans the token: its logit becomes -inf); then the
+//      penalties, over the last `penalty_last_n` accepted tokens:
 //        repetition (CTRL, Keskar et al. 2019): a positive logit is divided by
 //          repeat_penalty, a negative one multiplied, so both move down;
 //        frequency: logit -= count * frequency_penalty;
@@ -19,7 +19,7 @@
 // Steps 3 and 4 see the distribution at temperature 1, so temperature only
 // reshapes what the filters let through; it never widens the set.
 //
-// temperature = 0 is greedy: penalties, then argmax (ties go to the lowest id),
+// temperature = 0 is greedy: logit_bias and penalties, then argmax (ties go to the lowest id),
 // and the random generator is not touched. Truncation cannot change the
 // argmax, so greedy skips steps 2-4.
 //
