@@ -314,6 +314,8 @@ TEST(SchedulerChoices, ChoicesDecodeInOneBatch) {
   sched.shutdown();
   const SchedulerMetrics m = sched.metrics();
   EXPECT_EQ(m.generated_tokens, 120);
+  EXPECT_EQ(m.fg_submitted, 1);
+  EXPECT_EQ(m.fg_completed, 1) << "a request of four choices is one request";
   EXPECT_LE(m.rounds, 30 + 4) << "one round per token for all four (and the prefill)";
 }
 

@@ -11,7 +11,9 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <chrono>
 #include <map>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -28,7 +30,7 @@ using namespace ebb::test;
 class ServeChoices : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    server_ = new ServerProcess({"--api-key", kKey, "--quiet"});
+    server_ = new ServerProcess({"--api-key", kKey, "--ctx", "512", "--quiet"});
     ASSERT_GT(server_->port(), 0) << "no port in the server's first line: '" << server_->first_line() << "'";
   }
   static void TearDownTestSuite() {
@@ -277,6 +279,32 @@ TEST_F(ServeChoices, LogitBiasBansAndForcesTokens) {
   const Reply bad = post(*c_, "/v1/completions", completion({{"logit_bias", {{"999999", 5}}}}));
   expect_openai_error(bad, 400, "", "logit_bias");
   EXPECT_NE(bad.raw.find("999999"), std::string::npos) << bad.raw;
+}
+
+// A streaming client of n = 3 that goes away cancels every choice: the
+// request counts as one cancelled, and nothing keeps running.
+TEST_F(ServeChoices, AClientThatGoesAwayCancelsEveryChoice) {
+  const double before = metric_value(*c_, "ebb_requests_total{outcome=\"cancelled\"}");
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.set_header("Authorization", std::string("Bearer ") + kKey);
+  req.body = completion({{"n", 3}, {"max_tokens", 450}, {"stream", true}}).dump();
+  int chunks = 0;
+  req.content_receiver = [&chunks](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 2; };
+  auto c = client(server_->port());
+  EXPECT_FALSE(c->send(req));  // the client stopped reading
+  c->stop();
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  double after = before, running = 1;
+  while (std::chrono::steady_clock::now() < end && (after <= before || running > 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    after = metric_value(*c_, "ebb_requests_total{outcome=\"cancelled\"}");
+    running = metric_value(*c_, "ebb_running");
+  }
+  EXPECT_EQ(after, before + 1) << "one request, cancelled";
+  EXPECT_EQ(running, 0) << "no choice runs on";
 }
 
 // The official openai npm client (installed by scripts/setup.sh into

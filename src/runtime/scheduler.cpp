@@ -783,14 +783,13 @@ void Scheduler::finish_running(size_t i, TaskOutcome outcome, const std::string&
     {
       std::lock_guard lock(mu_);
       m_.generated_tokens += st.generated_tokens - r->counted_tokens;
-      if (outcome == TaskOutcome::kFailed) {
+      // A request counts once, at its choice 0's end (its prompt with it).
+      if (r->choice == 0 && outcome == TaskOutcome::kFailed) {
         ++m_.fg_failed;
-      } else {
+      } else if (r->choice == 0) {
         ++(st.stop == StopReason::kCancelled ? m_.fg_cancelled : m_.fg_completed);
-        if (r->choice == 0) {  // a request's prompt counts once
-          m_.prompt_tokens += static_cast<int64_t>(r->session->tokens().size()) - st.generated_tokens;
-          m_.cached_tokens += st.cached_tokens;
-        }
+        m_.prompt_tokens += static_cast<int64_t>(r->session->tokens().size()) - st.generated_tokens;
+        m_.cached_tokens += st.cached_tokens;
       }
     }
     GenerationEvent e;
