@@ -1,0 +1,83 @@
+// y[t][r] = sum_c W[r][c] * x[t][c]: a matrix product against weights in
+// GGUF's own row layout (kRows; no repacking on the GPU), F32 activations,
+// F32 accumulation. The including shader defines exactly one of W_F16,
+// W_Q8_0, W_Q4_0 (W_F32 too) before including this file.
+//
+// One workgroup per (weight row r, tile of up to TT tokens): its WG
+// invocations stride over the row's 32-element blocks, dequantise each block
+// once and multiply it into TT token accumulators, then sum them across the
+// workgroup. Work groups: x * y cover the rows (x <= groups_x), z the token
+// tiles.
+#include "common.glsl"
+
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer W { uint w[]; };   // [rows] rows of row_bytes (bytes)
+layout(std430, binding = 1) readonly buffer X { float x[]; };  // [n_tokens, x_stride]
+layout(std430, binding = 2) writeonly buffer Y { float y[]; }; // [n_tokens, y_stride]
+layout(push_constant) uniform P {
+  uint off[6];  // w: bytes, x, y: floats
+  uint rows;
+  uint cols;  // a multiple of 32
+  uint n_tokens;
+  uint x_stride;  // floats between token rows of x
+  uint y_stride;  // floats between token rows of y
+  uint row_bytes;
+  uint groups_x;
+} p;
+
+#define TT 4u
+#include "reduce.glsl"
+
+// The 32 weights of block b of the row at byte rb, into v.
+void load_block(uint rb, uint b, out float v[32]) {
+#if defined(W_F16)
+  const uint o = rb + b * 64u;
+  for (uint j = 0u; j < 32u; j += 2u) {
+    const vec2 h = unpackHalf2x16(w[(o + 2u * j) >> 2]);  // o is 4-aligned: rows of F16 with cols % 32 == 0
+    v[j] = h.x;
+    v[j + 1u] = h.y;
+  }
+#elif defined(W_F32)
+  const uint o = (rb + b * 128u) >> 2;
+  for (uint j = 0u; j < 32u; ++j) v[j] = uintBitsToFloat(w[o + j]);
+#elif defined(W_Q8_0)
+  const uint o = rb + b * 34u;  // BlockQ8_0: fp16 d, int8 qs[32]
+  const float d = LOAD_F16(w, o);
+  for (uint j = 0u; j < 32u; ++j) v[j] = d * float(LOAD_I8(w, o + 2u + j));
+#elif defined(W_Q4_0)
+  const uint o = rb + b * 18u;  // BlockQ4_0: fp16 d, qs[16]: element j low nibble, j + 16 high
+  const float d = LOAD_F16(w, o);
+  for (uint j = 0u; j < 16u; ++j) {
+    const uint q = LOAD_U8(w, o + 2u + j);
+    v[j] = d * float(int(q & 15u) - 8);
+    v[j + 16u] = d * float(int(q >> 4) - 8);
+  }
+#else
+#error "define one weight format"
+#endif
+}
+
+void main() {
+  const uint r = gl_WorkGroupID.y * p.groups_x + gl_WorkGroupID.x;
+  if (r >= p.rows) return;  // uniform: the whole workgroup
+  const uint t0 = gl_WorkGroupID.z * TT;
+  const uint nt = min(TT, p.n_tokens - t0);
+  const uint tid = gl_LocalInvocationID.x;
+  const uint rb = p.off[0] + r * p.row_bytes;
+  float acc[TT];
+  for (uint t = 0u; t < TT; ++t) acc[t] = 0.0;
+  float v[32];
+  for (uint b = tid; b < p.cols / 32u; b += WG) {
+    load_block(rb, b, v);
+    for (uint t = 0u; t < nt; ++t) {
+      const uint xo = p.off[1] + (t0 + t) * p.x_stride + b * 32u;
+      float s = 0.0;
+      for (uint j = 0u; j < 32u; ++j) s += v[j] * x[xo + j];
+      acc[t] += s;
+    }
+  }
+  for (uint t = 0u; t < TT; ++t) {
+    const float s = wg_sum(acc[t]);
+    if (tid == 0u && t < nt) y[p.off[2] + (t0 + t) * p.y_stride + r] = s;
+  }
+}
