@@ -188,7 +188,10 @@ Binding bind(const char* op, const char* field, const TensorRef& t, uint64_t byt
     throw Error(std::string(op) + ": " + field + " needs bytes [" + std::to_string(t.offset) + ", " +
                 std::to_string(t.offset + bytes) + ") of a " + std::to_string(b->size()) + "-byte buffer");
   const Allocation& a = b->allocation();
-  return Binding{a.buffer, a.offset + t.offset, a.offset + a.size, elem_bytes};
+  // The range ends at a whole word: shaders read bytes as parts of 32-bit
+  // words, and a word only partly inside the range would read as zeros. The
+  // padding is inside the allocation (reserved is a multiple of 16).
+  return Binding{a.buffer, a.offset + t.offset, a.offset + (a.size + 3) / 4 * 4, elem_bytes};
 }
 
 void require(bool ok, const char* op, const std::string& what) {
