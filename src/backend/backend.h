@@ -137,6 +137,19 @@ struct AttentionOp {
   float scale = 1.0f;
 };
 
+// Stores a batch's K or V rows into the F16 KV chunks (the layout
+// AttentionOp reads): row t at position pos0 + t. F32 rounded to F16 (to
+// nearest where the device rounds so; within one F16 ulp elsewhere).
+struct KvStoreOp {
+  TensorRef src;            // [n_tokens, row_len] F32
+  TensorRef dst;            // F16 chunks
+  TensorRef chunk_offsets;  // [ceil((pos0 + n_tokens) / chunk_size)] uint32, F16 elements (even)
+  int64_t n_tokens = 0;
+  int64_t row_len = 0;  // n_kv_heads * head_dim, even
+  int64_t pos0 = 0;
+  int64_t chunk_size = 256;
+};
+
 // y[i] = silu(gate[i]) * up[i], i < n. y may alias gate.
 struct SwigluOp {
   TensorRef gate, up, y;  // [n] F32
@@ -149,7 +162,7 @@ struct AddOp {
   int64_t n = 0;
 };
 
-enum class OpKind { kMatmul, kRmsNorm, kRope, kAttention, kSwiglu, kAdd };
+enum class OpKind { kMatmul, kRmsNorm, kRope, kKvStore, kAttention, kSwiglu, kAdd };
 
 // Ops recorded in order; each sees the results of the ones before it.
 // submit() hands them to the device, wait() blocks until they are done (and
@@ -161,6 +174,7 @@ class BackendStream {
   virtual void matmul(const MatmulOp& op) = 0;
   virtual void rms_norm(const RmsNormOp& op) = 0;
   virtual void rope(const RopeOp& op) = 0;
+  virtual void kv_store(const KvStoreOp& op) = 0;
   virtual void attention(const AttentionOp& op) = 0;
   virtual void swiglu(const SwigluOp& op) = 0;
   virtual void add(const AddOp& op) = 0;

@@ -44,6 +44,7 @@ class VulkanStream final : public BackendStream {
   void matmul(const MatmulOp& op) override;
   void rms_norm(const RmsNormOp& op) override;
   void rope(const RopeOp& op) override;
+  void kv_store(const KvStoreOp& op) override;
   void attention(const AttentionOp& op) override;
   void swiglu(const SwigluOp& op) override;
   void add(const AddOp& op) override;
@@ -213,6 +214,25 @@ void groups_1d(uint64_t n, uint32_t& gx, uint32_t& gy) {
   gy = gx ? ceil_div(groups, gx) : 0;
 }
 
+// The end (in halves) of the furthest chunk a chunk table addresses. Every
+// chunk must lie in its KV buffer: the table is read now (it is small, and
+// written by the host) so a bad offset is an error here, not an access out
+// of bounds on the device.
+uint64_t chunk_table_end(const char* name, const TensorRef& t, int64_t n_chunks, uint64_t chunk_halves) {
+  auto* tb = dynamic_cast<VulkanBuffer*>(t.buf);
+  require(tb != nullptr, name, "chunk_offsets is not a Vulkan buffer");
+  std::vector<uint32_t> table(static_cast<size_t>(n_chunks));
+  if (t.offset > tb->size() || 4ull * n_chunks > tb->size() - t.offset)
+    throw Error(std::string(name) + ": chunk_offsets holds fewer than the " + std::to_string(n_chunks) + " chunks");
+  tb->read(t.offset, table.data(), 4ull * n_chunks);
+  uint64_t max_end = 0;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    require(table[c] % 2 == 0, name, "chunk " + std::to_string(c) + "'s offset is odd");
+    max_end = std::max<uint64_t>(max_end, table[c] + chunk_halves);
+  }
+  return max_end;
+}
+
 VulkanStream::VulkanStream(VulkanBackend& be) : be_(be), rec_(be.ctx(), be.kernels()) {}
 
 void VulkanStream::matmul(const MatmulOp& op) {
@@ -305,19 +325,7 @@ void VulkanStream::attention(const AttentionOp& op) {
   const int64_t n_chunks = (n_ctx + op.chunk_size - 1) / op.chunk_size;
   const uint64_t qbytes = 4ull * op.n_q * op.n_heads * op.head_dim;
   const uint64_t chunk_halves = static_cast<uint64_t>(op.chunk_size) * op.n_kv_heads * op.head_dim;
-  // Every chunk's K and V must lie in their buffers: read the table now (it
-  // is small) so a bad offset is an error here, not a read out of bounds.
-  auto* tb = dynamic_cast<VulkanBuffer*>(op.chunk_offsets.buf);
-  require(tb != nullptr, name, "chunk_offsets is not a Vulkan buffer");
-  std::vector<uint32_t> table(static_cast<size_t>(n_chunks));
-  if (op.chunk_offsets.offset > tb->size() || 4ull * n_chunks > tb->size() - op.chunk_offsets.offset)
-    throw Error(std::string(name) + ": chunk_offsets holds fewer than the " + std::to_string(n_chunks) + " chunks");
-  tb->read(op.chunk_offsets.offset, table.data(), 4ull * n_chunks);
-  uint64_t max_end = 0;
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    require(table[c] % 2 == 0, name, "chunk " + std::to_string(c) + "'s offset is odd");
-    max_end = std::max<uint64_t>(max_end, table[c] + chunk_halves);
-  }
+  const uint64_t max_end = chunk_table_end(name, op.chunk_offsets, n_chunks, chunk_halves);
   const Binding b[5] = {
       bind(name, "q", op.q, qbytes, 4),         bind(name, "out", op.out, qbytes, 4),
       bind(name, "k", op.k, 2 * max_end, 2),    bind(name, "v", op.v, 2 * max_end, 2),
@@ -336,6 +344,30 @@ void VulkanStream::attention(const AttentionOp& op) {
   push.chunk_size = u32(op.chunk_size, name, "chunk_size");
   push.scale = op.scale;
   rec_.dispatch(be_.kernels().get("attention_f16", 5), b, &push, sizeof(push), push.n_q, push.n_heads);
+}
+
+void VulkanStream::kv_store(const KvStoreOp& op) {
+  const char* name = "vulkan kv_store";
+  require(op.n_tokens > 0 && op.pos0 >= 0 && op.chunk_size > 0, name,
+          "n_tokens and chunk_size must be positive and pos0 non-negative");
+  require(op.row_len > 0 && op.row_len % 2 == 0, name, "row_len = " + std::to_string(op.row_len) + " must be even");
+  const int64_t n_chunks = (op.pos0 + op.n_tokens + op.chunk_size - 1) / op.chunk_size;
+  const uint64_t max_end =
+      chunk_table_end(name, op.chunk_offsets, n_chunks, static_cast<uint64_t>(op.chunk_size) * op.row_len);
+  const Binding b[3] = {bind(name, "src", op.src, 4ull * op.n_tokens * op.row_len, 4),
+                        bind(name, "dst", op.dst, 2 * max_end, 2),
+                        bind(name, "chunk_offsets", op.chunk_offsets, 4ull * n_chunks, 4)};
+  struct {
+    uint32_t off[6];
+    uint32_t n_tokens, row_len, pos0, chunk_size;
+  } push{};
+  push.n_tokens = u32(op.n_tokens, name, "n_tokens");
+  push.row_len = u32(op.row_len, name, "row_len");
+  push.pos0 = u32(op.pos0, name, "pos0");
+  push.chunk_size = u32(op.chunk_size, name, "chunk_size");
+  uint32_t gx, gy;
+  groups_1d(static_cast<uint64_t>(op.n_tokens) * (op.row_len / 2), gx, gy);
+  rec_.dispatch(be_.kernels().get("kv_store_f16", 3), b, &push, sizeof(push), gx, gy);
 }
 
 void VulkanStream::swiglu(const SwigluOp& op) {
