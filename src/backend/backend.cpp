@@ -3,6 +3,7 @@
 
 #include <charconv>
 
+#include "backend/cpu_backend.h"
 #include "platform/error.h"
 #if defined(EBB_HAVE_VULKAN)
 #include "backend/vulkan/vulkan_backend.h"
@@ -31,9 +32,10 @@ std::vector<DeviceInfo> list_gpu_devices(std::string* why_none) {
 }
 
 std::unique_ptr<Backend> open_backend(std::string_view id) {
+  if (id == "cpu") return open_cpu_backend(CpuBackendOptions{best_isa(), 1});
   std::string_view rest = id;
   if (rest.substr(0, 6) != "vulkan")
-    throw Error("device '" + std::string(id) + "': not a GPU device (expected vulkan or vulkan:N)");
+    throw Error("device '" + std::string(id) + "': unknown device (expected cpu, vulkan or vulkan:N)");
   rest.remove_prefix(6);
   int index = 0;
   if (!rest.empty()) {

@@ -3,8 +3,8 @@
 // devices ("cpu", "vulkan:N"), a device's capabilities probed at run time,
 // buffers it allocates (sub-allocated from slabs, with an exact ledger per
 // device), and a stream on which ops over whole batches of rows are
-// recorded, submitted and waited for. A GPU backend records; a CPU backend
-// would run each op at once (not written yet: docs/vulkan.md).
+// recorded, submitted and waited for. A GPU backend records; the CPU backend
+// (backend/cpu_backend.h) runs each op at once.
 //
 // Nothing in this header names a device API; the Vulkan backend lives in
 // backend/vulkan/ and only backend.cpp's registry knows it exists.
@@ -203,8 +203,9 @@ class Backend {
 // `why_none` (when given) says why.
 std::vector<DeviceInfo> list_gpu_devices(std::string* why_none = nullptr);
 
-// Opens "vulkan" (the first) or "vulkan:N". Throws ebb::Error naming the id
-// and what was found instead.
+// Opens "cpu" (the best CPU target, one thread; backend/cpu_backend.h for
+// options), "vulkan" (the first Vulkan device) or "vulkan:N". Throws
+// ebb::Error naming the id and what was found instead.
 std::unique_ptr<Backend> open_backend(std::string_view id);
 
 }  // namespace ebb
