@@ -173,9 +173,10 @@ TEST(VulkanBackend, OpsRejectBadArguments) {
   }
   EXPECT_FALSE(be->supports(OpKind::kMatmul, DType::kQ4_K));
   EXPECT_TRUE(be->supports(OpKind::kMatmul, DType::kQ4_0));
-  op.w_type = DType::kF16;
+  op.w_type = DType::kQ8_0;
   op.cols = 48;  // not a multiple of 32
   EXPECT_THROW(s->matmul(op), Error);
+  op.w_type = DType::kF16;
   op.cols = 2048;  // x holds 1024 floats
   try {
     s->matmul(op);

@@ -98,7 +98,8 @@ TEST_P(VulkanMatmul, MatchesScalarDequantisedProduct) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, VulkanMatmul,
                          ::testing::Values(MatmulCase{DType::kF32, 37, 64, 1}, MatmulCase{DType::kF16, 70, 256, 1},
-                                           MatmulCase{DType::kF16, 70, 96, 6}, MatmulCase{DType::kQ8_0, 70, 256, 1},
+                                           MatmulCase{DType::kF16, 70, 96, 6}, MatmulCase{DType::kF16, 19, 172, 3},
+                                           MatmulCase{DType::kF32, 21, 174, 2}, MatmulCase{DType::kQ8_0, 70, 256, 1},
                                            MatmulCase{DType::kQ8_0, 33, 2112, 5},
                                            MatmulCase{DType::kQ4_0, 70, 256, 1},
                                            MatmulCase{DType::kQ4_0, 65, 2080, 9}),

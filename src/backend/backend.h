@@ -89,7 +89,7 @@ struct TensorRef {
 struct MatmulOp {
   DType w_type = DType::kF32;
   int64_t rows = 0;  // output features
-  int64_t cols = 0;  // the reduction dimension, a multiple of 32
+  int64_t cols = 0;  // the reduction dimension: a multiple of 32 (Q8_0, Q4_0), of 2 (F32, F16)
   TensorRef w;       // [rows] rows of row_bytes(w_type, cols)
   TensorRef x;       // [n_tokens, x_stride] F32
   int64_t x_stride = 0;  // floats; 0 means cols

@@ -248,7 +248,10 @@ void VulkanStream::matmul(const MatmulOp& op) {
                   " has no Vulkan kernel yet (F32, F16, Q8_0, Q4_0)");
   }
   require(op.rows > 0 && op.cols > 0 && op.n_tokens > 0, name, "rows, cols and n_tokens must be positive");
-  require(op.cols % 32 == 0, name, "cols = " + std::to_string(op.cols) + " is not a multiple of 32");
+  const bool plain = op.w_type == DType::kF32 || op.w_type == DType::kF16;
+  require(op.cols % (plain ? 2 : 32) == 0, name,
+          "cols = " + std::to_string(op.cols) + " is not a multiple of " + (plain ? "2" : "32") + " for " +
+              std::string(dtype_name(op.w_type)));
   const int64_t xs = op.x_stride ? op.x_stride : op.cols, ys = op.y_stride ? op.y_stride : op.rows;
   require(xs >= op.cols && ys >= op.rows, name, "x_stride < cols or y_stride < rows");
   const uint64_t rb = row_bytes(op.w_type, op.cols);

@@ -17,7 +17,7 @@ layout(std430, binding = 2) writeonly buffer Y { float y[]; }; // [n_tokens, y_s
 layout(push_constant) uniform P {
   uint off[6];  // w: bytes, x, y: floats
   uint rows;
-  uint cols;  // a multiple of 32
+  uint cols;  // a multiple of 32 (Q8_0, Q4_0) or of 2 (F32, F16)
   uint n_tokens;
   uint x_stride;  // floats between token rows of x
   uint y_stride;  // floats between token rows of y
@@ -28,19 +28,20 @@ layout(push_constant) uniform P {
 #define TT 4u
 #include "reduce.glsl"
 
+#if defined(W_F16) || defined(W_F32)
+// Elements c and c + 1 (c even) of the row at byte rb.
+vec2 load_pair(uint rb, uint c) {
+#if defined(W_F16)
+  return unpackHalf2x16(w[(rb + 2u * c) >> 2]);  // rb + 2c is 4-aligned: even cols, 4-aligned offsets
+#else
+  const uint o = (rb + 4u * c) >> 2;
+  return vec2(uintBitsToFloat(w[o]), uintBitsToFloat(w[o + 1u]));
+#endif
+}
+#else
 // The 32 weights of block b of the row at byte rb, into v.
 void load_block(uint rb, uint b, out float v[32]) {
-#if defined(W_F16)
-  const uint o = rb + b * 64u;
-  for (uint j = 0u; j < 32u; j += 2u) {
-    const vec2 h = unpackHalf2x16(w[(o + 2u * j) >> 2]);  // o is 4-aligned: rows of F16 with cols % 32 == 0
-    v[j] = h.x;
-    v[j + 1u] = h.y;
-  }
-#elif defined(W_F32)
-  const uint o = (rb + b * 128u) >> 2;
-  for (uint j = 0u; j < 32u; ++j) v[j] = uintBitsToFloat(w[o + j]);
-#elif defined(W_Q8_0)
+#if defined(W_Q8_0)
   const uint o = rb + b * 34u;  // BlockQ8_0: fp16 d, int8 qs[32]
   const float d = LOAD_F16(w, o);
   for (uint j = 0u; j < 32u; ++j) v[j] = d * float(LOAD_I8(w, o + 2u + j));
@@ -56,6 +57,7 @@ void load_block(uint rb, uint b, out float v[32]) {
 #error "define one weight format"
 #endif
 }
+#endif
 
 void main() {
   const uint r = gl_WorkGroupID.y * p.groups_x + gl_WorkGroupID.x;
@@ -66,6 +68,16 @@ void main() {
   const uint rb = p.off[0] + r * p.row_bytes;
   float acc[TT];
   for (uint t = 0u; t < TT; ++t) acc[t] = 0.0;
+#if defined(W_F16) || defined(W_F32)
+  // Plain formats: any even cols, two elements per step.
+  for (uint c = 2u * tid; c < p.cols; c += 2u * WG) {
+    const vec2 wv = load_pair(rb, c);
+    for (uint t = 0u; t < nt; ++t) {
+      const uint xo = p.off[1] + (t0 + t) * p.x_stride + c;
+      acc[t] += wv.x * x[xo] + wv.y * x[xo + 1u];
+    }
+  }
+#else
   float v[32];
   for (uint b = tid; b < p.cols / 32u; b += WG) {
     load_block(rb, b, v);
@@ -76,6 +88,7 @@ void main() {
       acc[t] += s;
     }
   }
+#endif
   for (uint t = 0u; t < TT; ++t) {
     const float s = wg_sum(acc[t]);
     if (tid == 0u && t < nt) y[p.off[2] + (t0 + t) * p.y_stride + r] = s;
