@@ -110,9 +110,11 @@ INSTANTIATE_TEST_SUITE_P(Formats, VulkanMatmul,
 
 // ---- RMSNorm ----
 
-TEST(VulkanOps, RmsNormMatchesScalar) {
+class VulkanRmsNorm : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
+
+TEST_P(VulkanRmsNorm, MatchesScalar) {
   EBB_REQUIRE_VULKAN(be);
-  const int64_t n_rows = 3, n = 200;  // n not a multiple of the workgroup
+  const auto [n_rows, n] = GetParam();
   const std::vector<float> x = random_floats(static_cast<size_t>(n_rows * n), 3, -4.0f, 4.0f);
   const std::vector<float> w = random_floats(static_cast<size_t>(n), 4, 0.5f, 1.5f);
   auto xb = upload(*be, x);
@@ -133,6 +135,13 @@ TEST(VulkanOps, RmsNormMatchesScalar) {
     ASSERT_NEAR(y[i], want[i], tol) << "element " << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, VulkanRmsNorm,
+                         ::testing::Values(std::pair<int64_t, int64_t>{3, 200},  // n not a multiple of the workgroup
+                                           std::pair<int64_t, int64_t>{70000, 8}),  // rows past 65535 (Q/K norms of a long prefill)
+                         [](const auto& info) {
+                           return "rows" + std::to_string(info.param.first) + "_n" + std::to_string(info.param.second);
+                         });
 
 // ---- RoPE ----
 

@@ -166,8 +166,11 @@ enum class OpKind { kMatmul, kRmsNorm, kRope, kKvStore, kAttention, kSwiglu, kAd
 
 // Ops recorded in order; each sees the results of the ones before it.
 // submit() hands them to the device, wait() blocks until they are done (and
-// makes the stream ready to record again). Bad arguments throw ebb::Error
-// naming the op and the field.
+// makes the stream ready to record again; it submits what is recorded if
+// submit() was not called). Bad arguments throw ebb::Error naming the op and
+// the field, and nothing of that op is recorded. The buffers an op names must
+// live until the stream's wait(). One thread records on a stream at a time;
+// several streams of one backend may be used from different threads.
 class BackendStream {
  public:
   virtual ~BackendStream() = default;
@@ -184,6 +187,7 @@ class BackendStream {
   virtual int64_t n_recorded() const = 0;
 };
 
+// A device. Its buffers and streams must be destroyed before it.
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -286,12 +286,14 @@ void VulkanStream::rms_norm(const RmsNormOp& op) {
     uint32_t off[6];
     uint32_t n, n_rows;
     float eps;
+    uint32_t groups_x;
   } push{};
   push.n = u32(op.n, name, "n");
   push.n_rows = u32(op.n_rows, name, "n_rows");
   push.eps = op.eps;
-  require(op.n_rows <= 65535, name, "n_rows > 65535");
-  rec_.dispatch(be_.kernels().get("rms_norm", 3), b, &push, sizeof(push), push.n_rows);
+  push.groups_x = std::min<uint32_t>(push.n_rows, 65535);
+  rec_.dispatch(be_.kernels().get("rms_norm", 3), b, &push, sizeof(push), push.groups_x,
+                ceil_div(push.n_rows, push.groups_x));
 }
 
 void VulkanStream::rope(const RopeOp& op) {

@@ -13,11 +13,13 @@ layout(push_constant) uniform P {
   uint n;
   uint n_rows;
   float eps;
+  uint groups_x;  // rows are spread over x and y (each at most 65535)
 } p;
 #include "reduce.glsl"
 
 void main() {
-  const uint row = gl_WorkGroupID.x;
+  const uint row = gl_WorkGroupID.y * p.groups_x + gl_WorkGroupID.x;
+  if (row >= p.n_rows) return;  // uniform: the whole workgroup
   const uint tid = gl_LocalInvocationID.x;
   const uint xo = p.off[0] + row * p.n, yo = p.off[2] + row * p.n;
   float ss = 0.0;
