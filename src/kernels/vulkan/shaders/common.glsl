@@ -13,6 +13,9 @@
 
 // Byte o (0..255) of a word array; o is a byte offset.
 #define LOAD_U8(buf, o) ((buf[(o) >> 2] >> (((o)&3u) * 8u)) & 0xFFu)
+// The 4 bytes from byte offset o (o even), little-endian, as one word.
+#define LOAD_U32_A2(buf, o) \
+  (((o)&2u) == 0u ? buf[(o) >> 2] : ((buf[(o) >> 2] >> 16) | (buf[((o) >> 2) + 1u] << 16)))
 // Signed byte o.
 #define LOAD_I8(buf, o) (int(LOAD_U8(buf, o) << 24) >> 24)
 // The F16 value at even byte offset o, as a float.

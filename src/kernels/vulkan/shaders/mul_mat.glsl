@@ -42,16 +42,22 @@ vec2 load_pair(uint rb, uint c) {
 // The 32 weights of block b of the row at byte rb, into v.
 void load_block(uint rb, uint b, out float v[32]) {
 #if defined(W_Q8_0)
-  const uint o = rb + b * 34u;  // BlockQ8_0: fp16 d, int8 qs[32]
+  const uint o = rb + b * 34u;  // BlockQ8_0: fp16 d, int8 qs[32]; o is even
   const float d = LOAD_F16(w, o);
-  for (uint j = 0u; j < 32u; ++j) v[j] = d * float(LOAD_I8(w, o + 2u + j));
+  for (uint j = 0u; j < 32u; j += 4u) {  // four quants a word
+    const uint q = LOAD_U32_A2(w, o + 2u + j);
+    for (uint i = 0u; i < 4u; ++i) v[j + i] = d * float(int(q << (24u - 8u * i)) >> 24);
+  }
 #elif defined(W_Q4_0)
-  const uint o = rb + b * 18u;  // BlockQ4_0: fp16 d, qs[16]: element j low nibble, j + 16 high
+  const uint o = rb + b * 18u;  // BlockQ4_0: fp16 d, qs[16]: element j low nibble, j + 16 high; o is even
   const float d = LOAD_F16(w, o);
-  for (uint j = 0u; j < 16u; ++j) {
-    const uint q = LOAD_U8(w, o + 2u + j);
-    v[j] = d * float(int(q & 15u) - 8);
-    v[j + 16u] = d * float(int(q >> 4) - 8);
+  for (uint j = 0u; j < 16u; j += 4u) {  // four bytes (eight quants) a word
+    const uint q = LOAD_U32_A2(w, o + 2u + j);
+    for (uint i = 0u; i < 4u; ++i) {
+      const uint byte = (q >> (8u * i)) & 0xFFu;
+      v[j + i] = d * float(int(byte & 15u) - 8);
+      v[j + i + 16u] = d * float(int(byte >> 4) - 8);
+    }
   }
 #else
 #error "define one weight format"
