@@ -123,6 +123,11 @@ struct Server::Impl {
     limits.n_vocab = engine.config().n_vocab;
     limits.n_ctx = opts.n_ctx;
     limits.served.constraints = true;
+    limits.served.logprobs = true;
+    limits.served.n_choices = true;
+    limits.served.token_ids = true;
+    limits.served.stop_token_ids = true;
+    limits.served.logit_bias = true;
     limits.served.tools = opts.chat_template != nullptr;  // calls are rendered by the template
     if (!limits.served.tools)
       limits.served.tools_why_not =
@@ -229,8 +234,12 @@ struct Server::Impl {
            double seconds) const;
   void stream_response(const httplib::Request& req, httplib::Response& res, CompletionRequest r,
                        std::shared_ptr<GenerationStream> stream, GenerationEvent first, const std::string& id,
-                       int64_t created, int64_t n_prompt, double t0, std::shared_ptr<Ticket> ticket,
-                       std::unique_ptr<ChatStreamParser> parser);
+                       int64_t created, int64_t n_prompt, std::vector<TokenId> prompt_ids, double t0,
+                       std::shared_ptr<Ticket> ticket, const ChatOutputFormat& fmt);
+  // The sampled tokens as the response carries them: log-probabilities
+  // (with each token's text) when r.logprobs, ids when r.return_token_ids.
+  void add_tokens(const CompletionRequest& r, std::span<const StepLogprobs> tokens,
+                  std::vector<TokenLogprob>& logprobs, std::vector<TokenId>& ids) const;
   void tokenize(const httplib::Request& req, httplib::Response& res) const;
   void detokenize(const httplib::Request& req, httplib::Response& res) const;
   std::string metrics() const;  // server_metrics.cpp
