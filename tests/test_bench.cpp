@@ -186,7 +186,7 @@ TEST(BenchCli, SpeedTableAndErrors) {
 TEST(BenchCli, ChoicesJsonComparesNChoicesWithOne) {
   const std::string model = test::model_path("stories260K.gguf");
   const CliResult r =
-      run_cli("bench batch -m " + model + " --choices 3 -p 64 -n 8 -r 1 --kv-chunk 16 --threads 1 --json");
+      run_cli("bench batch -m " + model + " --choices 3 -p 64 -n 8 --reps 1 --kv-chunk 16 --threads 1 --json");
   ASSERT_EQ(r.status, 0) << r.err;
   nlohmann::json j;
   ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;

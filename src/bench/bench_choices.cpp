@@ -73,7 +73,7 @@ ChoicesRep run_rep(Engine& e, Scheduler& sched, int n, int64_t prompt, int64_t g
 
 int run_choices_bench(const ChoicesBenchArgs& a) {
   if (a.choices < 2) throw Error("bench batch: --choices takes a count of at least 2");
-  if (a.prompt < 1 || a.gen < 3 || a.reps < 1) throw Error("bench batch --choices: -p >= 1, -n >= 3 and -r >= 1");
+  if (a.prompt < 1 || a.gen < 3 || a.reps < 1) throw Error("bench batch --choices: -p >= 1, -n >= 3 and --reps >= 1");
   std::unique_ptr<Engine> e = make_engine(a.model);
   SchedulerOptions so;
   so.max_batch = std::max(8, a.choices);
