@@ -191,6 +191,7 @@ int run_grammar_bench(GrammarBenchArgs& a) {
     j["first_token"] = {{"schema_compile_ms", median(cs.compile_ms)},
                         {"schema_first_mask_ms", median(cs.first_mask_ms)},
                         {"schema_extra_ms", schema_first},
+                        {"schema_first_mask_allowed", median(cs.allowed)},
                         {"ttft_unconstrained_ms", free_ttft},
                         {"ttft_schema_ms", schema_ttft},
                         {"target_extra_ms", 20.0}};
@@ -199,6 +200,7 @@ int run_grammar_bench(GrammarBenchArgs& a) {
       j["first_token"]["tools_compile_ms"] = median(ct.compile_ms);
       j["first_token"]["tools_first_mask_ms"] = median(ct.first_mask_ms);
       j["first_token"]["tools_extra_ms"] = tool_first;
+      j["first_token"]["tools_first_mask_allowed"] = median(ct.allowed);
       j["first_token"]["ttft_tools_ms"] = tool_ttft;
     }
     std::printf("%s\n", j.dump(2).c_str());

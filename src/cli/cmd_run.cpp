@@ -72,7 +72,7 @@ int run(RunArgs& a) {
   if (a.prompt.empty() && a.prompt_file.empty()) throw UsageError("no prompt: give -p TEXT or -f FILE (- for standard input)");
   const int64_t max_tokens = max_tokens_of(a.n_predict);
   if (!a.prompt_file.empty()) check_prompt_file(a.prompt_file);
-  check_grammar_args(a.grammar);
+  const std::shared_ptr<const grammar::Grammar> output_rules = output_grammar(a.grammar);
   double load_s = 0;
   std::unique_ptr<Engine> engine = make_engine(a.model, &load_s);
   if (a.keep != -2 && !a.model.quiet)
@@ -94,7 +94,7 @@ int run(RunArgs& a) {
   go.max_tokens = max_tokens;
   go.sampling = a.sampling;
   go.stop_strings = a.stop;
-  go.constraint = output_constraint(a.grammar, tok);
+  go.constraint = output_constraint(output_rules, tok);
   bool parse_special = a.special;
   bool template_bos = false;  // the chat template wrote the BOS text itself
   if (a.chat || !system.empty() || !a.chat_template.spec.empty()) {

@@ -49,7 +49,7 @@ void check_grammar_args(const GrammarArgs& g) {
   }
 }
 
-std::shared_ptr<grammar::GrammarConstraint> output_constraint(const GrammarArgs& g, const Tokenizer& tok) {
+std::shared_ptr<const grammar::Grammar> output_grammar(const GrammarArgs& g) {
   if (!g.any()) return nullptr;
   check_grammar_args(g);
   constexpr uint64_t kMaxBytes = 4u << 20;  // GrammarLimits::max_text_bytes
@@ -76,14 +76,17 @@ std::shared_ptr<grammar::GrammarConstraint> output_constraint(const GrammarArgs&
     what = "--json";
     gbnf = grammar::json_object_gbnf();
   }
-  std::shared_ptr<const grammar::Grammar> compiled;
   try {
-    compiled = grammar::Grammar::parse(gbnf);
+    return grammar::Grammar::parse(gbnf);
   } catch (const Error& e) {
-    // A schema's grammar is ours: its errors name the schema, not GBNF lines.
     throw Error(what + ": " + e.what());
   }
-  return std::make_shared<grammar::GrammarConstraint>(std::move(compiled), grammar::TokenTrie::from_tokenizer(tok));
+}
+
+std::shared_ptr<grammar::GrammarConstraint> output_constraint(std::shared_ptr<const grammar::Grammar> g,
+                                                              const Tokenizer& tok) {
+  if (!g) return nullptr;
+  return std::make_shared<grammar::GrammarConstraint>(std::move(g), grammar::TokenTrie::from_tokenizer(tok));
 }
 
 }  // namespace ebb::cli

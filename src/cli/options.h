@@ -16,6 +16,10 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 
+namespace ebb::grammar {
+struct Grammar;
+}
+
 namespace ebb::cli {
 
 // A usage error (a bad option value, options that contradict each other):
@@ -100,12 +104,16 @@ void add_grammar_options(CLI::App* app, GrammarArgs& g);
 // UsageError for two constraints at once or a file that is not there (before
 // the model loads).
 void check_grammar_args(const GrammarArgs& g);
-// The constraint for the generated text, nullptr when none was asked for.
-// A grammar or schema that does not compile is an Error naming the option,
-// the file and, for GBNF, the line and column ("--grammar 'g.gbnf': grammar
-// line 3 column 7: undefined rule 'x'"); for a schema, its JSON error (line
-// and column) or the schema path ("#/properties/age: ...").
-std::shared_ptr<grammar::GrammarConstraint> output_constraint(const GrammarArgs& g, const Tokenizer& tok);
+// The grammar the generated text must follow, nullptr when none was asked
+// for; compiled before the model loads, so a bad file fails at once. A
+// grammar or schema that does not compile is an Error naming the option, the
+// file and, for GBNF, the line and column ("--grammar 'g.gbnf': grammar line
+// 3 column 7: undefined rule 'x'"); for a schema, its JSON error (line and
+// column) or the schema path ("#/properties/age: ...").
+std::shared_ptr<const grammar::Grammar> output_grammar(const GrammarArgs& g);
+// Its constraint over the model's vocabulary (nullptr for none).
+std::shared_ptr<grammar::GrammarConstraint> output_constraint(std::shared_ptr<const grammar::Grammar> g,
+                                                              const Tokenizer& tok);
 
 struct ResolvedChatTemplate {
   ChatRenderer renderer;
