@@ -264,3 +264,44 @@ TEST(CliGrammar, BadGrammarOrSchemaNamesFileLineAndWhy) {
 
 }  // namespace
 }  // namespace ebb
+
+namespace ebb {
+namespace {
+
+// ebb bench grammar on a tiny model: the JSON carries both decode rates, the
+// ratio and its bound, and the first token's compile and mask times for the
+// schema and the tools (a forced call).
+TEST(BenchGrammar, JsonHasDecodeRatioAndFirstTokenFigures) {
+  test::TempDir d("ebb-bench-grammar");
+  std::ofstream(d.file("s.json")) << R"({"type": "object", "properties": {"note": {"type": "string", "maxLength": 30}},)"
+                                     R"( "required": ["note"]})";
+  std::ofstream(d.file("tools.json"))
+      << R"([{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties":)"
+         R"( {"x": {"type": "integer"}}, "required": ["x"]}}}, {"type": "function", "function": {"name": "b",)"
+         R"( "parameters": {"type": "object", "properties": {}}}}])";
+  const CliResult r = run_cli("bench grammar -m " + stories() + " --schema " + d.file("s.json") + " --tools " +
+                              d.file("tools.json") + " -n 12 --reps 2 --threads 1 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const auto& dec = j.at("decode");
+  EXPECT_GT(dec.at("unconstrained_tok_s").get<double>(), 0);
+  EXPECT_GT(dec.at("schema_tok_s").get<double>(), 0);
+  EXPECT_NEAR(dec.at("schema_ratio").get<double>(),
+              dec.at("schema_tok_s").get<double>() / dec.at("unconstrained_tok_s").get<double>(), 1e-9);
+  EXPECT_EQ(dec.at("bound_ratio").get<double>(), 1.0);
+  EXPECT_GT(dec.at("tools_tok_s").get<double>(), 0);
+  const auto& ft = j.at("first_token");
+  EXPECT_GT(ft.at("schema_compile_ms").get<double>(), 0);
+  EXPECT_GE(ft.at("schema_first_mask_ms").get<double>(), 0);
+  EXPECT_GE(ft.at("schema_first_mask_allowed").get<double>(), 1);  // '{' at least
+  EXPECT_EQ(ft.at("tools").get<int>(), 2);
+  EXPECT_GT(ft.at("tools_compile_ms").get<double>(), 0);
+  // A bad schema names the file.
+  std::ofstream(d.file("bad.json")) << R"({"type": "strin"})";
+  const CliResult bad = run_cli("bench grammar -m " + stories() + " --schema " + d.file("bad.json") + " --threads 1");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find(d.file("bad.json")), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace ebb
