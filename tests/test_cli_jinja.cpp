@@ -257,6 +257,13 @@ TEST(CliGrammar, BadGrammarOrSchemaNamesFileLineAndWhy) {
   r = run_cli(run + "--json-schema " + d.file("missing.json"));
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_NE(r.err.find("missing.json': cannot read the file (it does not exist)"), std::string::npos) << r.err;
+  // A hostile file's error stays one short line (a 100,000-byte rule name).
+  std::ofstream(d.file("long.gbnf")) << std::string(100000, 'a') << "\n";
+  r = run_cli(run + "--grammar " + d.file("long.gbnf"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("more bytes)"), std::string::npos) << r.err.substr(0, 500);
+  EXPECT_LT(r.err.size(), 1000u);
+
   r = run_cli(run + "--json --grammar " + d.file("bad.gbnf"));
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_NE(r.err.find("not several"), std::string::npos) << r.err;

@@ -194,6 +194,9 @@ std::string read_bounded_text(const std::string& path, uint64_t max_bytes, const
   }
   const bool failed = !over && std::ferror(f);
   if (!std_in) std::fclose(f);
+  if (over && what != "--file") {
+    throw Error(what + " '" + path + "' is larger than " + format_bytes(max_bytes) + ", the most it may have");
+  }
   if (over) {
     throw Error(what + " '" + path + "': the prompt file is larger than the context can hold (more than " +
                 format_bytes(max_bytes) + "; the context holds " + std::to_string(max_bytes / kPromptBytesPerToken) +
