@@ -951,9 +951,15 @@ TEST_F(CApiTest, ChatRendersThroughTheTemplateAndReturnsToolCalls) {
   ASSERT_EQ(ebb_chat(session, history.dump().c_str(), &co, nullptr, nullptr, &res), EBB_OK) << last_error();
   EXPECT_EQ(res->n_tool_calls, 0u);
   const std::vector<TokenId> all = ref->tokenizer().encode(rendered, {.add_bos = true, .parse_special = true});
+  // The session held the previous prompt (system, tools, question) and the
+  // call: only about the rest runs (a few tokens of slack where the two
+  // texts are tokenized differently at the seam).
+  const std::vector<TokenId> before =
+      ref->tokenizer().encode(chat_render(engine, msgs, kWeatherTools, 1), {.add_bos = true, .parse_special = true});
   EXPECT_GT(res->generate.prompt_tokens, 0);
-  EXPECT_LT(res->generate.prompt_tokens, static_cast<int64_t>(all.size()) - first_prompt / 2)
-      << "only what the session did not hold is fed";
+  EXPECT_LE(res->generate.prompt_tokens, static_cast<int64_t>(all.size() - before.size()) + 4)
+      << "only what the session did not hold is fed (" << all.size() << " tokens in all, " << before.size()
+      << " in the previous prompt, " << first_prompt << " fed then)";
   ebb_chat_result_free(res);
 
   // Bad input: JSON, the options, tools that cannot be a grammar.
