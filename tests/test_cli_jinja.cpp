@@ -297,6 +297,13 @@ TEST(BenchGrammar, JsonHasDecodeRatioAndFirstTokenFigures) {
               dec.at("schema_tok_s").get<double>() / dec.at("unconstrained_tok_s").get<double>(), 1e-9);
   EXPECT_EQ(dec.at("bound_ratio").get<double>(), 1.0);
   EXPECT_GT(dec.at("tools_tok_s").get<double>(), 0);
+  EXPECT_GT(dec.at("schema_paired_ratio").get<double>(), 0);
+  // The mask's replayed cost, and the ratio it allows: step / (step + mask).
+  const double mask_us = dec.at("schema_mask_us_per_token").get<double>();
+  EXPECT_GT(mask_us, 0);
+  EXPECT_LE(mask_us, dec.at("schema_mask_us_max").get<double>());
+  const double step_us = 1e6 / dec.at("unconstrained_tok_s").get<double>();
+  EXPECT_NEAR(dec.at("schema_mask_ratio").get<double>(), step_us / (step_us + mask_us), 1e-9);
   const auto& ft = j.at("first_token");
   EXPECT_GT(ft.at("schema_compile_ms").get<double>(), 0);
   EXPECT_GE(ft.at("schema_first_mask_ms").get<double>(), 0);

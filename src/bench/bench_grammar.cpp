@@ -79,7 +79,37 @@ struct Run {
   double decode_tok_s = 0, ttft_ms = 0;
   double decode_cpu_tok_s = 0;  // tokens per second of the process's CPU time
   int64_t tokens = 0;
+  std::vector<TokenId> ids;  // the generated tokens
 };
+
+// This thread's CPU time: the mask's cost on one core, whatever else the
+// machine runs.
+double thread_cpu_us() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) * 1e-3;
+}
+
+// The constraint's work per generated token, replayed on one thread: a full
+// mask over the vocabulary (what a sampled, non-greedy step computes) and
+// the advance by the token; fresh (cold) constraints, as each request gets.
+// Returns the per-token times in microseconds.
+std::vector<double> replay_mask_us(const std::vector<Run>& runs, const std::shared_ptr<const grammar::Grammar>& g,
+                                   const std::shared_ptr<const grammar::TokenTrie>& trie) {
+  std::vector<double> us;
+  std::vector<uint8_t> mask(static_cast<size_t>(trie->n_vocab()));
+  for (const Run& r : runs) {
+    grammar::GrammarConstraint con(g, trie);
+    for (const TokenId t : r.ids) {
+      const double t0 = thread_cpu_us();
+      con.fill_mask(mask);
+      if (!con.allows(t)) break;  // an end-of-generation token after the grammar completed
+      con.accept(t);
+      us.push_back(thread_cpu_us() - t0);
+    }
+  }
+  return us;
+}
 
 // The process's CPU time (all threads): on a shared, busy machine it leaves
 // out the time spent waiting for a core, which wall time does not.
@@ -106,6 +136,7 @@ Run run_once(Engine& engine, const ModelArgs& ma, const std::vector<TokenId>& pr
   const double cpu_end = process_cpu_seconds();
   Run r;
   r.tokens = st.generated_tokens;
+  r.ids = st.tokens;
   if (cpu_first >= 0 && cpu_end > cpu_first && st.generated_tokens > 1)
     r.decode_cpu_tok_s = (st.generated_tokens - 1) / (cpu_end - cpu_first);
   r.ttft_ms = st.ttft_seconds * 1e3;
@@ -189,6 +220,30 @@ int run_grammar_bench(GrammarBenchArgs& a) {
   const double tool_cpu_ratio = free_cpu > 0 ? tool_cpu / free_cpu : 0;
   const double tool_ratio = free_tps > 0 ? tool_tps / free_tps : 0;
   const double schema_first = median(cs.compile_ms) + median(cs.first_mask_ms);
+  // Paired: each rep's constrained rate over the unconstrained one run just
+  // before it (a busy machine's load changes between reps, less within one).
+  auto paired = [&free_runs](const std::vector<Run>& v) {
+    std::vector<double> x;
+    for (size_t i = 0; i < v.size() && i < free_runs.size(); ++i)
+      if (free_runs[i].decode_tok_s > 0) x.push_back(v[i].decode_tok_s / free_runs[i].decode_tok_s);
+    return median(x);
+  };
+  const double schema_paired = paired(schema_runs), tool_paired = paired(tool_runs);
+  // The mask's cost per token on one core, against the unconstrained step:
+  // the ratio it allows (step / (step + mask)), whatever the machine's load.
+  const double step_us = free_tps > 0 ? 1e6 / free_tps : 0;
+  // The mean, not the median: decode time is the sum of the steps.
+  auto mean = [](const std::vector<double>& v) {
+    double t = 0;
+    for (double x : v) t += x;
+    return v.empty() ? 0.0 : t / static_cast<double>(v.size());
+  };
+  const std::vector<double> schema_us = replay_mask_us(schema_runs, cs.grammar, trie);
+  const std::vector<double> tool_us = ct.grammar ? replay_mask_us(tool_runs, ct.grammar, trie) : std::vector<double>();
+  const double schema_mask_us = mean(schema_us), tool_mask_us = mean(tool_us);
+  const double schema_mask_max = schema_us.empty() ? 0 : *std::max_element(schema_us.begin(), schema_us.end());
+  const double tool_mask_max = tool_us.empty() ? 0 : *std::max_element(tool_us.begin(), tool_us.end());
+  auto mask_ratio = [step_us](double mask_us) { return step_us > 0 ? step_us / (step_us + mask_us) : 0; };
   const double tool_first = ct.grammar ? median(ct.compile_ms) + median(ct.first_mask_ms) : 0;
 
   if (a.json) {
@@ -205,6 +260,10 @@ int run_grammar_bench(GrammarBenchArgs& a) {
                    {"unconstrained_cpu_tok_s", free_cpu},
                    {"schema_cpu_tok_s", schema_cpu},
                    {"schema_cpu_ratio", cpu_ratio},
+                   {"schema_paired_ratio", schema_paired},
+                   {"schema_mask_us_per_token", schema_mask_us},
+                   {"schema_mask_us_max", schema_mask_max},
+                   {"schema_mask_ratio", mask_ratio(schema_mask_us)},
                    {"schema_tokens_median", med_tokens(schema_runs)},
                    {"unconstrained_tokens_median", med_tokens(free_runs)},
                    {"bound_ratio", 1.0},
@@ -213,6 +272,10 @@ int run_grammar_bench(GrammarBenchArgs& a) {
       j["decode"]["tools_tok_s"] = tool_tps;
       j["decode"]["tools_ratio"] = tool_ratio;
       j["decode"]["tools_cpu_ratio"] = tool_cpu_ratio;
+      j["decode"]["tools_paired_ratio"] = tool_paired;
+      j["decode"]["tools_mask_us_per_token"] = tool_mask_us;
+      j["decode"]["tools_mask_us_max"] = tool_mask_max;
+      j["decode"]["tools_mask_ratio"] = mask_ratio(tool_mask_us);
       j["decode"]["tools_tokens_median"] = med_tokens(tool_runs);
     }
     j["first_token"] = {{"schema_compile_ms", median(cs.compile_ms)},
@@ -237,17 +300,22 @@ int run_grammar_bench(GrammarBenchArgs& a) {
               a.model.model.c_str(), tok.n_vocab(), engine->pool().size(), static_cast<long long>(a.reps),
               static_cast<long long>(a.n_tokens));
   std::printf("  vocabulary trie: %.1f ms, once per model\n\n", trie_ms);
-  std::printf("  %-22s %10s %8s %11s %9s %8s\n", "decode", "tok/s", "ratio", "tok/CPU-s", "ratio", "bound");
-  std::printf("  %-22s %10.2f %8s %11.2f %9s %8s   %.0f tokens\n", "unconstrained", free_tps, "1.00x", free_cpu, "1.00x",
-              "", med_tokens(free_runs));
-  std::printf("  %-22s %10.2f %7.2fx %11.2f %8.2fx %7.2fx   %.0f tokens (target >= 0.90x)\n", "JSON schema", schema_tps,
-              ratio, schema_cpu, cpu_ratio, 1.0, med_tokens(schema_runs));
+  std::printf("  %-22s %9s %7s %7s %10s %7s %9s %7s %7s\n", "decode", "tok/s", "ratio", "paired", "tok/CPU-s",
+              "ratio", "mask us", "ratio", "bound");
+  std::printf("  %-22s %9.2f %6.2fx %6.2fx %10.2f %6.2fx %9s %7s %7s  %.0f tokens, a step %.0f us\n", "unconstrained",
+              free_tps, 1.0, 1.0, free_cpu, 1.0, "", "", "", med_tokens(free_runs), step_us);
+  std::printf("  %-22s %9.2f %6.2fx %6.2fx %10.2f %6.2fx %9.1f %6.3fx %6.2fx  %.0f tokens (target >= 0.90x)\n",
+              "JSON schema", schema_tps, ratio, schema_paired, schema_cpu, cpu_ratio, schema_mask_us,
+              mask_ratio(schema_mask_us), 1.0, med_tokens(schema_runs));
   if (ct.grammar)
-    std::printf("  %-22s %10.2f %7.2fx %11.2f %8.2fx %7.2fx   %.0f tokens\n",
-                ("forced call, " + std::to_string(n_tools) + " tools").c_str(), tool_tps, tool_ratio, tool_cpu,
-                tool_cpu_ratio, 1.0, med_tokens(tool_runs));
-  std::printf("  (schema: %s; tok/CPU-s: per second of the process's CPU time, which a busy machine's waits leave out)\n",
-              a.schema_file.c_str());
+    std::printf("  %-22s %9.2f %6.2fx %6.2fx %10.2f %6.2fx %9.1f %6.3fx %6.2fx  %.0f tokens\n",
+                ("forced call, " + std::to_string(n_tools) + " tools").c_str(), tool_tps, tool_ratio, tool_paired,
+                tool_cpu, tool_cpu_ratio, tool_mask_us, mask_ratio(tool_mask_us), 1.0, med_tokens(tool_runs));
+  std::printf("  (schema: %s. ratio: of medians; paired: median of each rep's ratio to the run beside it; tok/CPU-s:\n"
+              "   per second of the process's CPU time; mask us: a full mask and the advance per generated token on one\n"
+              "   core, replayed on the tokens generated (mean; the slowest: schema %.0f us, tools %.0f us), and the\n"
+              "   ratio step / (step + mask) it allows)\n",
+              a.schema_file.c_str(), schema_mask_max, tool_mask_max);
   std::printf("\n  %-28s %10s %11s %9s %12s\n", "first token", "compile ms", "1st mask ms", "extra ms", "TTFT ms");
   std::printf("  %-28s %10s %11s %9s %12.2f\n", "unconstrained", "", "", "", free_ttft);
   std::printf("  %-28s %10.2f %11.2f %9.2f %12.2f  (target extra <= 20 ms)\n", "schema", median(cs.compile_ms),
