@@ -16,6 +16,8 @@
 #include <time.h>
 
 #include <algorithm>
+#include <random>
+#include <utility>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -31,6 +33,7 @@
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/token_trie.h"
 #include "runtime/grammar/tool_grammar.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 
 namespace ebb::cli {
@@ -144,6 +147,40 @@ Run run_once(Engine& engine, const ModelArgs& ma, const std::vector<TokenId>& pr
   return r;
 }
 
+// A whole sampler step (the default options: top-k, top-p, min-p, a draw)
+// with the constraint and without, on one core, replayed on the generated
+// tokens over a fixed row of random logits: the constraint's whole cost per
+// token (mask, dropping the refused candidates, advancing), as the decode
+// loop pays it. Returns the means in microseconds {constrained, plain}.
+std::pair<double, double> replay_sampler_us(const std::vector<Run>& runs, const std::shared_ptr<const grammar::Grammar>& g,
+                                            const std::shared_ptr<const grammar::TokenTrie>& trie, int32_t n_vocab) {
+  std::vector<float> logits(static_cast<size_t>(n_vocab));  // [n_vocab]
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (float& x : logits) x = nd(rng);
+  double with = 0, without = 0;
+  size_t n = 0;
+  for (const Run& r : runs) {
+    SamplerOptions so;
+    so.seed = 1;
+    Sampler sc(so, n_vocab), su(so, n_vocab);
+    sc.set_constraint(std::make_shared<grammar::GrammarConstraint>(g, trie));
+    for (const TokenId t : r.ids) {
+      if (!sc.constraint()->allows(t)) break;  // an end-of-generation token after the grammar completed
+      double t0 = thread_cpu_us();
+      sc.sample(logits);
+      with += thread_cpu_us() - t0;
+      t0 = thread_cpu_us();
+      su.sample(logits);
+      without += thread_cpu_us() - t0;
+      ++n;
+      sc.accept(t);
+      su.accept(t);
+    }
+  }
+  return n ? std::pair{with / static_cast<double>(n), without / static_cast<double>(n)} : std::pair{0.0, 0.0};
+}
+
 int run_grammar_bench(GrammarBenchArgs& a) {
   if (a.schema_file.empty()) throw UsageError("bench grammar: --schema FILE is required");
   if (a.reps < 1) throw UsageError("--reps must be >= 1");
@@ -244,6 +281,14 @@ int run_grammar_bench(GrammarBenchArgs& a) {
   const double schema_mask_max = schema_us.empty() ? 0 : *std::max_element(schema_us.begin(), schema_us.end());
   const double tool_mask_max = tool_us.empty() ? 0 : *std::max_element(tool_us.begin(), tool_us.end());
   auto mask_ratio = [step_us](double mask_us) { return step_us > 0 ? step_us / (step_us + mask_us) : 0; };
+  const int32_t n_vocab = static_cast<int32_t>(engine->config().n_vocab);
+  const auto [schema_samp_us, plain_samp_us] = replay_sampler_us(schema_runs, cs.grammar, trie, n_vocab);
+  const auto [tool_samp_us, plain_samp_us_t] =
+      ct.grammar ? replay_sampler_us(tool_runs, ct.grammar, trie, n_vocab) : std::pair{0.0, 0.0};
+  // The decode ratio the sampler's extra work allows: step / (step + extra).
+  auto extra_ratio = [step_us](double extra_us) {
+    return step_us > 0 ? step_us / (step_us + std::max(0.0, extra_us)) : 0;
+  };
   const double tool_first = ct.grammar ? median(ct.compile_ms) + median(ct.first_mask_ms) : 0;
 
   if (a.json) {
@@ -263,6 +308,9 @@ int run_grammar_bench(GrammarBenchArgs& a) {
                    {"schema_paired_ratio", schema_paired},
                    {"schema_mask_us_per_token", schema_mask_us},
                    {"schema_mask_us_max", schema_mask_max},
+                   {"sampler_us_unconstrained", plain_samp_us},
+                   {"sampler_us_schema", schema_samp_us},
+                   {"schema_sampler_extra_ratio", extra_ratio(schema_samp_us - plain_samp_us)},
                    {"schema_mask_ratio", mask_ratio(schema_mask_us)},
                    {"schema_tokens_median", med_tokens(schema_runs)},
                    {"unconstrained_tokens_median", med_tokens(free_runs)},
@@ -275,6 +323,8 @@ int run_grammar_bench(GrammarBenchArgs& a) {
       j["decode"]["tools_paired_ratio"] = tool_paired;
       j["decode"]["tools_mask_us_per_token"] = tool_mask_us;
       j["decode"]["tools_mask_us_max"] = tool_mask_max;
+      j["decode"]["sampler_us_tools"] = tool_samp_us;
+      j["decode"]["tools_sampler_extra_ratio"] = extra_ratio(tool_samp_us - plain_samp_us_t);
       j["decode"]["tools_mask_ratio"] = mask_ratio(tool_mask_us);
       j["decode"]["tools_tokens_median"] = med_tokens(tool_runs);
     }
@@ -316,6 +366,11 @@ int run_grammar_bench(GrammarBenchArgs& a) {
               "   core, replayed on the tokens generated (mean; the slowest: schema %.0f us, tools %.0f us), and the\n"
               "   ratio step / (step + mask) it allows)\n",
               a.schema_file.c_str(), schema_mask_max, tool_mask_max);
+  std::printf("\n  sampler step on one core (replayed, default options): unconstrained %.1f us, schema %.1f us (ratio it\n"
+              "  allows %.4fx)", plain_samp_us, schema_samp_us, extra_ratio(schema_samp_us - plain_samp_us));
+  if (ct.grammar)
+    std::printf(", forced call %.1f us (%.4fx)", tool_samp_us, extra_ratio(tool_samp_us - plain_samp_us_t));
+  std::printf("\n");
   std::printf("\n  %-28s %10s %11s %9s %12s\n", "first token", "compile ms", "1st mask ms", "extra ms", "TTFT ms");
   std::printf("  %-28s %10s %11s %9s %12.2f\n", "unconstrained", "", "", "", free_ttft);
   std::printf("  %-28s %10.2f %11.2f %9.2f %12.2f  (target extra <= 20 ms)\n", "schema", median(cs.compile_ms),
