@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ebb/ebb.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -787,6 +789,197 @@ TEST_F(CApiTest, SaveAndLoadRoundTripThroughC) {
   ASSERT_EQ(ebb_generate(other, nullptr, 0, &go, collect, &b, nullptr), EBB_OK);
   EXPECT_EQ(a.text, b.text);
   EXPECT_EQ(ebb_session_free(other), EBB_OK);
+}
+
+// ---- constrained output, chat templates, tool calls -------------------------
+
+ebb_generate_options sampled(uint64_t seed, int64_t max_tokens) {
+  ebb_generate_options go = ebb_generate_options_default();
+  go.max_tokens = max_tokens;
+  go.sampling.temperature = 1.0f;
+  go.sampling.top_k = 0;
+  go.sampling.top_p = 1.0f;
+  go.sampling.min_p = 0.0f;
+  go.sampling.seed = seed;
+  return go;
+}
+
+TEST_F(CApiTest, JsonSchemaAndGbnfConstrainTheOutput) {
+  session = new_session();
+  ebb_constraint* schema = nullptr;
+  ASSERT_EQ(ebb_constraint_from_json_schema(
+                engine,
+                R"({"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer",)"
+                R"( "minimum": 1, "maximum": 9}}, "required": ["city", "days"], "additionalProperties": false})",
+                &schema),
+            EBB_OK)
+      << last_error();
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    ASSERT_EQ(ebb_session_truncate(session, 0), EBB_OK);
+    Collected c;
+    ebb_generate_result r{};
+    const ebb_generate_options go = sampled(seed, 80);
+    ASSERT_EQ(ebb_generate_constrained(session, prompt.data(), prompt.size(), &go, schema, collect, &c, &r), EBB_OK)
+        << last_error();
+    EXPECT_EQ(r.stop, EBB_STOP_END_OF_GENERATION) << c.text;
+    const nlohmann::json j = nlohmann::json::parse(c.text);
+    ASSERT_TRUE(j.is_object()) << c.text;
+    EXPECT_EQ(j.size(), 2u) << c.text;
+    EXPECT_TRUE(j["city"] == "Paris" || j["city"] == "Oslo") << c.text;
+    ASSERT_TRUE(j["days"].is_number_integer()) << c.text;
+    EXPECT_GE(j["days"].get<int>(), 1);
+    EXPECT_LE(j["days"].get<int>(), 9);
+  }
+  ebb_constraint_free(schema);
+
+  ebb_constraint* yes_no = nullptr;
+  ASSERT_EQ(ebb_constraint_from_gbnf(engine, "root ::= (\"yes\" | \"no\") \"!\"", &yes_no), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_truncate(session, 0), EBB_OK);
+  Collected c;
+  const ebb_generate_options go = sampled(7, 20);
+  ASSERT_EQ(ebb_generate_constrained(session, prompt.data(), prompt.size(), &go, yes_no, collect, &c, nullptr), EBB_OK)
+      << last_error();
+  EXPECT_TRUE(c.text == "yes!" || c.text == "no!") << c.text;
+  ebb_constraint_free(yes_no);
+
+  // Errors: the status, and the message naming where and why.
+  ebb_constraint* bad = reinterpret_cast<ebb_constraint*>(&c);  // set to NULL on failure
+  EXPECT_EQ(ebb_constraint_from_gbnf(engine, "root ::= answer\nanswer ::= nope", &bad), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(bad, nullptr);
+  EXPECT_TRUE(contains(last_error(), "grammar line 2")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "undefined rule 'nope'")) << last_error();
+  EXPECT_EQ(ebb_constraint_from_json_schema(engine, R"({"type": "object", "properties": {"a": {"type": "strin"}}})", &bad),
+            EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "#/properties/a")) << last_error();
+  EXPECT_EQ(ebb_constraint_from_json_schema(engine, "{\"type\": ", &bad), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "not valid JSON")) << last_error();
+  // NULL: any JSON object.
+  ebb_constraint* any = nullptr;
+  ASSERT_EQ(ebb_constraint_from_json_schema(engine, nullptr, &any), EBB_OK) << last_error();
+  ASSERT_EQ(ebb_session_truncate(session, 0), EBB_OK);
+  Collected o;
+  const ebb_generate_options long_go = sampled(3, 60);
+  ASSERT_EQ(ebb_generate_constrained(session, prompt.data(), prompt.size(), &long_go, any, collect, &o, nullptr), EBB_OK);
+  EXPECT_EQ(o.text.substr(0, 1), "{") << o.text;
+  ebb_constraint_free(any);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string chat_render(ebb_engine* e, const char* messages, const char* tools, int add_gen) {
+  size_t n = 0;
+  if (ebb_chat_render(e, messages, tools, add_gen, nullptr, 0, &n) != EBB_ERR_BUFFER_TOO_SMALL) return "ERROR: " + last_error();
+  std::string s(n + 1, '\0');
+  EXPECT_EQ(ebb_chat_render(e, messages, tools, add_gen, s.data(), s.size(), &n), EBB_OK) << last_error();
+  s.resize(n);
+  return s;
+}
+
+constexpr const char* kWeatherTools = R"([{"type": "function", "function": {"name": "get_weather",
+  "description": "Weather of a city", "parameters": {"type": "object", "properties": {"city": {"type": "string",
+  "maxLength": 12}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": false}}},
+  {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone":
+  {"type": "string", "maxLength": 8}}, "required": ["zone"], "additionalProperties": false}}}])";
+
+TEST_F(CApiTest, ChatRendersThroughTheTemplateAndReturnsToolCalls) {
+  // stories260K has no template: the plain marker format, and no tools.
+  EXPECT_EQ(chat_render(engine, R"([{"role": "user", "content": "Hi"}])", nullptr, 1), "User: Hi\nAssistant:");
+  session = new_session(1024);
+  ebb_chat_options co = ebb_chat_options_default();
+  co.tools_json = kWeatherTools;
+  ebb_chat_result* res = nullptr;
+  EXPECT_EQ(ebb_chat(session, R"([{"role": "user", "content": "Hi"}])", &co, nullptr, nullptr, &res),
+            EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "ebb_engine_set_chat_template")) << last_error();
+
+  // Qwen3's real template: tools reach the prompt, calls come back parsed.
+  const std::string qwen3 = read_text(test::shared_path("golden/templates/Qwen-Qwen3-0.6B.jinja"));
+  EXPECT_EQ(ebb_engine_set_chat_template(engine, "{% for m in messages %}{{ m.content }"), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "line 1")) << last_error();
+  ASSERT_EQ(ebb_engine_set_chat_template(engine, qwen3.c_str()), EBB_OK) << last_error();
+  const char* msgs = R"([{"role": "user", "content": "Weather in Oslo?"}])";
+  EXPECT_EQ(chat_render(engine, msgs, nullptr, 1),
+            "<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n");
+  const std::string with_tools = chat_render(engine, msgs, kWeatherTools, 1);
+  EXPECT_TRUE(contains(with_tools, "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""))
+      << with_tools;
+
+  co.tool_choice = EBB_TOOL_CHOICE_REQUIRED;
+  co.parallel_tool_calls = 0;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    co.generate = sampled(seed, 200);
+    ASSERT_EQ(ebb_chat(session, msgs, &co, nullptr, nullptr, &res), EBB_OK) << last_error();
+    ASSERT_EQ(res->n_tool_calls, 1u) << res->text;
+    const ebb_tool_call& call = res->tool_calls[0];
+    EXPECT_EQ(std::string(call.id).substr(0, 5), "call_");
+    const nlohmann::json args = nlohmann::json::parse(call.arguments);
+    if (std::string(call.name) == "get_weather") {
+      ASSERT_TRUE(args.contains("city") && args["city"].is_string()) << call.arguments;
+      EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << call.arguments;
+      EXPECT_EQ(args.size(), 2u) << call.arguments;
+    } else {
+      EXPECT_EQ(std::string(call.name), "get_time");
+      ASSERT_TRUE(args.contains("zone") && args["zone"].is_string()) << call.arguments;
+    }
+    EXPECT_TRUE(contains(res->text, "<tool_call>")) << res->text;
+    EXPECT_EQ(std::string(res->content).find("<tool_call>"), std::string::npos) << res->content;
+    ebb_chat_result_free(res);
+  }
+
+  // The next turn, with the call and its result in the history, keeps the
+  // session's tokens of the prompt it shares and feeds only the rest.
+  co.generate = sampled(4, 200);
+  ASSERT_EQ(ebb_chat(session, msgs, &co, nullptr, nullptr, &res), EBB_OK) << last_error();
+  ASSERT_EQ(res->n_tool_calls, 1u);
+  nlohmann::json history = nlohmann::json::parse(msgs);
+  history.push_back({{"role", "assistant"},
+                     {"content", res->content},
+                     {"tool_calls",
+                      {{{"id", res->tool_calls[0].id},
+                        {"type", "function"},
+                        {"function", {{"name", res->tool_calls[0].name}, {"arguments", res->tool_calls[0].arguments}}}}}}});
+  history.push_back({{"role", "tool"}, {"tool_call_id", res->tool_calls[0].id}, {"content", "12 C, rain"}});
+  const int64_t first_prompt = res->generate.prompt_tokens;
+  ebb_chat_result_free(res);
+  const std::string rendered = chat_render(engine, history.dump().c_str(), kWeatherTools, 1);
+  EXPECT_TRUE(contains(rendered, "<tool_response>\n12 C, rain\n</tool_response>")) << rendered;
+  co.tool_choice = EBB_TOOL_CHOICE_NONE;
+  co.generate = sampled(5, 8);
+  ASSERT_EQ(ebb_chat(session, history.dump().c_str(), &co, nullptr, nullptr, &res), EBB_OK) << last_error();
+  EXPECT_EQ(res->n_tool_calls, 0u);
+  const std::vector<TokenId> all = ref->tokenizer().encode(rendered, {.add_bos = true, .parse_special = true});
+  // The session held the previous prompt (system, tools, question) and the
+  // call: only about the rest runs (a few tokens of slack where the two
+  // texts are tokenized differently at the seam).
+  const std::vector<TokenId> before =
+      ref->tokenizer().encode(chat_render(engine, msgs, kWeatherTools, 1), {.add_bos = true, .parse_special = true});
+  EXPECT_GT(res->generate.prompt_tokens, 0);
+  EXPECT_LE(res->generate.prompt_tokens, static_cast<int64_t>(all.size() - before.size()) + 4)
+      << "only what the session did not hold is fed (" << all.size() << " tokens in all, " << before.size()
+      << " in the previous prompt, " << first_prompt << " fed then)";
+  ebb_chat_result_free(res);
+
+  // Bad input: JSON, the options, tools that cannot be a grammar.
+  EXPECT_EQ(ebb_chat(session, "[{", &co, nullptr, nullptr, &res), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "messages_json is not valid JSON")) << last_error();
+  EXPECT_EQ(res, nullptr);
+  co.tool_choice = EBB_TOOL_CHOICE_REQUIRED;
+  co.tools_json = R"([{"type": "function", "function": {"parameters": {}}}])";
+  EXPECT_EQ(ebb_chat(session, msgs, &co, nullptr, nullptr, &res), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "options.tools_json")) << last_error();
+  co.tools_json = nullptr;
+  EXPECT_EQ(ebb_chat(session, msgs, &co, nullptr, nullptr, &res), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "no tools")) << last_error();
+  ebb_chat_options wrong = co;
+  wrong.struct_size = 8;
+  EXPECT_EQ(ebb_chat(session, msgs, &wrong, nullptr, nullptr, &res), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "ebb_chat_options_default")) << last_error();
+  // Back to the model's own (none): the marker format again.
+  ASSERT_EQ(ebb_engine_set_chat_template(engine, nullptr), EBB_OK);
+  EXPECT_EQ(chat_render(engine, R"([{"role": "user", "content": "Hi"}])", nullptr, 1), "User: Hi\nAssistant:");
 }
 
 }  // namespace

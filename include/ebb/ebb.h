@@ -54,9 +54,8 @@
  *   compiled against the same header; a struct whose struct_size is wrong
  *   is refused with EBB_ERR_INVALID_ARGUMENT.
  *
- * Not here yet: training adapters, chat templates, budget
- * mode (streaming weights from a fixed budget; the memory limit below is
- * elastic memory's).
+ * Not here yet: training adapters, budget mode (streaming weights from a
+ * fixed budget; the memory limit below is elastic memory's).
  */
 #ifndef EBB_EBB_H
 #define EBB_EBB_H
@@ -372,6 +371,106 @@ EBB_API ebb_status ebb_adapter_unload(ebb_engine* engine, const char* name);
  * name, a scale that is not finite (the binding is unchanged then). */
 EBB_API ebb_status ebb_session_set_adapters(ebb_session* session, const char* const* names, const float* scales,
                                             size_t n);
+
+/* ---- constrained output ------------------------------------------------ */
+
+/* A grammar compiled for an engine's vocabulary: the generated text must be
+ * a sentence of it (tokens it refuses are never sampled; the end-of-
+ * generation token only once it is complete). Immutable: one constraint may
+ * serve many generations, on any session of its engine, one after another
+ * or from several threads. Freed with ebb_constraint_free (before its
+ * engine). */
+typedef struct ebb_constraint ebb_constraint;
+
+/* GBNF text, llama.cpp's grammar format (a rule `root` is required).
+ * EBB_ERR_INVALID_ARGUMENT with "grammar line L column C: why" when it does
+ * not compile. */
+EBB_API ebb_status ebb_constraint_from_gbnf(ebb_engine* engine, const char* gbnf, ebb_constraint** out);
+/* JSON valid for a JSON Schema (text); NULL or "": any JSON object.
+ * EBB_ERR_INVALID_ARGUMENT naming the JSON error (line, column) or the
+ * schema path ("#/properties/age: ...") when it cannot be compiled. */
+EBB_API ebb_status ebb_constraint_from_json_schema(ebb_engine* engine, const char* schema_json, ebb_constraint** out);
+EBB_API void ebb_constraint_free(ebb_constraint* constraint);
+
+/* ebb_generate whose output follows `constraint` (NULL: none, as
+ * ebb_generate). The constraint starts from its beginning at every call. */
+EBB_API ebb_status ebb_generate_constrained(ebb_session* session, const ebb_token* prompt, size_t n_prompt,
+                                            const ebb_generate_options* options, const ebb_constraint* constraint,
+                                            ebb_text_callback on_text, void* user_data, ebb_generate_result* result);
+
+/* ---- chat: the model's template and tool calls -------------------------- */
+
+/* Conversations are OpenAI-shaped JSON text: messages is an array of
+ * {"role": "system"|"user"|"assistant"|"tool", "content": "..."}, an
+ * assistant message may carry "tool_calls" ([{"id", "type": "function",
+ * "function": {"name", "arguments"}}], arguments as an object or a JSON
+ * string), a tool message "tool_call_id" and "name". tools is an array of
+ * {"type": "function", "function": {"name", "description", "parameters"}}.
+ *
+ * They are rendered through the model's chat template
+ * (tokenizer.chat_template, run as Jinja as Hugging Face transformers runs
+ * it), or the one set with ebb_engine_set_chat_template. A model without a
+ * template falls back to a marker format (chatml, llama3, llama2, plain,
+ * chosen by its architecture), which takes no tools. */
+
+/* Replaces the engine's chat template by Jinja `source` (NULL: back to the
+ * model's own). EBB_ERR_INVALID_ARGUMENT naming line and column when it
+ * does not parse. */
+EBB_API ebb_status ebb_engine_set_chat_template(ebb_engine* engine, const char* source);
+
+/* The prompt text for messages_json (and tools_json, NULL: none), ending
+ * with the assistant's header when add_generation_prompt. Same buffer
+ * protocol as ebb_detokenize. EBB_ERR_INVALID_ARGUMENT: not JSON, or the
+ * template refuses the messages (its message is in ebb_last_error). */
+EBB_API ebb_status ebb_chat_render(ebb_engine* engine, const char* messages_json, const char* tools_json,
+                                   int add_generation_prompt, char* text, size_t capacity, size_t* n_bytes);
+
+typedef enum ebb_tool_choice {
+  EBB_TOOL_CHOICE_AUTO = 0,     /* the model decides; a call it starts is constrained to the tools */
+  EBB_TOOL_CHOICE_NONE = 1,     /* the tools are shown, calls are not parsed */
+  EBB_TOOL_CHOICE_REQUIRED = 2  /* the answer is constrained to call one of the tools */
+} ebb_tool_choice;
+
+typedef struct ebb_chat_options {
+  size_t struct_size;               /* sizeof(ebb_chat_options), set by the default */
+  ebb_generate_options generate;    /* initialised by ebb_chat_options_default */
+  const char* tools_json;           /* NULL: no tools */
+  ebb_tool_choice tool_choice;      /* default EBB_TOOL_CHOICE_AUTO */
+  int parallel_tool_calls;          /* REQUIRED: one call or several (default 1) */
+  const ebb_constraint* constraint; /* the answer's grammar (NULL: none); not with REQUIRED */
+} ebb_chat_options;
+
+EBB_API ebb_chat_options ebb_chat_options_default(void);
+
+typedef struct ebb_tool_call {
+  const char* id;        /* "call_" and 24 letters and digits */
+  const char* name;      /* the function's name */
+  const char* arguments; /* a JSON object, as text */
+} ebb_tool_call;
+
+typedef struct ebb_chat_result {
+  const char* content;           /* the answer's text, without calls or reasoning */
+  const char* reasoning_content; /* <think> text (Qwen3, DeepSeek-R1), "" when none */
+  size_t n_tool_calls;
+  const ebb_tool_call* tool_calls; /* [n_tool_calls] */
+  const char* text;                /* the whole generated text, as generated */
+  ebb_generate_result generate;
+} ebb_chat_result;
+
+/* One assistant turn: renders messages_json (and the options' tools) with
+ * the generation prompt, keeps the session's tokens that the rendered
+ * prompt starts with and feeds the rest, generates (on_text receives the
+ * raw text, may be NULL) and parses the answer into content, reasoning and
+ * tool calls in the template's family syntax (Qwen/Hermes <tool_call>,
+ * Llama 3, Mistral [TOOL_CALLS], a generic JSON fallback). On EBB_OK *out is
+ * a result owned by the caller, freed with ebb_chat_result_free (its
+ * strings live as long as it). EBB_ERR_INVALID_ARGUMENT: bad JSON, a
+ * template that refuses the messages, tools that do not compile to a
+ * grammar (the message names the tool), tools with a model that has no
+ * template. */
+EBB_API ebb_status ebb_chat(ebb_session* session, const char* messages_json, const ebb_chat_options* options,
+                            ebb_text_callback on_text, void* user_data, ebb_chat_result** out);
+EBB_API void ebb_chat_result_free(ebb_chat_result* result);
 
 #ifdef __cplusplus
 }

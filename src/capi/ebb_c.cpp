@@ -20,10 +20,20 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "memory/residency.h"
+#include "model/chat_parse.h"
+#include "model/chat_renderer.h"
 #include "platform/error.h"
+#include "runtime/grammar/constraint.h"
+#include "runtime/grammar/grammar.h"
+#include "runtime/grammar/json_schema.h"
+#include "runtime/grammar/token_trie.h"
+#include "runtime/grammar/tool_grammar.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/session.h"
@@ -40,7 +50,32 @@ struct ebb_engine {
   int n_sessions = 0;
   bool in_callback = false;  // a generate's text callback is running (on the lock's owner)
   std::string arch, name, isa;
+  // Chat: the renderer (the model's template, or ebb_engine_set_chat_template's),
+  // made at the first use; the vocabulary trie constraints walk, likewise.
+  std::unique_ptr<ebb::ChatRenderer> renderer;
+  std::shared_ptr<const ebb::grammar::TokenTrie> trie;
 };
+
+struct ebb_constraint {
+  ebb_engine* owner = nullptr;
+  // A constraint at its start, its DFA warmed by the generations so far;
+  // each generation runs on a copy (under the owner's lock).
+  std::unique_ptr<ebb::grammar::GrammarConstraint> prototype;
+};
+
+// What an ebb_chat_result points into. The result handed out is the first
+// member of a standard-layout block, so ebb_chat_result_free gets the block
+// back from it.
+struct ChatResultData {
+  std::string content, reasoning, text;
+  std::vector<ebb::ToolCall> calls;
+  std::vector<ebb_tool_call> c_calls;
+};
+struct ebb_chat_result_owned {
+  ebb_chat_result c{};
+  ChatResultData* data = nullptr;  // owned
+};
+static_assert(std::is_standard_layout_v<ebb_chat_result_owned>);
 
 struct ebb_session {
   ebb_engine* owner = nullptr;
@@ -241,6 +276,153 @@ class CallbackScope {
  private:
   ebb_engine* e_;
 };
+
+// The C++ options of an ebb_generate_options (validated; a seed of 0 drawn).
+ebb::GenerateOptions to_cpp(const ebb_generate_options* options) {
+  need_options(options, "options", "ebb_generate_options_default");
+  need_options(&options->sampling, "options.sampling", "ebb_sampling_options_default");
+  const ebb_generate_options& o = *options;
+  check_range(o.max_tokens >= 0, "options.max_tokens = " + std::to_string(o.max_tokens) + " is negative");
+  if (o.n_stop_strings > 0) need(o.stop_strings, "options.stop_strings");
+  ebb::GenerateOptions go;
+  go.max_tokens = o.max_tokens;
+  go.sampling = to_cpp(o.sampling);
+  try {
+    go.sampling.validate();
+  } catch (const ebb::Error& e) {
+    fail(EBB_ERR_INVALID_ARGUMENT, std::string("options.sampling: ") + e.what());
+  }
+  // A seed of 0 is drawn here rather than in the sampler, so the caller
+  // learns it and can repeat the run.
+  while (go.sampling.seed == 0) {
+    std::random_device rd;
+    go.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  for (size_t i = 0; i < o.n_stop_strings; ++i) {
+    if (!o.stop_strings[i]) fail(EBB_ERR_INVALID_ARGUMENT, "options.stop_strings[" + std::to_string(i) + "] is NULL");
+    go.stop_strings.emplace_back(o.stop_strings[i]);
+  }
+  go.stop_at_eog = o.stop_at_eog != 0;
+  return go;
+}
+
+// Runs one generation on the session (the owner's lock held by the
+// caller); `text`, when not null, collects the generated text.
+void run_generation(ebb_session* session, const ebb_token* prompt, size_t n_prompt, const ebb::GenerateOptions& go,
+                    ebb_text_callback on_text, void* user_data, ebb_generate_result* result, std::string* text) {
+  ebb_engine* owner = session->owner;
+  need_not_in_callback(owner);
+  check_tokens(*owner->engine, prompt, n_prompt, "prompt");
+  check_context(*session->session, n_prompt);
+  if (session->session->tokens().empty() && n_prompt == 0) {
+    fail(EBB_ERR_INVALID_ARGUMENT, "nothing to continue: the session is empty and the prompt has no tokens");
+  }
+  ebb::TextFn text_fn;
+  if (on_text || text) {
+    text_fn = [&](std::string_view t) {
+      if (text) text->append(t);
+      return !on_text || on_text(t.data(), t.size(), user_data) == 0;
+    };
+  }
+  ebb::GenerateStats st;
+  session->logits_valid = false;
+  {
+    const CallbackScope scope(owner);
+    st = ebb::generate(*session->session, std::span<const ebb::TokenId>(prompt, n_prompt), go, text_fn);
+  }
+  if (result) {
+    ebb_generate_result r{};
+    r.stop = to_c(st.stop);
+    r.prompt_tokens = st.prompt_tokens;
+    r.generated_tokens = st.generated_tokens;
+    r.prefill_seconds = st.prefill_seconds;
+    r.decode_seconds = st.decode_seconds;
+    r.ttft_seconds = st.ttft_seconds;
+    r.seed = go.sampling.seed;
+    *result = r;
+  }
+}
+
+// The engine's vocabulary trie (built at the first use; lock held).
+std::shared_ptr<const ebb::grammar::TokenTrie> trie_of(ebb_engine* e) {
+  if (!e->trie) e->trie = ebb::grammar::TokenTrie::from_tokenizer(e->engine->tokenizer());
+  return e->trie;
+}
+
+// The engine's chat renderer (lock held).
+const ebb::ChatRenderer& renderer_of(ebb_engine* e) {
+  if (!e->renderer) {
+    e->renderer = std::make_unique<ebb::ChatRenderer>(ebb::ChatRenderer::for_model(
+        e->engine->model().chat_template(), e->engine->config().arch_name, e->engine->tokenizer(), nullptr));
+  }
+  return *e->renderer;
+}
+
+// A fresh constraint for one generation (null for none; lock held).
+std::shared_ptr<ebb::grammar::GrammarConstraint> constraint_copy(const ebb_constraint* c, const ebb_engine* owner) {
+  if (!c) return nullptr;
+  if (c->owner != owner) fail(EBB_ERR_INVALID_ARGUMENT, "the constraint was made for another engine");
+  return std::make_shared<ebb::grammar::GrammarConstraint>(c->prototype->copy());
+}
+
+// JSON text of an argument; EBB_ERR_INVALID_ARGUMENT naming it when it is not.
+nlohmann::ordered_json parse_json_arg(const char* text, const char* what) {
+  need(text, what);
+  try {
+    return nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(EBB_ERR_INVALID_ARGUMENT, std::string(what) + " is not valid JSON: " + e.what());
+  }
+}
+
+// Messages as templates take them: tool-call arguments given as JSON text
+// parsed into objects; an assistant message that only made calls gets
+// content "" rather than null (templates test `'x' in message.content`).
+nlohmann::ordered_json template_messages(nlohmann::ordered_json m) {
+  if (!m.is_array()) fail(EBB_ERR_INVALID_ARGUMENT, "messages_json must be a JSON array of messages");
+  for (auto& x : m) {
+    if (!x.is_object() || !x.contains("role") || !x["role"].is_string())
+      fail(EBB_ERR_INVALID_ARGUMENT, "each message must be an object with a string \"role\"");
+    if (x.contains("content") && x["content"].is_null()) x["content"] = "";
+    if (!x.contains("content")) x["content"] = "";
+    if (x.contains("tool_calls") && x["tool_calls"].is_array()) {
+      for (auto& c : x["tool_calls"]) {
+        if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) continue;
+        auto& f = c["function"];
+        if (f.contains("arguments") && f["arguments"].is_string()) {
+          try {
+            f["arguments"] = nlohmann::ordered_json::parse(f["arguments"].get<std::string>());
+          } catch (const nlohmann::json::exception&) {
+            // Not JSON: the template gets the text as it is.
+          }
+        }
+      }
+    }
+  }
+  return m;
+}
+
+std::string render_chat(ebb_engine* e, const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                        bool add_generation_prompt) {
+  try {
+    return renderer_of(e).render(template_messages(messages), tools, add_generation_prompt);
+  } catch (const ebb::Error& err) {
+    fail(EBB_ERR_INVALID_ARGUMENT, std::string("the chat template cannot render these messages: ") + err.what());
+  }
+}
+
+ebb_constraint* make_constraint(ebb_engine* e, const std::string& gbnf, ebb::grammar::ConstraintOptions co = {}) {
+  std::shared_ptr<const ebb::grammar::Grammar> g;
+  try {
+    g = ebb::grammar::Grammar::parse(gbnf);
+  } catch (const ebb::Error& err) {
+    fail(EBB_ERR_INVALID_ARGUMENT, err.what());
+  }
+  auto c = std::make_unique<ebb_constraint>();
+  c->owner = e;
+  c->prototype = std::make_unique<ebb::grammar::GrammarConstraint>(std::move(g), trie_of(e), std::move(co));
+  return c.release();
+}
 
 }  // namespace
 
@@ -575,62 +757,21 @@ ebb_status ebb_generate(ebb_session* session, const ebb_token* prompt, size_t n_
                         ebb_generate_result* result) {
   return guarded("ebb_generate", EBB_ERR_FAILED, [&] {
     need(session, "session");
-    need_options(options, "options", "ebb_generate_options_default");
-    need_options(&options->sampling, "options.sampling", "ebb_sampling_options_default");
-    const ebb_generate_options& o = *options;
-    check_range(o.max_tokens >= 0, "options.max_tokens = " + std::to_string(o.max_tokens) + " is negative");
-    if (o.n_stop_strings > 0) need(o.stop_strings, "options.stop_strings");
+    ebb::GenerateOptions go = to_cpp(options);
+    std::lock_guard lock(session->owner->mu);
+    run_generation(session, prompt, n_prompt, go, on_text, user_data, result, nullptr);
+  });
+}
 
-    ebb::GenerateOptions go;
-    go.max_tokens = o.max_tokens;
-    go.sampling = to_cpp(o.sampling);
-    try {
-      go.sampling.validate();
-    } catch (const ebb::Error& e) {
-      fail(EBB_ERR_INVALID_ARGUMENT, std::string("options.sampling: ") + e.what());
-    }
-    // A seed of 0 is drawn here rather than in the sampler, so the caller
-    // learns it and can repeat the run.
-    while (go.sampling.seed == 0) {
-      std::random_device rd;
-      go.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    }
-    for (size_t i = 0; i < o.n_stop_strings; ++i) {
-      if (!o.stop_strings[i]) fail(EBB_ERR_INVALID_ARGUMENT, "options.stop_strings[" + std::to_string(i) + "] is NULL");
-      go.stop_strings.emplace_back(o.stop_strings[i]);
-    }
-    go.stop_at_eog = o.stop_at_eog != 0;
-
-    ebb_engine* owner = session->owner;
-    std::lock_guard lock(owner->mu);
-    need_not_in_callback(owner);
-    check_tokens(*owner->engine, prompt, n_prompt, "prompt");
-    check_context(*session->session, n_prompt);
-    if (session->session->tokens().empty() && n_prompt == 0) {
-      fail(EBB_ERR_INVALID_ARGUMENT, "nothing to continue: the session is empty and the prompt has no tokens");
-    }
-
-    ebb::TextFn text_fn;
-    if (on_text) {
-      text_fn = [&](std::string_view t) { return on_text(t.data(), t.size(), user_data) == 0; };
-    }
-    ebb::GenerateStats st;
-    session->logits_valid = false;
-    {
-      const CallbackScope scope(owner);
-      st = ebb::generate(*session->session, std::span<const ebb::TokenId>(prompt, n_prompt), go, text_fn);
-    }
-    if (result) {
-      ebb_generate_result r{};
-      r.stop = to_c(st.stop);
-      r.prompt_tokens = st.prompt_tokens;
-      r.generated_tokens = st.generated_tokens;
-      r.prefill_seconds = st.prefill_seconds;
-      r.decode_seconds = st.decode_seconds;
-      r.ttft_seconds = st.ttft_seconds;
-      r.seed = go.sampling.seed;
-      *result = r;
-    }
+ebb_status ebb_generate_constrained(ebb_session* session, const ebb_token* prompt, size_t n_prompt,
+                                    const ebb_generate_options* options, const ebb_constraint* constraint,
+                                    ebb_text_callback on_text, void* user_data, ebb_generate_result* result) {
+  return guarded("ebb_generate_constrained", EBB_ERR_FAILED, [&] {
+    need(session, "session");
+    ebb::GenerateOptions go = to_cpp(options);
+    std::lock_guard lock(session->owner->mu);
+    go.constraint = constraint_copy(constraint, session->owner);
+    run_generation(session, prompt, n_prompt, go, on_text, user_data, result, nullptr);
   });
 }
 
@@ -787,6 +928,200 @@ ebb_status ebb_session_set_adapters(ebb_session* session, const char* const* nam
 
 void ebb_residency_free(ebb_residency* residency) {
   delete static_cast<ResidencySnapshot*>(residency);
+}
+
+// ---- constrained output ------------------------------------------------------
+
+ebb_status ebb_constraint_from_gbnf(ebb_engine* engine, const char* gbnf, ebb_constraint** out) {
+  if (out) *out = nullptr;
+  return guarded("ebb_constraint_from_gbnf", EBB_ERR_FAILED, [&] {
+    need(engine, "engine");
+    need(gbnf, "gbnf");
+    need(out, "out");
+    std::lock_guard lock(engine->mu);
+    *out = make_constraint(engine, gbnf);
+  });
+}
+
+ebb_status ebb_constraint_from_json_schema(ebb_engine* engine, const char* schema_json, ebb_constraint** out) {
+  if (out) *out = nullptr;
+  return guarded("ebb_constraint_from_json_schema", EBB_ERR_FAILED, [&] {
+    need(engine, "engine");
+    need(out, "out");
+    std::string gbnf;
+    try {
+      gbnf = schema_json == nullptr || *schema_json == '\0' ? ebb::grammar::json_object_gbnf()
+                                                            : ebb::grammar::json_schema_to_gbnf(std::string_view(schema_json));
+    } catch (const ebb::Error& e) {
+      fail(EBB_ERR_INVALID_ARGUMENT, e.what());
+    }
+    std::lock_guard lock(engine->mu);
+    *out = make_constraint(engine, gbnf);
+  });
+}
+
+void ebb_constraint_free(ebb_constraint* constraint) { delete constraint; }
+
+// ---- chat ----------------------------------------------------------------------
+
+ebb_status ebb_engine_set_chat_template(ebb_engine* engine, const char* source) {
+  return guarded("ebb_engine_set_chat_template", EBB_ERR_FAILED, [&] {
+    need(engine, "engine");
+    std::lock_guard lock(engine->mu);
+    need_not_in_callback(engine);
+    if (!source) {
+      engine->renderer.reset();
+      return;
+    }
+    try {
+      engine->renderer = std::make_unique<ebb::ChatRenderer>(
+          ebb::ChatRenderer::from_source(source, engine->engine->config().arch_name, engine->engine->tokenizer()));
+    } catch (const ebb::Error& e) {
+      fail(EBB_ERR_INVALID_ARGUMENT, e.what());
+    }
+  });
+}
+
+ebb_status ebb_chat_render(ebb_engine* engine, const char* messages_json, const char* tools_json,
+                           int add_generation_prompt, char* text, size_t capacity, size_t* n_bytes) {
+  return guarded("ebb_chat_render", EBB_ERR_FAILED, [&] {
+    need(engine, "engine");
+    need(n_bytes, "n_bytes");
+    if (capacity > 0) need(text, "text");
+    const nlohmann::ordered_json messages = parse_json_arg(messages_json, "messages_json");
+    const nlohmann::ordered_json tools = tools_json ? parse_json_arg(tools_json, "tools_json") : nlohmann::ordered_json();
+    std::lock_guard lock(engine->mu);
+    const std::string s = render_chat(engine, messages, tools, add_generation_prompt != 0);
+    *n_bytes = s.size();
+    if (s.size() + 1 > capacity) {
+      fail(EBB_ERR_BUFFER_TOO_SMALL, std::to_string(s.size() + 1) + " bytes needed (text and NUL), the buffer holds " +
+                                         std::to_string(capacity));
+    }
+    std::memcpy(text, s.data(), s.size());
+    text[s.size()] = '\0';
+  });
+}
+
+ebb_chat_options ebb_chat_options_default(void) {
+  ebb_chat_options o{};
+  o.struct_size = sizeof(o);
+  o.generate = ebb_generate_options_default();
+  o.tools_json = nullptr;
+  o.tool_choice = EBB_TOOL_CHOICE_AUTO;
+  o.parallel_tool_calls = 1;
+  o.constraint = nullptr;
+  return o;
+}
+
+ebb_status ebb_chat(ebb_session* session, const char* messages_json, const ebb_chat_options* options,
+                    ebb_text_callback on_text, void* user_data, ebb_chat_result** out) {
+  if (out) *out = nullptr;
+  return guarded("ebb_chat", EBB_ERR_FAILED, [&] {
+    need(session, "session");
+    need(out, "out");
+    need_options(options, "options", "ebb_chat_options_default");
+    ebb::GenerateOptions go = to_cpp(&options->generate);
+    const ebb_tool_choice choice = options->tool_choice;
+    check_range(choice == EBB_TOOL_CHOICE_AUTO || choice == EBB_TOOL_CHOICE_NONE || choice == EBB_TOOL_CHOICE_REQUIRED,
+                "options.tool_choice = " + std::to_string(static_cast<int>(choice)) + " is not an ebb_tool_choice");
+    const nlohmann::ordered_json messages = parse_json_arg(messages_json, "messages_json");
+    nlohmann::ordered_json tools;
+    if (options->tools_json) {
+      tools = parse_json_arg(options->tools_json, "options.tools_json");
+      if (!tools.is_array()) fail(EBB_ERR_INVALID_ARGUMENT, "options.tools_json must be a JSON array of tools");
+      if (tools.empty()) tools = nlohmann::ordered_json();
+    }
+    const bool has_tools = !tools.is_null();
+    if (choice == EBB_TOOL_CHOICE_REQUIRED && !has_tools)
+      fail(EBB_ERR_INVALID_ARGUMENT, "options.tool_choice is EBB_TOOL_CHOICE_REQUIRED but there are no tools");
+    if (choice == EBB_TOOL_CHOICE_REQUIRED && options->constraint)
+      fail(EBB_ERR_INVALID_ARGUMENT, "options.constraint cannot be set with EBB_TOOL_CHOICE_REQUIRED (the tools are the grammar)");
+
+    ebb_engine* owner = session->owner;
+    std::lock_guard lock(owner->mu);
+    need_not_in_callback(owner);
+    const ebb::ChatRenderer& renderer = renderer_of(owner);
+    if (has_tools && !renderer.is_jinja()) {
+      fail(EBB_ERR_INVALID_ARGUMENT, "tools need a Jinja chat template and the model has none: set one with "
+                                     "ebb_engine_set_chat_template");
+    }
+    const std::string text = render_chat(owner, messages, tools, true);
+    ebb::ChatOutputFormat fmt = renderer.output_format();
+    fmt.open_think = ebb::prompt_opens_think(text, fmt);
+    for (const std::string& s : renderer.stop_strings()) go.stop_strings.push_back(s);
+
+    // The grammar: the caller's, or the tools' (forced, or lazy on the
+    // family's call marker with AUTO).
+    go.constraint = constraint_copy(options->constraint, owner);
+    const bool lazy = has_tools && choice == EBB_TOOL_CHOICE_AUTO && !options->constraint && !fmt.triggers.empty();
+    if ((has_tools && choice == EBB_TOOL_CHOICE_REQUIRED) || lazy) {
+      ebb::grammar::ToolCallGrammarOptions to;
+      to.prefix = fmt.call_prefix;
+      to.suffix = fmt.call_suffix;
+      to.parallel = choice == EBB_TOOL_CHOICE_AUTO || options->parallel_tool_calls != 0;
+      std::string gbnf;
+      try {
+        gbnf = ebb::grammar::tool_call_gbnf(tools, to);
+      } catch (const ebb::Error& e) {
+        fail(EBB_ERR_INVALID_ARGUMENT, std::string("options.tools_json: ") + e.what());
+      }
+      ebb::grammar::ConstraintOptions co;
+      if (lazy) {
+        co.lazy = true;
+        co.trigger_words = fmt.triggers;
+        ebb::EncodeOptions eo;
+        eo.add_bos = false;
+        eo.parse_special = true;
+        for (const std::string& w : fmt.triggers) {
+          const std::vector<ebb::TokenId> ids = owner->engine->tokenizer().encode(w, eo);
+          if (ids.size() == 1) co.trigger_tokens.push_back(ids[0]);
+        }
+      }
+      std::unique_ptr<ebb_constraint> c(make_constraint(owner, gbnf, std::move(co)));
+      go.constraint = std::make_shared<ebb::grammar::GrammarConstraint>(c->prototype->copy());
+    }
+
+    // The prompt: what the session holds of it already stays.
+    const ebb::Tokenizer& tok = owner->engine->tokenizer();
+    ebb::EncodeOptions eo;
+    eo.add_bos = tok.add_bos_default() && !renderer.writes_bos(text);
+    eo.parse_special = true;
+    const std::vector<ebb::TokenId> prompt = tok.encode(text, eo);
+    if (prompt.empty()) fail(EBB_ERR_INVALID_ARGUMENT, "the rendered prompt is empty");
+    const std::vector<ebb::TokenId> have = session->session->tokens();
+    size_t keep = 0;
+    while (keep < have.size() && keep < prompt.size() && have[keep] == prompt[keep]) ++keep;
+    if (keep == prompt.size()) --keep;  // one token at least runs, for the logits
+    if (keep < have.size()) session->session->truncate(static_cast<int64_t>(keep));
+
+    auto data = std::make_unique<ChatResultData>();
+    ebb_generate_result gen{};
+    run_generation(session, prompt.data() + keep, prompt.size() - keep, go, on_text, user_data, &gen, &data->text);
+    ChatResultData* res = data.get();
+    std::mt19937_64 rng(go.sampling.seed ^ 0x9e3779b97f4a7c15ull);
+    ebb::ParsedOutput parsed = ebb::parse_chat_output(fmt, res->text, has_tools && choice != EBB_TOOL_CHOICE_NONE,
+                                                      [&rng] { return ebb::make_call_id(rng); });
+    res->content = std::move(parsed.content);
+    res->reasoning = std::move(parsed.reasoning_content);
+    res->calls = std::move(parsed.tool_calls);
+    for (const ebb::ToolCall& c : res->calls) res->c_calls.push_back({c.id.c_str(), c.name.c_str(), c.arguments.c_str()});
+    auto owned = std::make_unique<ebb_chat_result_owned>();
+    owned->c.content = res->content.c_str();
+    owned->c.reasoning_content = res->reasoning.c_str();
+    owned->c.text = res->text.c_str();
+    owned->c.n_tool_calls = res->c_calls.size();
+    owned->c.tool_calls = res->c_calls.empty() ? nullptr : res->c_calls.data();
+    owned->c.generate = gen;
+    owned->data = data.release();
+    *out = &owned.release()->c;
+  });
+}
+
+void ebb_chat_result_free(ebb_chat_result* result) {
+  if (!result) return;
+  auto* owned = reinterpret_cast<ebb_chat_result_owned*>(result);  // its first member (standard layout)
+  delete owned->data;
+  delete owned;
 }
 
 }  // extern "C"

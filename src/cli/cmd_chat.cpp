@@ -65,10 +65,12 @@ std::string trim(const std::string& s) {
 
 class Chat {
  public:
-  Chat(Engine& engine, ChatArgs& a) : engine_(engine), a_(a), session_(engine, session_options(a.model)) {
-    const ResolvedChatTemplate t = resolve_chat_template(a.chat_template, engine, a.model.quiet);
-    fmt_ = t.format;
-    format_source_ = t.source;
+  Chat(Engine& engine, ChatArgs& a)
+      : engine_(engine),
+        a_(a),
+        session_(engine, session_options(a.model)),
+        template_(resolve_chat_template(a.chat_template, engine, a.model.quiet)),
+        fmt_(template_.renderer) {
     max_tokens_ = a.n_predict == ChatArgs::kAnswerFromContext ? default_answer_tokens(session_.n_ctx())
                                                                 : max_tokens_of(a.n_predict);
     session_.set_adapters(adapter_bindings(a.model));
@@ -80,7 +82,7 @@ class Chat {
   }
 
   std::string format_note() const {
-    return "chat template: " + std::string(chat_format_name(fmt_)) + " (" + format_source_ + ")";
+    return "chat template: " + fmt_.name() + " (" + template_.source + ")";
   }
 
   void reset() {
@@ -132,7 +134,8 @@ class Chat {
     for (;; drop += 2) {
       std::vector<ChatMessage> kept = sys;
       kept.insert(kept.end(), turns.begin() + static_cast<long>(std::min(drop, turns.size())), turns.end());
-      text = kept.empty() ? "" : apply_chat_template(fmt_, kept, false);
+      text = kept.empty() ? "" : fmt_.render(kept, false);
+      eo.add_bos = engine_.tokenizer().add_bos_default() && !fmt_.writes_bos(text);
       toks = engine_.tokenizer().encode(text, eo);
       if (toks.size() <= limit || drop >= turns.size()) {
         messages_ = kept;
@@ -225,7 +228,7 @@ class Chat {
   nlohmann::json transcript_json() const {
     nlohmann::json j;
     j["model_fingerprint"] = engine_.model_fingerprint();
-    j["format"] = std::string(chat_format_name(fmt_));
+    j["format"] = fmt_.name();
     j["tokens"] = session_.tokens();
     j["state"] = static_cast<int>(state_);
     j["carry"] = carry_;
@@ -309,12 +312,12 @@ class Chat {
     if (!a_.system.empty()) msgs.push_back({"system", a_.system});
     if (state_ == State::kEmpty) {
       msgs.push_back({"user", user});
-      return apply_chat_template(fmt_, msgs, true);
+      return fmt_.render(msgs, true);
     }
     if (state_ == State::kClosed) {
       std::vector<ChatMessage> with = messages_;
       with.push_back({"user", user});
-      const std::string full = apply_chat_template(fmt_, with, true);
+      const std::string full = fmt_.render(with, true);
       if (full.compare(0, closed_text_.size(), closed_text_) == 0) return full.substr(closed_text_.size());
       // Not a prefix (a template that rewrites earlier turns): the new
       // message rendered after a closed answer, as below.
@@ -325,7 +328,7 @@ class Chat {
     msgs.push_back({"user", "hi"});
     msgs.push_back({"assistant", kSentinel});
     msgs.push_back({"user", user});
-    const std::string full = apply_chat_template(fmt_, msgs, true);
+    const std::string full = fmt_.render(msgs, true);
     const size_t at = full.rfind(kSentinel);
     EBB_CHECK_MSG(at != std::string::npos, "the chat template dropped the sentinel answer");
     std::string after = full.substr(at + std::string(kSentinel).size());
@@ -343,9 +346,10 @@ class Chat {
 
   std::vector<TokenId> turn_tokens(const std::string& user) const {
     EncodeOptions eo;
-    eo.add_bos = session_.tokens().empty() && engine_.tokenizer().add_bos_default();
+    const std::string text = delta_for(user);
+    eo.add_bos = session_.tokens().empty() && engine_.tokenizer().add_bos_default() && !fmt_.writes_bos(text);
     eo.parse_special = true;
-    return engine_.tokenizer().encode(delta_for(user), eo);
+    return engine_.tokenizer().encode(text, eo);
   }
 
   void run_turn(const std::string& user) {
@@ -367,7 +371,7 @@ class Chat {
     GenerateOptions go;
     go.max_tokens = max_tokens_;
     go.sampling = a_.sampling;
-    go.stop_strings = chat_stop_strings(fmt_);
+    go.stop_strings = fmt_.stop_strings();
     go.stop_strings.insert(go.stop_strings.end(), a_.stop.begin(), a_.stop.end());
     LineReader::clear_interrupt();
     const int64_t prompt_end = have + static_cast<int64_t>(toks.size());
@@ -438,8 +442,8 @@ class Chat {
   Engine& engine_;
   ChatArgs& a_;
   Session session_;
-  ChatFormat fmt_;
-  std::string format_source_;
+  ResolvedChatTemplate template_;
+  const ChatRenderer& fmt_;  // template_.renderer
   int64_t max_tokens_ = 0;
   std::vector<ChatMessage> messages_;  // the transcript as shown (for /shift)
   State state_ = State::kEmpty;

@@ -19,6 +19,7 @@ struct RunArgs {
   ModelArgs model;
   SamplerOptions sampling;
   ChatTemplateArgs chat_template;
+  GrammarArgs grammar;
   std::string prompt;
   std::string prompt_file;
   std::string system;
@@ -71,6 +72,7 @@ int run(RunArgs& a) {
   if (a.prompt.empty() && a.prompt_file.empty()) throw UsageError("no prompt: give -p TEXT or -f FILE (- for standard input)");
   const int64_t max_tokens = max_tokens_of(a.n_predict);
   if (!a.prompt_file.empty()) check_prompt_file(a.prompt_file);
+  const std::shared_ptr<const grammar::Grammar> output_rules = output_grammar(a.grammar);
   double load_s = 0;
   std::unique_ptr<Engine> engine = make_engine(a.model, &load_s);
   if (a.keep != -2 && !a.model.quiet)
@@ -92,18 +94,25 @@ int run(RunArgs& a) {
   go.max_tokens = max_tokens;
   go.sampling = a.sampling;
   go.stop_strings = a.stop;
+  go.constraint = output_constraint(output_rules, tok);
   bool parse_special = a.special;
+  bool template_bos = false;  // the chat template wrote the BOS text itself
   if (a.chat || !system.empty() || !a.chat_template.spec.empty()) {
-    const ChatFormat fmt = resolve_chat_template(a.chat_template, *engine, a.model.quiet).format;
+    const ResolvedChatTemplate t = resolve_chat_template(a.chat_template, *engine, a.model.quiet);
     std::vector<ChatMessage> msgs;
     if (!system.empty()) msgs.push_back({"system", system});
     msgs.push_back({"user", text});
-    text = apply_chat_template(fmt, msgs, true);
-    for (const std::string& s : chat_stop_strings(fmt)) go.stop_strings.push_back(s);
+    try {
+      text = t.renderer.render(msgs, true);
+    } catch (const Error& e) {
+      throw Error("the chat template (" + t.source + ") cannot render the prompt: " + e.what());
+    }
+    for (const std::string& s : t.renderer.stop_strings()) go.stop_strings.push_back(s);
     parse_special = true;
+    template_bos = t.renderer.writes_bos(text);
   }
   EncodeOptions eo;
-  eo.add_bos = !a.no_bos && tok.add_bos_default();
+  eo.add_bos = !a.no_bos && tok.add_bos_default() && !template_bos;
   eo.parse_special = parse_special;
   const std::vector<TokenId> prompt = tok.encode(text, eo);
   if (prompt.empty()) throw Error("the prompt is empty (give -p TEXT or --file FILE)");
@@ -165,6 +174,7 @@ void add_run_command(CLI::App& app, int* rc) {
   sub->add_option("--keep", a->keep, "Accepted for llama.cpp and ignored: ebb run never shifts the context")
       ->group(kEngineGroup);
   add_sampling_options(sub, a->sampling);
+  add_grammar_options(sub, a->grammar);
   sub->callback([a, rc] { *rc = run(*a); });
 }
 

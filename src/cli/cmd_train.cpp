@@ -85,7 +85,12 @@ int train(TrainArgs& a, bool steps_given) {
   std::unique_ptr<Engine> engine = make_engine(a.model);
   TrainDataOptions dop;
   dop.max_tokens = a.max_tokens;
-  dop.format = resolve_chat_template(a.chat_template, *engine).format;
+  {
+    ResolvedChatTemplate t = resolve_chat_template(a.chat_template, *engine, /*quiet=*/true);  // load_train_data notes the fallback
+    dop.format = t.renderer.marker();
+    if (t.renderer.is_jinja()) dop.renderer = std::make_shared<const ChatRenderer>(std::move(t.renderer));
+    else if (a.chat_template.spec.empty()) dop.marker_note = t.source + " (--chat-template FILE gives one)";
+  }
   std::vector<std::string> notes;
   std::vector<TrainSample> data = load_train_data(a.data, engine->tokenizer(), dop, &notes);
   std::vector<TrainSample> heldout;

@@ -151,18 +151,17 @@ void add_chat_template_options(CLI::App* app, ChatTemplateArgs& t) {
 
 ResolvedChatTemplate resolve_chat_template(ChatTemplateArgs& t, const Engine& e, bool quiet) {
   if (t.jinja && !quiet) std::fprintf(stderr, "note: --jinja is implied: ebb always applies the chat template\n");
-  ResolvedChatTemplate r;
+  const std::string& arch = e.config().arch_name;
   if (t.spec.empty()) {
-    r.format = detect_chat_format(e.model().chat_template(), e.config().arch_name);
-    r.source = e.model().chat_template().empty() ? "the model has no chat template; chosen by its architecture"
-                                                 : "recognised in the model's chat template";
-    return r;
+    std::string note;
+    ChatRenderer r = ChatRenderer::for_model(e.model().chat_template(), arch, e.tokenizer(), &note);
+    if (!note.empty() && !quiet) std::fprintf(stderr, "note: %s\n", note.c_str());
+    std::string source = r.is_jinja()                       ? "the model's tokenizer.chat_template"
+                         : e.model().chat_template().empty() ? "the model has no chat template; chosen by its architecture"
+                                                             : "the model's template does not parse; recognised in it";
+    return {std::move(r), std::move(source)};
   }
-  if (auto f = parse_chat_format(t.spec)) {
-    r.format = *f;
-    r.source = "--format";
-    return r;
-  }
+  if (auto f = parse_chat_format(t.spec)) return {ChatRenderer(*f, arch), "--format"};
   std::error_code ec;
   if (!std::filesystem::is_regular_file(t.spec, ec)) {
     throw UsageError("--chat-template '" + t.spec +
@@ -170,9 +169,11 @@ ResolvedChatTemplate resolve_chat_template(ChatTemplateArgs& t, const Engine& e,
   }
   t.file = t.spec;
   t.text = read_bounded_text(t.file, 1u << 20, "--chat-template");
-  r.format = detect_chat_format(t.text, e.config().arch_name);
-  r.source = "recognised in " + t.file;
-  return r;
+  try {
+    return {ChatRenderer::from_source(t.text, arch, e.tokenizer()), t.file};
+  } catch (const Error& err) {
+    throw UsageError("--chat-template '" + t.file + "': " + err.what());
+  }
 }
 
 std::string read_bounded_text(const std::string& path, uint64_t max_bytes, const std::string& what) {
@@ -197,6 +198,9 @@ std::string read_bounded_text(const std::string& path, uint64_t max_bytes, const
   }
   const bool failed = !over && std::ferror(f);
   if (!std_in) std::fclose(f);
+  if (over && what != "--file") {
+    throw Error(what + " '" + path + "' is larger than " + format_bytes(max_bytes) + ", the most it may have");
+  }
   if (over) {
     throw Error(what + " '" + path + "': the prompt file is larger than the context can hold (more than " +
                 format_bytes(max_bytes) + "; the context holds " + std::to_string(max_bytes / kPromptBytesPerToken) +

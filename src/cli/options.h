@@ -11,9 +11,14 @@
 #include "platform/error.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "model/chat_renderer.h"
 #include "model/chat_template.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+
+namespace ebb::grammar {
+struct Grammar;
+}
 
 namespace ebb::cli {
 
@@ -79,9 +84,8 @@ void add_model_options(CLI::App* app, ModelArgs& a, const ModelOptionSet& set = 
 void add_sampling_options(CLI::App* app, SamplerOptions& s);
 
 // --chat-template NAME|FILE (llama.cpp's spelling) and --format NAME (ebb's):
-// a format name (chatml, llama3, llama2, plain) or a Jinja template file.
-// A file's text is kept in `text` for the Jinja engine; until that engine is
-// wired, the format is recognised in the file's text as in a model's.
+// a marker format name (chatml, llama3, llama2, plain) or a Jinja template
+// file; by default the model's own Jinja template.
 struct ChatTemplateArgs {
   std::string spec;   // as given ("": the model's own template)
   std::string file;   // spec named a file: its path
@@ -89,13 +93,37 @@ struct ChatTemplateArgs {
   bool jinja = false; // --jinja: accepted (ebb always applies the template)
 };
 void add_chat_template_options(CLI::App* app, ChatTemplateArgs& t);
-struct ResolvedChatTemplate {
-  ChatFormat format = ChatFormat::kPlain;
-  std::string source;  // why this format: "--chat-template", "recognised in the model's chat template", ...
+// --grammar FILE, --json-schema FILE, --json: at most one.
+struct GrammarArgs {
+  std::string grammar_file;  // GBNF
+  std::string schema_file;   // JSON Schema
+  bool json = false;         // any JSON object
+  bool any() const;
 };
-// The format to render with: from --chat-template/--format, else from the
-// model's template (or its architecture). Reads a template file (at most
-// 1 MiB; UsageError naming the file otherwise); notes --jinja once.
+void add_grammar_options(CLI::App* app, GrammarArgs& g);
+// UsageError for two constraints at once or a file that is not there (before
+// the model loads).
+void check_grammar_args(const GrammarArgs& g);
+// The grammar the generated text must follow, nullptr when none was asked
+// for; compiled before the model loads, so a bad file fails at once. A
+// grammar or schema that does not compile is an Error naming the option, the
+// file and, for GBNF, the line and column ("--grammar 'g.gbnf': grammar line
+// 3 column 7: undefined rule 'x'"); for a schema, its JSON error (line and
+// column) or the schema path ("#/properties/age: ...").
+std::shared_ptr<const grammar::Grammar> output_grammar(const GrammarArgs& g);
+// Its constraint over the model's vocabulary (nullptr for none).
+std::shared_ptr<grammar::GrammarConstraint> output_constraint(std::shared_ptr<const grammar::Grammar> g,
+                                                              const Tokenizer& tok);
+
+struct ResolvedChatTemplate {
+  ChatRenderer renderer;
+  std::string source;  // why this one: "--format", the file, "the model's tokenizer.chat_template", ...
+};
+// The renderer: --chat-template FILE (Jinja; a template that does not parse
+// is a UsageError naming the file, line and column), --chat-template/--format
+// NAME (markers), else the model's own template. A model without a usable
+// template falls back to the marker format, said in one line on stderr
+// (unless quiet). Reads a template file (at most 1 MiB); notes --jinja once.
 ResolvedChatTemplate resolve_chat_template(ChatTemplateArgs& t, const Engine& e, bool quiet = false);
 
 // Reads a prompt from a file (- for standard input), at most max_bytes

@@ -17,6 +17,23 @@ std::vector<int32_t> encode(const Tokenizer& tok, const std::string& text, bool 
   return tok.encode(text, eo);
 }
 
+// A conversation rendered through a (Jinja) renderer: the whole text's
+// tokens, weighing 1 on each assistant span (assistant_spans) and 0 elsewhere.
+// A span's tokens are counted as the tokens of the text up to its ends, as the
+// marker path counts them (boundaries fall on control tokens and newlines).
+void weigh_assistant_turns(const Tokenizer& tok, const ChatRenderer& r, const std::vector<ChatMessage>& msgs,
+                           bool bos, const std::vector<std::string>& turn_ends, TrainSample& s) {
+  const std::string full = r.render(msgs, false);
+  const bool add_bos = bos && !r.writes_bos(full);
+  s.tokens = encode(tok, full, add_bos, true);
+  s.weights.assign(s.tokens.size(), 0.0f);
+  for (const auto& [begin, end] : assistant_spans(r, msgs, full, turn_ends)) {
+    const size_t from = encode(tok, full.substr(0, begin), add_bos, true).size();
+    const size_t to = encode(tok, full.substr(0, end), add_bos, true).size();
+    for (size_t i = from; i < to && i < s.weights.size(); ++i) s.weights[i] = 1.0f;
+  }
+}
+
 // Lines of a file, each at most max_line bytes, the file at most max_file
 // bytes: a longer line or file is an error naming it (nothing past the
 // limit is read).
@@ -66,6 +83,12 @@ std::vector<TrainSample> load_train_data(const std::string& path, const Tokenize
   std::vector<TrainSample> out;
   std::string line;
   const bool bos = o.add_bos && tok.add_bos_default();
+  bool marker_noted = false;
+  std::vector<std::string> turn_ends;  // where an assistant turn's loss ends (Jinja)
+  if (o.renderer) {
+    turn_ends = end_of_turn_texts(tok);
+    for (const std::string& e : o.renderer->stop_strings()) turn_ends.push_back(e);
+  }
   while (in.next(line)) {
     const int64_t line_no = in.line_no();
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -116,14 +139,23 @@ std::vector<TrainSample> load_train_data(const std::string& path, const Tokenize
         throw Error(where + ": the messages have no \"assistant\" turn, so there is nothing to learn (only the "
                             "assistant's tokens are trained)");
       }
-      s.tokens = encode(tok, apply_chat_template(o.format, msgs, false), bos, true);
-      s.weights.assign(s.tokens.size(), 0.0f);
-      for (size_t k = 0; k < msgs.size(); ++k) {
-        if (msgs[k].role != "assistant") continue;
-        const std::span<const ChatMessage> before(msgs.data(), k), upto(msgs.data(), k + 1);
-        const size_t from = encode(tok, apply_chat_template(o.format, before, true), bos, true).size();
-        const size_t to = encode(tok, apply_chat_template(o.format, upto, false), bos, true).size();
-        for (size_t i = from; i < to && i < s.weights.size(); ++i) s.weights[i] = 1.0f;
+      if (!o.renderer && !o.marker_note.empty() && !marker_noted && notes) {
+        notes->push_back(where + ": \"messages\" are rendered with the " + std::string(chat_format_name(o.format)) +
+                         " marker format: " + o.marker_note);
+        marker_noted = true;
+      }
+      if (o.renderer) {
+        weigh_assistant_turns(tok, *o.renderer, msgs, bos, turn_ends, s);
+      } else {
+        s.tokens = encode(tok, apply_chat_template(o.format, msgs, false), bos, true);
+        s.weights.assign(s.tokens.size(), 0.0f);
+        for (size_t k = 0; k < msgs.size(); ++k) {
+          if (msgs[k].role != "assistant") continue;
+          const std::span<const ChatMessage> before(msgs.data(), k), upto(msgs.data(), k + 1);
+          const size_t from = encode(tok, apply_chat_template(o.format, before, true), bos, true).size();
+          const size_t to = encode(tok, apply_chat_template(o.format, upto, false), bos, true).size();
+          for (size_t i = from; i < to && i < s.weights.size(); ++i) s.weights[i] = 1.0f;
+        }
       }
     } else if (j.contains("prompt")) {
       const std::vector<int32_t> p = encode(tok, str("prompt"), bos, false);

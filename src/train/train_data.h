@@ -2,7 +2,11 @@
 //   {"text": "..."}                                   every token weighs 1
 //   {"prompt": "...", "completion": "..."}            the completion's tokens weigh 1, the prompt's 0
 //   {"messages": [{"role": "...", "content": "..."}]}  rendered with the chat
-//       template; the assistant messages' tokens weigh 1, the rest 0
+//       template (`renderer`: the model's Jinja template; else the marker
+//       `format`); the assistant messages' tokens weigh 1, the rest 0: with
+//       a Jinja template, each assistant turn's text from the end of the
+//       generation prompt rendered before it through its end-of-turn token
+//       (assistant_spans in model/chat_renderer.h)
 //   {"tokens": [ids], "weights": [w per token]}       as given
 // and optionally "weight": W (a reward or an advantage) multiplying every
 // weight of the line. Lines longer than max_tokens are cut (the cut is
@@ -16,6 +20,9 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
+#include "model/chat_renderer.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "train/trainer.h"
@@ -26,7 +33,9 @@ struct TrainDataOptions {
   int64_t max_tokens = 1024;
   uint64_t max_line_bytes = 0;         // 0: 64 bytes per max_tokens token, at least 1 MiB
   uint64_t max_file_bytes = 1ull << 30;
-  ChatFormat format = ChatFormat::kPlain;
+  ChatFormat format = ChatFormat::kPlain;                // without a renderer
+  std::shared_ptr<const ChatRenderer> renderer;  // when set, renders messages (format unused)
+  std::string marker_note;  // why the marker format (a fallback): noted once, at the first messages line
   bool add_bos = true;
 };
 

@@ -50,7 +50,12 @@ class Parser {
   size_t n_elems_ = 0;
   int depth_ = 0;
 
-  [[noreturn]] void fail_at(size_t pos, const std::string& what) const {
+  // The message is capped (a rule name can be megabytes long in hostile text).
+  [[noreturn]] void fail_at(size_t pos, const std::string& what_in) const {
+    constexpr size_t kMaxMessage = 300;
+    const std::string what =
+        what_in.size() <= kMaxMessage ? what_in : what_in.substr(0, kMaxMessage) + "... (" +
+                                                      std::to_string(what_in.size() - kMaxMessage) + " more bytes)";
     size_t line = 1, col = 1;
     for (size_t i = 0; i < pos && i < text_.size(); ++i) {
       if (text_[i] == '\n') {
