@@ -335,7 +335,7 @@ TEST_F(ServeTools, TheOfficialClientCallsTools) {
 TEST(ServeToolsFallback, AServerWithoutATemplateRefusesToolsByName) {
   ServerProcess server({"--api-key", kKey, "--quiet"});
   ASSERT_GT(server.port(), 0) << server.first_line();
-  auto c = client(server.port());
+  auto c = client(server.port(), /*with_key=*/false);
   const json req = {{"model", "stories260K"},
                     {"messages", {user("hi")}},
                     {"tools", {weather_tool()}},
@@ -369,6 +369,34 @@ TEST(ServeToolsFallback, AChatTemplateFileThatCannotBeUsedIsAnError) {
       run_cli("serve -m " + model_path("stories260K.gguf") + " --port 0 --chat-template " + dir.file("none.jinja"));
   EXPECT_NE(missing.status, 0);
   EXPECT_NE(missing.err.find("neither a format name"), std::string::npos) << missing.err;
+}
+
+// `ebb synth --chat-template`: a synthetic model that carries Qwen3's real
+// template in its file, with the family's markers as single tokens, serves
+// tool calls with no --chat-template option: random weights still make a
+// call that matches the schema, and its end-of-turn token ends it.
+TEST(ServeSynthTemplate, AModelCarryingItsTemplateServesToolCalls) {
+  TempDir dir("ebb-synth-tools");
+  const std::string model = dir.file("qwen3-tools.gguf");
+  const CliResult made = run_cli("synth tiny --type q8_0 -o " + model + " --chat-template " + qwen3_template());
+  ASSERT_EQ(made.status, 0) << made.out << made.err;
+  ServerProcess server({"--ctx", "2048", "--quiet"}, model);
+  ASSERT_GT(server.port(), 0) << server.first_line();
+  EXPECT_NE(server.first_line().find("jinja, hermes calls"), std::string::npos) << server.first_line();
+  auto c = client(server.port(), /*with_key=*/false);
+  json req = {{"messages", {user("What is the weather in Oslo for 3 days?")}},
+              {"tools", {weather_tool()}},
+              {"tool_choice", "required"},
+              {"max_tokens", 200},
+              {"seed", 7}};
+  const Reply r = post(*c, "/v1/chat/completions", req);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& choice = r.body["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls") << r.raw;
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << r.raw;
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  expect_weather_arguments(choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>());
+  EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
 }  // namespace

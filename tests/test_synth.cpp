@@ -3,6 +3,7 @@
 // documented per-tensor types, and the qwen3-0.6b shape is exact.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -472,6 +473,55 @@ TEST_F(SynthTest, BadInputThrowsNamingTheProblem) {
   EXPECT_FALSE(std::filesystem::exists(bad));
 }
 
+std::string golden_template(const std::string& name) {
+  return read_all(test::shared_path("golden/templates/" + name + ".jinja"));
+}
+
+TEST(SynthTemplate, SpecialTokensAreTheFamilysMarkers) {
+  const std::vector<std::string> qwen = synth_special_tokens(golden_template("Qwen-Qwen3-0.6B"));
+  for (const char* t : {"<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>",
+                        "<tool_response>", "</tool_response>"})
+    EXPECT_NE(std::find(qwen.begin(), qwen.end(), t), qwen.end()) << t;
+  EXPECT_EQ(std::set<std::string>(qwen.begin(), qwen.end()).size(), qwen.size()) << "each once";
+  const std::vector<std::string> llama = synth_special_tokens(golden_template("meta-llama-Llama-3.1-8B-Instruct"));
+  for (const char* t : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"})
+    EXPECT_NE(std::find(llama.begin(), llama.end(), t), llama.end()) << t;
+  const std::vector<std::string> mistral =
+      synth_special_tokens(golden_template("mistralai-Mistral-Nemo-Instruct-2407"));
+  for (const char* t : {"[INST]", "[/INST]", "[TOOL_CALLS]"})
+    EXPECT_NE(std::find(mistral.begin(), mistral.end(), t), mistral.end()) << t;
+  // Jinja's own brackets are not markers.
+  EXPECT_TRUE(synth_special_tokens("{{ messages[0]['content'] }}{% if x[-1] %}[a]{% endif %}").empty());
+}
+
+TEST_F(SynthTest, ChatTemplateIsStoredAndItsMarkersAreSingleTokens) {
+  SynthOptions o;
+  o.shape = shape("tiny");
+  o.type = *parse_synth_type("q8_0");
+  o.chat_template = golden_template("Qwen-Qwen3-0.6B");
+  const std::string path = dir + "/chat.gguf";
+  write_synth_model(o, path);
+  EXPECT_EQ(std::filesystem::file_size(path), plan_synth_model(o.shape, o.type, o.chat_template).file_bytes);
+  const auto file = GgufFile::open(path);
+  const auto tok = Tokenizer::from_gguf(*file);
+  const TokenId im_start = tok->encode("<|im_start|>", {.add_bos = false, .parse_special = true}).at(0);
+  const std::vector<TokenId> ids =
+      tok->encode("<|im_start|>user\nhi<|im_end|><tool_call>", {.add_bos = false, .parse_special = true});
+  ASSERT_GE(ids.size(), 4u);
+  EXPECT_EQ(ids.front(), im_start);
+  EXPECT_EQ(tok->token_text(ids.front()), "<|im_start|>");
+  EXPECT_EQ(tok->token_text(ids.back()), "<tool_call>") << "the tag is one token";
+  EXPECT_EQ(tok->token_text(tok->eos()), "<|im_end|>") << "the template's end of turn ends generation";
+  // (SentencePiece puts its space prefix after a special token, as llama.cpp does.)
+  EXPECT_EQ(tok->decode(ids, /*special=*/true), "<|im_start|> user\nhi<|im_end|><tool_call>");
+  Engine engine(engine_options(path));
+  EXPECT_EQ(engine.model().chat_template(), o.chat_template);
+  // Without a template the vocabulary is as before: no marker tokens.
+  const auto plain = Tokenizer::from_gguf(*GgufFile::open(write(shape("tiny"), "q8_0")));
+  EXPECT_EQ(plain->eos(), 2);
+  EXPECT_GT(plain->encode("<|im_start|>", {.add_bos = false, .parse_special = true}).size(), 1u);
+}
+
 TEST_F(SynthTest, CommandLineWritesListsAndRejects) {
   const auto run = [&](const std::string& args) {
     return std::system((std::string(EBB_CLI_PATH) + " synth " + args + " >" + dir + "/out.txt 2>&1").c_str());
@@ -486,6 +536,15 @@ TEST_F(SynthTest, CommandLineWritesListsAndRejects) {
   EXPECT_NE(read_all(dir + "/out.txt").find("unknown shape"), std::string::npos);
   EXPECT_NE(run("tiny --type iq2_xxs -o " + out), 0);
   EXPECT_NE(run("tiny --type q8_0"), 0);
+  {
+    std::ofstream bad(dir + "/bad.jinja");
+    bad << "{% for m in messages %}{{ m.content }";
+  }
+  EXPECT_NE(run("tiny --type q8_0 -o " + out + " --chat-template " + dir + "/bad.jinja"), 0);
+  EXPECT_NE(read_all(dir + "/out.txt").find("--chat-template"), std::string::npos) << read_all(dir + "/out.txt");
+  EXPECT_EQ(run("tiny --type q8_0 -o " + out + " --chat-template " + test::shared_path("golden/templates/Qwen-Qwen3-0.6B.jinja")),
+            0);
+  EXPECT_TRUE(GgufFile::open(out)->get_string("tokenizer.chat_template").has_value());
 }
 
 }  // namespace

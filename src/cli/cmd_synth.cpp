@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/options.h"
+#include "model/chat_jinja.h"
 #include "model/synth.h"
 #include "platform/error.h"
 #include "platform/timer.h"
@@ -21,6 +22,7 @@ struct SynthArgs {
   uint64_t seed = 1;
   int threads = 0;
   bool list = false;
+  std::string chat_template;  // a Jinja file
 };
 
 std::string join(const std::vector<std::string>& v) {
@@ -94,6 +96,14 @@ int synth(const SynthArgs& a) {
   o.type = *type;
   o.seed = a.seed;
   o.n_threads = a.threads;
+  if (!a.chat_template.empty()) {
+    o.chat_template = read_bounded_text(a.chat_template, 1u << 20, "synth: --chat-template");
+    try {  // a template that does not parse is refused here, not by every later load
+      ChatTemplate check(o.chat_template, "<s>", "</s>");
+    } catch (const Error& e) {
+      throw Error("synth: --chat-template '" + a.chat_template + "': " + e.what());
+    }
+  }
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   const Stopwatch clock;
   double last_print = 0;
@@ -113,7 +123,7 @@ int synth(const SynthArgs& a) {
   write_synth_model(o, a.output);
   const double secs = clock.seconds();
   if (printed && tty) std::fputc('\n', stderr);
-  const SynthPlan plan = plan_synth_model(o.shape, o.type);
+  const SynthPlan plan = plan_synth_model(o.shape, o.type, o.chat_template);
   std::printf("wrote %s: %s (%s, %s, %s params, seed %llu) in %.2f s (%.0f MB/s)\n", a.output.c_str(),
               format_bytes(plan.file_bytes).c_str(), shape->name.c_str(), synth_type_name(*type).c_str(),
               format_count(plan.n_params).c_str(), static_cast<unsigned long long>(a.seed), secs,
@@ -131,6 +141,8 @@ void add_synth_command(CLI::App& app, int* rc) {
   sub->add_option("-o,--output", a->output, "Output GGUF file");
   sub->add_option("--seed", a->seed, "Random seed")->capture_default_str();
   sub->add_option("-t,--threads", a->threads, "Threads (0: all hardware threads)")->capture_default_str();
+  sub->add_option("--chat-template", a->chat_template,
+                  "Jinja chat template FILE to store (tokenizer.chat_template); its special tokens join the vocabulary");
   sub->add_flag("--list", a->list, "List the shapes with parameter counts and file size per type");
   sub->callback([a, rc] { *rc = synth(*a); });
 }

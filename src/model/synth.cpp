@@ -164,7 +164,7 @@ struct Vocab {
 // SentencePiece token types (GGUF tokenizer.ggml.token_type).
 constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUnused = 5, kByte = 6;
 
-Vocab make_vocab(int64_t n_vocab) {
+Vocab make_vocab(int64_t n_vocab, const std::vector<std::string>& specials) {
   Vocab v;
   const auto n = static_cast<size_t>(n_vocab);
   v.tokens.reserve(n);
@@ -181,6 +181,7 @@ Vocab make_vocab(int64_t n_vocab) {
   add("</s>", 0.f, kControl);
   static constexpr char kHex[] = "0123456789ABCDEF";
   for (int b = 0; b < 256; ++b) add({'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'}, 0.f, kByte);
+  for (const std::string& t : specials) add(t, 0.f, kControl);
   // Pieces, most "frequent" (highest score) first.
   const std::string sp = "\xE2\x96\x81";  // "▁"
   float score = 0.f;
@@ -203,7 +204,7 @@ Vocab make_vocab(int64_t n_vocab) {
   return v;
 }
 
-void set_metadata(MetaSink& m, const SynthShape& s, SynthType type) {
+void set_metadata(MetaSink& m, const SynthShape& s, SynthType type, const std::string& chat_template) {
   const std::string a = s.arch + ".";
   m.str("general.architecture", s.arch);
   m.str("general.name", s.name.empty() ? "synthetic" : s.name + "-synthetic");
@@ -221,16 +222,25 @@ void set_metadata(MetaSink& m, const SynthShape& s, SynthType type) {
   m.f32(a + "rope.freq_base", s.rope_base);
   m.u32(a + "rope.dimension_count", static_cast<uint32_t>(s.head_dim));
   m.f32(a + "attention.layer_norm_rms_epsilon", s.rms_eps);
-  Vocab v = make_vocab(s.n_vocab);
+  const std::vector<std::string> specials = synth_special_tokens(chat_template);
+  if (static_cast<int64_t>(3 + 256 + specials.size()) > s.n_vocab)
+    throw Error("synth: the chat template's " + std::to_string(specials.size()) +
+                " special tokens do not fit the shape's vocabulary of " + std::to_string(s.n_vocab));
+  uint32_t eos = 2;
+  for (size_t i = 0; i < specials.size(); ++i)
+    if (specials[i] == "<|im_end|>" || specials[i] == "<|eot_id|>" || specials[i] == "<|end|>")
+      eos = static_cast<uint32_t>(3 + 256 + i);
+  Vocab v = make_vocab(s.n_vocab, specials);
   m.str("tokenizer.ggml.model", "llama");
   m.str_array("tokenizer.ggml.tokens", std::move(v.tokens));
   m.f32_array("tokenizer.ggml.scores", std::move(v.scores));
   m.i32_array("tokenizer.ggml.token_type", std::move(v.types));
   m.u32("tokenizer.ggml.bos_token_id", 1);
-  m.u32("tokenizer.ggml.eos_token_id", 2);
+  m.u32("tokenizer.ggml.eos_token_id", eos);
   m.u32("tokenizer.ggml.unknown_token_id", 0);
   m.boolean("tokenizer.ggml.add_bos_token", true);
   m.boolean("tokenizer.ggml.add_eos_token", false);
+  if (!chat_template.empty()) m.str("tokenizer.chat_template", chat_template);
   if (type.base != DType::kF32 && type.base != DType::kF16 && type.base != DType::kBF16) {
     m.u32("general.quantization_version", 2);
   }
@@ -565,7 +575,35 @@ uint32_t synth_file_type(SynthType t) {
   return n->file_type;
 }
 
-SynthPlan plan_synth_model(const SynthShape& s, SynthType type) {
+std::vector<std::string> synth_special_tokens(const std::string& t) {
+  std::vector<std::string> out;
+  const auto keep = [&](std::string tok) {
+    if (std::find(out.begin(), out.end(), tok) == out.end()) out.push_back(std::move(tok));
+  };
+  const auto upper = [](char c) { return (c >= 'A' && c <= 'Z') || c == '_'; };
+  static constexpr const char* kTags[] = {"<tool_call>",     "</tool_call>", "<tool_response>",
+                                          "</tool_response>", "<think>",      "</think>"};
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t.compare(i, 2, "<|") == 0) {  // <|name|>: no spaces, bars or quotes inside
+      size_t j = i + 2;
+      while (j < t.size() && j - i < 64 && t[j] != '|' && t[j] != ' ' && t[j] != '\n' && t[j] != '\'' &&
+             t[j] != '"')
+        ++j;
+      if (j > i + 2 && t.compare(j, 2, "|>") == 0) keep(t.substr(i, j + 2 - i));
+    } else if (t[i] == '[') {  // [NAME] or [/NAME], upper case
+      size_t j = i + 1 + (i + 1 < t.size() && t[i + 1] == '/');
+      const size_t b = j;
+      while (j < t.size() && j - b < 32 && upper(t[j])) ++j;
+      if (j - b >= 2 && j < t.size() && t[j] == ']') keep(t.substr(i, j + 1 - i));
+    } else if (t[i] == '<') {
+      for (const char* tag : kTags)
+        if (t.compare(i, std::strlen(tag), tag) == 0) keep(tag);
+    }
+  }
+  return out;
+}
+
+SynthPlan plan_synth_model(const SynthShape& s, SynthType type, const std::string& chat_template) {
   validate(s);
   if (!lookup_type(type)) throw Error("synth: unsupported type " + std::string(dtype_name(type.base)));
   SynthPlan p;
@@ -605,7 +643,7 @@ SynthPlan plan_synth_model(const SynthShape& s, SynthType type) {
   if (!s.tied) add("output.weight", {E, s.n_vocab}, Role::kOutput, 0);
 
   MetaSink m;
-  set_metadata(m, s, type);
+  set_metadata(m, s, type, chat_template);
   uint64_t h = 4 + 4 + 8 + 8 + m.bytes;
   for (const SynthTensor& t : p.tensors) h += 8 + t.name.size() + 4 + 8 * t.dims.size() + 4 + 8;
   p.header_bytes = align_up(h, kAlignment);
@@ -614,10 +652,10 @@ SynthPlan plan_synth_model(const SynthShape& s, SynthType type) {
 }
 
 void write_synth_model(const SynthOptions& opts, const std::string& path) {
-  const SynthPlan plan = plan_synth_model(opts.shape, opts.type);
+  const SynthPlan plan = plan_synth_model(opts.shape, opts.type, opts.chat_template);
   GgufWriter w;
   MetaSink m{&w};
-  set_metadata(m, opts.shape, opts.type);
+  set_metadata(m, opts.shape, opts.type, opts.chat_template);
   for (const SynthTensor& t : plan.tensors) w.add_tensor(t.name, t.dims, t.type);
 
   ThreadPool pool(ThreadPoolOptions{.n_threads = opts.n_threads});

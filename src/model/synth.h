@@ -106,13 +106,26 @@ struct SynthPlan {
 };
 // Validates the shape (throws ebb::Error naming the field) and returns the
 // per-tensor types, shapes and the exact file size without writing anything.
-SynthPlan plan_synth_model(const SynthShape& shape, SynthType type);
+// chat_template: a Jinja chat template to store (see SynthOptions).
+SynthPlan plan_synth_model(const SynthShape& shape, SynthType type, const std::string& chat_template = {});
+
+// The special tokens a chat template spells out: "<|...|>" markers,
+// "[UPPER_CASE]" markers ([INST], [TOOL_CALLS]) and the <tool_call>,
+// <tool_response> and <think> tags with their closing forms, in order of
+// first appearance, each once. A synthetic model with the template gets
+// each as one token, as the family's real vocabulary has them.
+std::vector<std::string> synth_special_tokens(const std::string& chat_template);
 
 struct SynthOptions {
   SynthShape shape;
   SynthType type;
   uint64_t seed = 1;
   int n_threads = 0;  // 0: all hardware threads
+  // A Jinja chat template written as tokenizer.chat_template (empty: none).
+  // Its special tokens (synth_special_tokens) join the vocabulary right
+  // after the byte tokens; "<|im_end|>", "<|eot_id|>" or "<|end|>", when it
+  // has one, becomes the end-of-sequence token.
+  std::string chat_template;
   // progress(done_bytes, total_bytes), called on the calling thread; the
   // last call has done == total.
   std::function<void(uint64_t done, uint64_t total)> progress;
