@@ -97,6 +97,8 @@ void Server::Impl::routes() {
   memory_routes();
   adapter_routes();
   training_routes();
+  agent_routes();
+  learning_routes();
   web_routes();
 
   // What httplib answers itself (no route, a body over the limit, a bad
@@ -114,7 +116,7 @@ void Server::Impl::routes() {
       send_error(res, error_of(404,
                                "No route " + req.method + " " + req.path +
                                    " (routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/memory, "
-                                   "/v1/adapters, /v1/training/jobs, /health, /metrics, /tokenize, /detokenize, /)",
+                                   "/v1/adapters, /v1/training/jobs, /v1/agents, /v1/feedback, /v1/learning, /health, /metrics, /tokenize, /detokenize, /)",
                                "invalid_request_error", "not_found"));
     } else if (res.status == 413) {
       send_error(res, error_of(413, "The request body is over the server's limit (--max-body)", "invalid_request_error",
@@ -174,7 +176,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   auto ticket = std::make_shared<Ticket>(this);  // a streamed response holds it until written
   const json body = parse_body(req);
   CompletionRequest r = parse_completion_request(body, ep, limits);
-  if (!r.adapter.empty() && !has_adapter(r.adapter)) {
+  std::shared_ptr<AgentTurn> turn = apply_agent(r);  // the agent's prompt, namespace and adapter version
+  if (!turn && !r.adapter.empty() && !has_adapter(r.adapter)) {
     ApiError e;
     e.status = 404;
     e.message = "The model '" + r.model + "' does not exist: no adapter '" + r.adapter +
@@ -201,6 +204,10 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   if (r.cache_namespace_given) g.session.cache_namespace = r.cache_namespace;
   if (!r.adapter.empty()) g.adapters.push_back({r.adapter, 1.0f, r.adapter_version});
   const int64_t n_prompt = static_cast<int64_t>(g.prompt.size());
+  if (turn) {
+    turn->prompt = g.prompt;
+    turn->t0 = t0;
+  }
 
   std::shared_ptr<GenerationStream> stream;
   try {
@@ -244,8 +251,13 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
         c.stop = ev->stats.stop;
         c.completion_tokens = ev->stats.generated_tokens;
         c.parsed = parse_chat_output(fmt, text, calls_on(r), call_ids());
+        if (turn) {
+          const json m = chat_message(*c.parsed);
+          turn_done(*turn, id, ev->stats, m.contains("tool_calls") ? m["tool_calls"].dump() : "");
+        }
         res.set_content(dump(completion_response(r, id, created, std::span<const Choice>(&c, 1), u)), kJson);
       } else {
+        if (turn) turn_done(*turn, id, ev->stats, "");
         res.set_content(dump(completion_response(r, id, created, text, ev->stats.stop, u)), kJson);
       }
       log(req, 200, id, u, ev->stats.stop, now_seconds() - t0);
@@ -255,7 +267,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   std::unique_ptr<ChatStreamParser> parser;
   if (parse_chat(r)) parser = std::make_unique<ChatStreamParser>(fmt, calls_on(r), call_ids());
   stream_response(req, res, std::move(r), stream, std::move(*first), id, created, n_prompt, t0, std::move(ticket),
-                  std::move(parser));
+                  std::move(parser), std::move(turn));
 }
 
 Usage Server::Impl::usage_of(int64_t n_prompt, const GenerateStats& st) {
@@ -281,7 +293,8 @@ void Server::Impl::log(const httplib::Request& req, int status, const std::strin
 void Server::Impl::stream_response(const httplib::Request& req, httplib::Response& res, CompletionRequest r,
                                    std::shared_ptr<GenerationStream> stream, GenerationEvent first,
                                    const std::string& id, int64_t created, int64_t n_prompt, double t0,
-                                   std::shared_ptr<Ticket> ticket, std::unique_ptr<ChatStreamParser> parser) {
+                                   std::shared_ptr<Ticket> ticket, std::unique_ptr<ChatStreamParser> parser,
+                                   std::shared_ptr<AgentTurn> turn) {
   struct State {
     std::unique_ptr<ChatStreamParser> parser;  // chat through a template: deltas of content, reasoning, calls
     bool made_calls = false;
@@ -294,6 +307,8 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
     bool role_sent = false, ended = false;
     double t0 = 0;
     std::string method, path;
+    std::shared_ptr<AgentTurn> turn;  // an agent's turn: its trace at the end
+    json tool_calls = json::array();  // the calls streamed, for the trace
   };
   auto st = std::make_shared<State>();
   st->ticket = std::move(ticket);
@@ -307,6 +322,7 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
   st->t0 = t0;
   st->method = req.method;
   st->path = req.path;
+  st->turn = std::move(turn);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
@@ -328,6 +344,14 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
         // The parser's deltas as one chunk (none when it holds everything back).
         const auto write_deltas = [&](std::vector<ChatDelta> deltas, const std::string* fin) {
           for (const ChatDelta& d : deltas) st->made_calls |= d.kind == ChatDelta::Kind::kToolCall;
+          if (st->turn) {
+            StreamChoice probe;
+            probe.deltas = deltas;
+            const json c = stream_chunk(st->r, st->id, st->created, std::span<const StreamChoice>(&probe, 1));
+            const json& d = c["choices"][0]["delta"];
+            if (d.contains("tool_calls"))
+              for (const json& tc : d["tool_calls"]) st->tool_calls.push_back(tc);
+          }
           if (deltas.empty() && !fin) return true;
           StreamChoice c;
           c.deltas = std::move(deltas);
@@ -359,6 +383,7 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
         }
         if (ok && st->r.include_usage) ok = write(sse(usage_chunk(st->r, st->id, st->created, u)));
         if (ok) ok = write("data: [DONE]\n\n");
+        if (st->turn) turn_done(*st->turn, st->id, ev->stats, st->tool_calls.empty() ? "" : st->tool_calls.dump());
         if (!ok) return false;
         sink.done();
         httplib::Request fake;
@@ -411,6 +436,7 @@ Server::Server(Engine& engine, Scheduler& scheduler, ServerOptions opts)
 
 Server::Impl::~Impl() {
   stop_pressure();
+  stop_learning();
   stop_training();
 }
 
@@ -446,6 +472,7 @@ void Server::stop(double drain_s) {
   // httplib ends chunked responses once it stops: let those in flight
   // finish writing first (their generations have ended or will soon).
   impl_->stop_pressure();
+  impl_->stop_learning();
   impl_->stop_training();
   if (drain_s > 0) impl_->drain(drain_s);
   impl_->http.stop();

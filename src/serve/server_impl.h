@@ -25,6 +25,13 @@
 #include "serve/openai.h"
 #include "serve/server.h"
 
+namespace ebb {
+struct AgentSpec;
+struct TraceFeedback;
+struct TrainSample;
+class TrainJob;
+}
+
 namespace ebb::serve {
 
 inline constexpr const char* kJson = "application/json";
@@ -193,6 +200,38 @@ struct Server::Impl {
   void training_routes();
   void training_metrics(std::string& out) const;
   void stop_training();  // stop(): running jobs end at their next phase boundary
+  // server_agents.cpp: /v1/agents; server_learning.cpp: traces, /v1/feedback,
+  // the learner, /v1/learning (their state in server_learning.h).
+  struct LearnState;
+  std::shared_ptr<LearnState> learn_state;
+  void agent_routes();
+  void learning_routes();
+  void learning_metrics(std::string& out) const;
+  void stop_learning();  // stop(): the learner thread ends, the trace store flushes
+  // A turn of an agent, carried to its end for its trace.
+  struct AgentTurn {
+    std::string agent, adapter;
+    uint64_t adapter_version = 0;
+    bool learn = false;  // its trace is recorded
+    std::vector<TokenId> prompt;
+    double t0 = 0;
+  };
+  // Applies r.agent to r (system prompt, namespace, adapter version pinned
+  // now); null without an agent. ApiException 404 for an unknown agent.
+  std::shared_ptr<AgentTurn> apply_agent(CompletionRequest& r);
+  // The rule judge on a learning agent's next user message (server_learning.cpp).
+  void next_state_feedback(const AgentSpec& a, const CompletionRequest& r);
+  // Attaches feedback to the trace `id` and judges it; false: no such trace.
+  bool give_feedback(const std::string& id, const TraceFeedback& fb, nlohmann::json* out);
+  // A learning round for agent a (learner thread): a training job submitted.
+  std::shared_ptr<TrainJob> start_round(const AgentSpec& a, std::vector<TrainSample> samples,
+                                        std::vector<TrainSample> heldout);
+  // On the scheduler thread after a round's commit: the gate, then publish or not.
+  void gate(const std::string& agent, const AdapterInfo& staged, uint64_t dropped,
+            const std::vector<TrainSample>& heldout, const std::shared_ptr<TrainJob>& job);
+  nlohmann::json learning_json() const;  // GET /v1/learning
+  // After an agent's turn: its trace (learning agents, with --learn).
+  void turn_done(const AgentTurn& t, const std::string& id, const GenerateStats& st, const std::string& tool_calls);
   // server_web.cpp: the page at /
   void web_routes();
   // server_pressure.cpp: memory pressure watching (--pressure)
@@ -230,7 +269,7 @@ struct Server::Impl {
   void stream_response(const httplib::Request& req, httplib::Response& res, CompletionRequest r,
                        std::shared_ptr<GenerationStream> stream, GenerationEvent first, const std::string& id,
                        int64_t created, int64_t n_prompt, double t0, std::shared_ptr<Ticket> ticket,
-                       std::unique_ptr<ChatStreamParser> parser);
+                       std::unique_ptr<ChatStreamParser> parser, std::shared_ptr<AgentTurn> turn);
   void tokenize(const httplib::Request& req, httplib::Response& res) const;
   void detokenize(const httplib::Request& req, httplib::Response& res) const;
   std::string metrics() const;  // server_metrics.cpp
