@@ -42,7 +42,10 @@ void Server::Impl::agent_routes() {
   std::string note;
   ls.agents = std::make_unique<AgentRegistry>(dir.empty() ? "" : (std::filesystem::path(dir) / "agents.json").string(),
                                               AgentLimits{}, &note);
-  if (!note.empty()) std::fprintf(stderr, "ebb serve: %s\n", note.c_str());
+  if (!note.empty()) {
+    std::fprintf(stderr, "ebb serve: %s\n", note.c_str());
+    ls.notes.push_back(note);
+  }
 
   http.Post("/v1/agents", guarded([this](const httplib::Request& req, httplib::Response& res) {
               const json body = parse_body(req);

@@ -149,7 +149,10 @@ void Server::Impl::learning_routes() {
     to.max_rows = lo.max_trace_rows;
     to.max_bytes = lo.max_trace_bytes;
     ls.traces = TraceStore::open((std::filesystem::path(lo.state_dir) / "traces.sqlite").string(), to, &note);
-    if (!note.empty()) std::fprintf(stderr, "ebb serve: %s\n", note.c_str());
+    if (!note.empty()) {
+      std::fprintf(stderr, "ebb serve: %s\n", note.c_str());
+      ls.notes.push_back(note);
+    }
     ls.thread = std::thread([this] {
       set_current_thread_name("ebb-learner");
       LearnState& s = *learn_state;
@@ -483,7 +486,7 @@ json Server::Impl::learning_json() const {
     json job = nullptr;
     if (loop.job) {
       const TrainJobStatus st = loop.job->status();
-      if (!loop.job->finished()) steps += st.step;
+      steps += st.step;  // a finished round's steps move to retired_steps when it is cleared
       job = {{"state", train_job_state_name(st.state)}, {"step", st.step}, {"steps", st.steps},
              {"loss", st.step > 0 ? json(st.loss) : json(nullptr)}};
     }
@@ -523,7 +526,8 @@ json Server::Impl::learning_json() const {
           {"last_error", s.last_error.empty() ? json(nullptr) : json(s.last_error)},
           {"published", published},
           {"versions", versions},
-          {"agents", agents}};
+          {"agents", agents},
+          {"notes", s.notes}};
 }
 
 void Server::Impl::learning_metrics(std::string& out) const {

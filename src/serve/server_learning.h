@@ -58,6 +58,7 @@ struct Server::Impl::LearnState {
   int64_t retired_steps = 0;       // optimizer steps of rounds that ended
   int64_t rounds_failed = 0;
   std::string last_error;
+  std::vector<std::string> notes;  // what start-up had to say (a state file moved aside)
   // The learner thread: starts rounds.
   std::thread thread;
   std::condition_variable cv;
