@@ -105,7 +105,8 @@ def ttft(a):
     for learn in (False, True):
         state = tempfile.mkdtemp(prefix="ebb-bench-learn-")
         extra = ["--state-dir", state] + (["--learn", "--learn-min-samples", "2", "--learn-steps", "64",
-                                           "--commit-every", "16"] if learn else [])
+                                           "--commit-every", "16", "--learn-phase-seconds", str(a.phase_seconds)]
+                                          + a.learn_arg if learn else [])
         s = Server(a.ebb, a.model, extra, a.threads)
         s.call("POST", "/v1/agents", {"name": "teller", "adapter": "names", "learn": True})
         t, fb = [], 0
@@ -119,6 +120,8 @@ def ttft(a):
                 fb += 1
             time.sleep(gaps[i])
         l = s.call("GET", "/v1/learning")
+        if learn:
+            print("learning:", json.dumps(l["agents"]), file=sys.stderr)
         s.stop()
         out["learn" if learn else "base"] = {"ttft_p50_s": statistics.median(t), "ttft_p95_s": pct(t, 0.95),
                                              "requests": a.n, "feedback": fb, "train_steps": l["train_steps"],
@@ -174,6 +177,8 @@ def main():
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--phase-seconds", type=float, default=0.15, help="ttft: the server's --learn-phase-seconds")
+    p.add_argument("--learn-arg", action="append", default=[], help="ttft: one more argument of the --learn server")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     a.n = a.n or (60 if a.what == "ttft" else 20)

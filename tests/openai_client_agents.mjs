@@ -43,7 +43,8 @@ async function settled() {
   for (;;) {
     const l = await api('GET', '/learning');
     const a = l.agents.teller;
-    const busy = a && (a.new_samples >= 4 || (a.round && (a.round.state === 'queued' || a.round.state === 'running')));
+    const busy = l.gates_pending > 0 ||
+                 (a && (a.new_samples >= 4 || (a.round && (a.round.state === 'queued' || a.round.state === 'running'))));
     if (!busy) return l;
     assert.ok(Date.now() < end, `learning did not settle: ${JSON.stringify(l)}`);
     await new Promise((r) => setTimeout(r, 25));

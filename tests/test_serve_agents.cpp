@@ -78,7 +78,7 @@ json poll_learning(httplib::Client& c, const std::function<bool(const json&)>& d
 bool idle(const json& l, const std::string& agent) {
   if (!l["agents"].contains(agent)) return true;
   const json& a = l["agents"][agent];
-  return a["round"].is_null() || a["round"]["state"] != "running";
+  return l["gates_pending"] == 0 && (a["round"].is_null() || a["round"]["state"] != "running");
 }
 
 // A story of agent `agent`: {id, text}.

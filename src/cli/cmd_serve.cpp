@@ -190,6 +190,7 @@ int serve(ServeArgs& a) {
   if (!(a.learn.lr > 0 && a.learn.lr <= 1)) throw UsageError("--learn-lr must be in (0, 1]");
   if (a.learn.rank < 1 || a.learn.rank > 256) throw UsageError("--learn-rank must be in [1, 256]");
   if (a.learn.min_samples < 1) throw UsageError("--learn-min-samples must be >= 1");
+  if (!(a.learn.phase_s > 0 && a.learn.phase_s <= 60)) throw UsageError("--learn-phase-seconds must be in (0, 60]");
   uint64_t max_body = 0;
   try {
     max_body = parse_size(a.max_body, 0);
@@ -351,6 +352,10 @@ void add_serve_command(CLI::App& app, int* rc) {
   sub->add_option("--learn-rank", a->learn.rank, "Learning: rank of an agent's new adapter")->capture_default_str();
   sub->add_option("--learn-min-samples", a->learn.min_samples,
                   "Learning: judged samples (from feedback) that start a round")
+      ->capture_default_str();
+  sub->add_option("--learn-phase-seconds", a->learn.phase_s,
+                  "Learning: training phases of about this many seconds (a request arriving mid-phase waits "
+                  "for its end)")
       ->capture_default_str();
   sub->add_option("--trace-max-rows", a->learn.max_trace_rows,
                   "Learning: traces kept at most (the oldest with feedback or expired go first)")

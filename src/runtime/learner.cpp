@@ -93,36 +93,39 @@ LearnSample make_sample(std::string response_id, const std::vector<int32_t>& pro
   return s;
 }
 
-double heldout_loss(Engine& engine, const std::string& name, uint64_t version, const std::vector<TrainSample>& samples) {
-  size_t longest = 0;
-  for (const TrainSample& s : samples) longest = std::max(longest, s.tokens.size());
-  if (longest < 2) return 0.0;
+LossSum heldout_loss_sum(Engine& engine, const std::string& name, uint64_t version, const TrainSample& s) {
+  LossSum out;
+  if (s.tokens.size() < 2) return out;
   SessionOptions so;
-  so.n_ctx = static_cast<int64_t>(longest) + 1;
+  so.n_ctx = static_cast<int64_t>(s.tokens.size()) + 1;
   so.use_prefix_cache = false;  // every row's logits computed here, nothing shared
   Session session(engine, so);
   if (!name.empty()) session.set_adapters({{name, 1.0f, version}});
   const int64_t n_vocab = engine.config().n_vocab;
   std::vector<float> logits;  // [n_tokens, n_vocab]
-  double sum = 0;
-  int64_t count = 0;
-  for (const TrainSample& s : samples) {
-    session.clear();
-    logits.clear();
-    session.feed(s.tokens, &logits);
-    EBB_CHECK(logits.size() >= s.tokens.size() * static_cast<size_t>(n_vocab));
-    for (size_t i = 1; i < s.tokens.size(); ++i) {
-      if (!(s.weights[i] > 0.0f)) continue;
-      const float* row = logits.data() + (i - 1) * static_cast<size_t>(n_vocab);
-      double max = -std::numeric_limits<double>::infinity();
-      for (int64_t v = 0; v < n_vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
-      double z = 0;
-      for (int64_t v = 0; v < n_vocab; ++v) z += std::exp(static_cast<double>(row[v]) - max);
-      sum += -(static_cast<double>(row[s.tokens[i]]) - max - std::log(z));
-      ++count;
-    }
+  session.feed(s.tokens, &logits);
+  EBB_CHECK(logits.size() >= s.tokens.size() * static_cast<size_t>(n_vocab));
+  for (size_t i = 1; i < s.tokens.size(); ++i) {
+    if (!(s.weights[i] > 0.0f)) continue;
+    const float* row = logits.data() + (i - 1) * static_cast<size_t>(n_vocab);
+    double max = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < n_vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
+    double z = 0;
+    for (int64_t v = 0; v < n_vocab; ++v) z += std::exp(static_cast<double>(row[v]) - max);
+    out.sum += -(static_cast<double>(row[s.tokens[i]]) - max - std::log(z));
+    ++out.tokens;
   }
-  return count > 0 ? sum / static_cast<double>(count) : 0.0;
+  return out;
+}
+
+double heldout_loss(Engine& engine, const std::string& name, uint64_t version, const std::vector<TrainSample>& samples) {
+  LossSum total;
+  for (const TrainSample& s : samples) {
+    const LossSum l = heldout_loss_sum(engine, name, version, s);
+    total.sum += l.sum;
+    total.tokens += l.tokens;
+  }
+  return total.tokens > 0 ? total.sum / static_cast<double>(total.tokens) : 0.0;
 }
 
 }  // namespace ebb

@@ -93,5 +93,12 @@ class ReplayBuffer {
 // `version` (name "": the base model). Runs the model: on the thread that
 // owns the engine (the scheduler's). Throws ebb::Error for an unknown version.
 double heldout_loss(Engine& engine, const std::string& name, uint64_t version, const std::vector<TrainSample>& samples);
+// The same over one sample, as a sum and a count of tokens (a gate run as
+// a background task measures one sample per step).
+struct LossSum {
+  double sum = 0;
+  int64_t tokens = 0;
+};
+LossSum heldout_loss_sum(Engine& engine, const std::string& name, uint64_t version, const TrainSample& sample);
 
 }  // namespace ebb

@@ -58,6 +58,10 @@ struct LearnOptions {
   size_t heldout = 8;            // held-back samples per agent (the gate's set)
   int64_t heldout_every = 4;     // every N-th positive sample is held back (the first always)
   double correction_weight = 1.0;
+  // Training phases of about this many seconds (the trainer sizes them from
+  // measured costs): a request arriving mid-phase waits for its end, so
+  // this bounds what learning adds to TTFT.
+  double phase_s = 0.15;
   int64_t max_trace_rows = 100000;
   int64_t max_trace_bytes = int64_t{256} << 20;
 };

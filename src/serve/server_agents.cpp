@@ -143,12 +143,17 @@ std::shared_ptr<Server::Impl::AgentTurn> Server::Impl::apply_agent(CompletionReq
   r.cache_namespace = a->cache_namespace();
   r.cache_namespace_given = true;
   // The adapter version, pinned now: what the turn runs is what its trace says.
+  bool ungated = false;
+  {
+    std::lock_guard lock(learn_state->mu);
+    ungated = learn_state->ungated_first.count(a->adapter) > 0;
+  }
   if (!a->adapter.empty()) {
     uint64_t published = 0;
     bool pinned_found = false;
     for (const AdapterInfo& i : engine.adapters().list()) {
       if (i.name != a->adapter) continue;
-      if (i.published) published = i.version;
+      if (i.published && !ungated) published = i.version;
       if (a->adapter_version && i.version == a->adapter_version) pinned_found = true;
     }
     const uint64_t v = a->adapter_version ? (pinned_found ? a->adapter_version : 0) : published;

@@ -34,6 +34,8 @@ class TrainJob;
 
 namespace ebb::serve {
 
+struct VersionRecord;  // server_learning.h
+
 inline constexpr const char* kJson = "application/json";
 // How long a streaming response waits for the next event before it checks
 // that its client is still there.
@@ -229,6 +231,8 @@ struct Server::Impl {
   // On the scheduler thread after a round's commit: the gate, then publish or not.
   void gate(const std::string& agent, const AdapterInfo& staged, uint64_t dropped,
             const std::vector<TrainSample>& heldout, const std::shared_ptr<TrainJob>& job);
+  // The gate's verdict: publish (or unload a failed first version), record it.
+  void finish_gate(VersionRecord v, bool first, uint64_t dropped);
   nlohmann::json learning_json() const;  // GET /v1/learning
   // After an agent's turn: its trace (learning agents, with --learn).
   void turn_done(const AgentTurn& t, const std::string& id, const GenerateStats& st, const std::string& tool_calls);

@@ -168,6 +168,9 @@ void Server::Impl::learning_routes() {
               ++s.rounds_failed;
               s.last_error = "agent '" + name + "': " + st.error;
             }
+            // A round that ended before its first gate leaves the name as it was.
+            if (const std::optional<AgentSpec> sp = s.agents->get(name))
+              if (!s.gates_pending.count(sp->adapter)) s.ungated_first.erase(sp->adapter);
             loop.job.reset();
           }
           if (loop.job || loop.fresh < opts.learn.min_samples) continue;
@@ -305,7 +308,7 @@ std::shared_ptr<TrainJob> Server::Impl::start_round(const AgentSpec& a, std::vec
   to.init.alpha = static_cast<float>(lo.alpha);
   to.adamw.lr = static_cast<float>(lo.lr);
   to.batch = std::min<int64_t>(lo.batch, static_cast<int64_t>(samples.size()));
-  to.phase_target_s = 0.15;  // phases the scheduler's window takes (as /v1/training/jobs)
+  to.phase_target_s = lo.phase_s;  // what a request arriving mid-phase waits at most, about
   TrainJobOptions jo;
   jo.adapter = a.adapter;
   jo.steps = lo.steps;
@@ -325,6 +328,10 @@ std::shared_ptr<TrainJob> Server::Impl::start_round(const AgentSpec& a, std::vec
         from = e.adapters().resolve(std::vector<AdapterBinding>{{a.adapter, 1.0f, i.version}});
         break;
       }
+    if (from.empty()) {
+      std::lock_guard lock(learn_state->mu);
+      learn_state->ungated_first.insert(a.adapter);
+    }
     return TrainJob::make(e, std::move(samples), to, jo, from.empty() ? nullptr : from[0].v->lora.get());
   });
   *self_holder = job;
@@ -332,14 +339,16 @@ std::shared_ptr<TrainJob> Server::Impl::start_round(const AgentSpec& a, std::vec
   return job;
 }
 
-// On the scheduler thread, after a round committed and staged a version.
+// On the scheduler thread, after a round committed and staged a version:
+// the gate, as a background task of kind "gate" measuring one held-back
+// sample under one version per step (so a request waits for one sample's
+// forward at most), then finish_gate().
 void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uint64_t dropped,
                         const std::vector<TrainSample>& heldout, const std::shared_ptr<TrainJob>& job) {
   VersionRecord v;
   v.agent = agent;
   v.adapter = staged.name;
   v.version = staged.version;
-  v.at = unix_now();
   v.step = job ? job->status().step : 0;
   for (const AdapterInfo& i : engine.adapters().list())
     if (i.name == staged.name && i.published) v.against = i.version;
@@ -347,34 +356,85 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
   // is gated against the base model, and unloaded when it fails.
   const bool first = v.against == staged.version;
   if (first) v.against = 0;
-  if (opts.learn.gate == "off") {
-    v.gate = "off";
+  if (opts.learn.gate == "off" || heldout.empty()) {
+    v.gate = opts.learn.gate == "off" ? "off" : "no_heldout";
     v.published = true;
-  } else if (heldout.empty()) {
-    v.gate = "no_heldout";
-    v.published = true;
-  } else {
-    v.loss = heldout_loss(engine, staged.name, staged.version, heldout);
-    v.loss_published = heldout_loss(engine, v.against ? staged.name : "", v.against, heldout);
-    v.published = v.loss <= v.loss_published;
-    v.gate = v.published ? "passed" : "rejected";
+    finish_gate(v, first, dropped);
+    return;
   }
-  if (v.published) {
-    engine.adapters().publish(staged.name, staged.version);
-  } else if (first) {
-    try {
-      engine.adapters().unload(staged.name);  // the agent stays on the base model
-    } catch (const Error&) {
+  struct GateRun {
+    VersionRecord v;
+    bool first = false;
+    uint64_t dropped = 0;
+    std::vector<TrainSample> heldout;
+    size_t next = 0;  // [0, n): the new version's samples, [n, 2n): the published version's
+    LossSum mine, theirs;
+  };
+  auto run = std::make_shared<GateRun>();
+  run->v = v;
+  run->first = first;
+  run->dropped = dropped;
+  run->heldout = heldout;
+  {
+    std::lock_guard lock(learn_state->mu);
+    ++learn_state->gates_pending[staged.name];
+  }
+  Task t;
+  t.desc.kind = "gate";
+  t.desc.adapter = staged.name;
+  t.step = [this, run] {
+    const size_t n = run->heldout.size();
+    const bool mine = run->next < n;
+    const TrainSample& s = run->heldout[run->next % n];
+    const LossSum l = mine ? heldout_loss_sum(engine, run->v.adapter, run->v.version, s)
+                           : heldout_loss_sum(engine, run->v.against ? run->v.adapter : "", run->v.against, s);
+    LossSum& to = mine ? run->mine : run->theirs;
+    to.sum += l.sum;
+    to.tokens += l.tokens;
+    return ++run->next < 2 * n;
+  };
+  t.on_done = [this, run](TaskOutcome outcome, const std::string& error) {
+    VersionRecord& v = run->v;
+    if (outcome == TaskOutcome::kCompleted) {
+      v.loss = run->mine.tokens ? run->mine.sum / static_cast<double>(run->mine.tokens) : 0.0;
+      v.loss_published = run->theirs.tokens ? run->theirs.sum / static_cast<double>(run->theirs.tokens) : 0.0;
+      v.published = v.loss <= v.loss_published;
+      v.gate = v.published ? "passed" : "rejected";
+    } else {
+      v.published = false;
+      v.gate = outcome == TaskOutcome::kCancelled ? "cancelled" : "error: " + error;
     }
+    finish_gate(v, run->first, run->dropped);
+  };
+  try {
+    sched.submit_background(std::move(t));
+  } catch (const SchedulerBusy& e) {
+    v.gate = std::string("error: ") + e.what();
+    finish_gate(v, first, dropped);
+  }
+}
+
+void Server::Impl::finish_gate(VersionRecord v, bool first, uint64_t dropped) {
+  v.at = unix_now();
+  try {
+    if (v.published) engine.adapters().publish(v.adapter, v.version);
+    else if (first) engine.adapters().unload(v.adapter);  // the agent stays on the base model
+  } catch (const Error& e) {
+    // Gone meanwhile (a rollback, an unload): nothing to publish.
+    v.published = false;
+    v.gate += std::string(" (") + e.what() + ")";
   }
   // Stale-coverage prefill of a version left staged; a published one is
   // what the agent's next request prefills anyway.
-  adapter_staged(staged.name, v.published ? 0 : staged.version, dropped);
+  if (!first || v.published) adapter_staged(v.adapter, v.published ? 0 : v.version, dropped);
   if (opts.log_requests)
-    std::fprintf(stderr, "learn %s: %s v%llu gate %s (held-back loss %.4f vs %.4f of v%llu)%s\n", agent.c_str(),
-                 staged.name.c_str(), static_cast<unsigned long long>(staged.version), v.gate.c_str(), v.loss,
+    std::fprintf(stderr, "learn %s: %s v%llu gate %s (held-back loss %.4f vs %.4f of v%llu)%s\n", v.agent.c_str(),
+                 v.adapter.c_str(), static_cast<unsigned long long>(v.version), v.gate.c_str(), v.loss,
                  v.loss_published, static_cast<unsigned long long>(v.against), v.published ? ", published" : "");
   std::lock_guard lock(learn_state->mu);
+  if (const auto it = learn_state->gates_pending.find(v.adapter); it != learn_state->gates_pending.end())
+    if (--it->second <= 0) learn_state->gates_pending.erase(it);
+  learn_state->ungated_first.erase(v.adapter);
   ++learn_state->committed;
   if (v.published) ++learn_state->published;
   else ++learn_state->rejected;
@@ -488,7 +548,9 @@ json Server::Impl::learning_json() const {
       const TrainJobStatus st = loop.job->status();
       steps += st.step;  // a finished round's steps move to retired_steps when it is cleared
       job = {{"state", train_job_state_name(st.state)}, {"step", st.step}, {"steps", st.steps},
-             {"loss", st.step > 0 ? json(st.loss) : json(nullptr)}};
+             {"loss", st.step > 0 ? json(st.loss) : json(nullptr)},
+             {"phase_max_s", std::max({st.phase_max_s[0], st.phase_max_s[1], st.phase_max_s[2]})},
+             {"save_s", st.save_s}};
     }
     agents[name] = {{"replay", loop.replay.size()},
                     {"heldout", loop.heldout.size()},
@@ -522,6 +584,11 @@ json Server::Impl::learning_json() const {
           {"published_versions", s.published},
           {"rejected_versions", s.rejected},
           {"rollbacks", s.rollbacks},
+          {"gates_pending", [&] {
+             int64_t n = 0;
+             for (const auto& [a, k] : s.gates_pending) n += k;
+             return n;
+           }()},
           {"rounds_failed", s.rounds_failed},
           {"last_error", s.last_error.empty() ? json(nullptr) : json(s.last_error)},
           {"published", published},

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,6 +59,11 @@ struct Server::Impl::LearnState {
   int64_t retired_steps = 0;       // optimizer steps of rounds that ended
   int64_t rounds_failed = 0;
   std::string last_error;
+  // Adapters whose first version a round is making: the registry publishes
+  // a name's first version by itself, so until the gate has judged it,
+  // agents bound to the name run on the base model.
+  std::set<std::string> ungated_first;
+  std::map<std::string, int> gates_pending;  // gate tasks queued or running, by adapter
   std::vector<std::string> notes;  // what start-up had to say (a state file moved aside)
   // The learner thread: starts rounds.
   std::thread thread;
