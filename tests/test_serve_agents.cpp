@@ -249,6 +249,34 @@ TEST(ServeLearning, TracesSurviveKill9) {
   test::expect_openai_error(get(*c, "/v1/learning/traces/cmpl-none-1"), 404, "trace_not_found");
 }
 
+// An agent's system prompt goes before a chat that has none, and not before
+// one that has its own (seen in the traces' prompt token ids).
+TEST(ServeLearning, TheAgentsSystemPromptComesFirst) {
+  test::TempDir dir("ebb-serve-system");
+  ServerProcess s(args(dir.path(), {"--learn"}));
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  ASSERT_EQ(post(*c, "/v1/agents",
+                 json{{"name", "teller"}, {"adapter", "n"}, {"learn", true}, {"system_prompt", "Tell of dragons."}})
+                .status,
+            200);
+  const auto prompt_of = [&](const json& messages) {
+    const Reply r = post(*c, "/v1/chat/completions",
+                         json{{"agent", "teller"}, {"messages", messages}, {"max_tokens", 2}});
+    EXPECT_EQ(r.status, 200) << r.raw;
+    const Reply t = get(*c, "/v1/learning/traces/" + r.body.value("id", std::string("none")));
+    EXPECT_EQ(t.status, 200) << t.raw;
+    return post(*c, "/detokenize", json{{"tokens", t.body["prompt_token_ids"]}}).body["content"].get<std::string>();
+  };
+  const std::string with = prompt_of(json::array({{{"role", "user"}, {"content", "A story?"}}}));
+  EXPECT_NE(with.find("Tell of dragons."), std::string::npos) << with;
+  EXPECT_LT(with.find("Tell of dragons."), with.find("A story?")) << with;
+  const std::string own = prompt_of(json::array(
+      {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "A story?"}}}));
+  EXPECT_EQ(own.find("dragons"), std::string::npos) << own;
+  EXPECT_NE(own.find("Be brief."), std::string::npos) << own;
+}
+
 // A trace database that is not one, or another program's, is moved aside and
 // a fresh one serves; the server says so and does not crash.
 TEST(ServeLearning, CorruptOrForeignDatabaseIsMovedAside) {

@@ -23,9 +23,10 @@
 // version, steps optimizer steps, a version committed and staged every
 // commit_every steps. Each committed version meets the gate on the scheduler
 // thread: its held-back loss against the published version's (the base
-// model's before the first); not worse: published (the agent follows it; the
-// other agents' KV keeps its coverage, keyed by their own adapters); worse:
-// left staged, and dropped by the round's next commit.
+// model's before the first), measured by a background task of kind "gate"
+// one held-back sample per step; not worse: published (the agent follows
+// it; the other agents' KV keeps its coverage, keyed by their own adapters);
+// worse: left staged, and dropped by the round's next commit.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -316,8 +317,7 @@ std::shared_ptr<TrainJob> Server::Impl::start_round(const AgentSpec& a, std::vec
   jo.publish_auto = false;  // the gate publishes
   auto shared_heldout = std::make_shared<const std::vector<TrainSample>>(std::move(heldout));
   const std::string agent = a.name;
-  std::weak_ptr<TrainJob>* self = new std::weak_ptr<TrainJob>();  // owned by the callback below
-  std::shared_ptr<std::weak_ptr<TrainJob>> self_holder(self);
+  auto self_holder = std::make_shared<std::weak_ptr<TrainJob>>();  // the job, once made (its step for the record)
   jo.on_commit = [this, agent, shared_heldout, self_holder](const AdapterInfo& staged, uint64_t dropped) {
     gate(agent, staged, dropped, *shared_heldout, self_holder->lock());
   };
