@@ -11,12 +11,11 @@
       server and the ratio (target: p95 with learning <= 1.5x without).
 
   scripts/bench_learn.py decode -m qwen3-q4_0.gguf [-n 20]
-      Decode tok/s of the same requests (ignore_eos, --max-tokens each) on a
-      server without --learn and one with --learn recording every turn as a
-      trace and receiving a reward for each (no round starts:
-      --learn-min-samples is out of reach), requests alternating between the
-      two servers one at a time. Prints medians and the ratio (target: cost
-      <= 2%, bound 0).
+      Decode tok/s of the same requests (ignore_eos, --max-tokens each) of
+      two agents of one `ebb serve --learn`: one learning (every turn a trace,
+      every answer a reward; no round starts: --learn-min-samples is out of
+      reach), one not, requests alternating between them one at a time.
+      Prints medians and the cost (target <= 2%, bound 0).
 
 Both print a table and, with --json, one JSON object. One machine, one run:
 the ratios compare servers measured in the same run.
@@ -138,31 +137,30 @@ def ttft(a):
 
 
 def decode(a):
-    servers = {}
-    for learn in (False, True):
-        state = tempfile.mkdtemp(prefix="ebb-bench-learn-")
-        extra = ["--state-dir", state] + (["--learn", "--learn-min-samples", "1000000"] if learn else [])
-        servers[learn] = Server(a.ebb, a.model, extra, a.threads)
-        servers[learn].call("POST", "/v1/agents", {"name": "w", "adapter": "w-ad", "learn": True})
+    # One server, two agents on the base model: "w" learns (each turn a trace,
+    # each answer a reward), "q" does not. Requests alternate between them one
+    # at a time, so both see the same machine, memory and weights.
+    state = tempfile.mkdtemp(prefix="ebb-bench-learn-")
+    s = Server(a.ebb, a.model, ["--state-dir", state, "--learn", "--learn-min-samples", "1000000"], a.threads)
+    s.call("POST", "/v1/agents", {"name": "w", "adapter": "w-ad", "learn": True})
+    s.call("POST", "/v1/agents", {"name": "q"})
     rates = {False: [], True: []}
-    body = {"model": "base:agent/w", "prompt": "The quick brown fox", "max_tokens": a.max_tokens, "ignore_eos": True,
-            "temperature": 0}
-    servers[False].stream(body)  # warm-up
-    servers[True].stream(body)
+    body = {"prompt": "The quick brown fox", "max_tokens": a.max_tokens, "ignore_eos": True, "temperature": 0}
+    for learn in (False, True):  # warm-up
+        s.stream(dict(body, model="base:agent/" + ("w" if learn else "q")))
     for i in range(a.n):
         for learn in ((False, True) if i % 2 == 0 else (True, False)):
-            _, rate, rid, _ = servers[learn].stream(body)
+            _, rate, rid, _ = s.stream(dict(body, model="base:agent/" + ("w" if learn else "q")))
             rates[learn].append(rate)
             if learn:
-                servers[learn].call("POST", "/v1/feedback", {"id": rid, "reward": 1.0})
-    l = servers[True].call("GET", "/v1/learning")
-    for s in servers.values():
-        s.stop()
+                s.call("POST", "/v1/feedback", {"id": rid, "reward": 1.0})
+    l = s.call("GET", "/v1/learning")
+    s.stop()
     base, learn = statistics.median(rates[False]), statistics.median(rates[True])
-    out = {"decode_tok_s_base": base, "decode_tok_s_learn": learn, "cost": 1 - learn / base, "requests": a.n,
+    out = {"decode_tok_s_untraced": base, "decode_tok_s_traced": learn, "cost": 1 - learn / base, "requests": a.n,
            "max_tokens": a.max_tokens, "traces": l["traces"], "feedback": l["feedback"]}
-    print(f"{'server':8} {'decode tok/s (median)':>22}")
-    print(f"{'base':8} {base:22.2f}\n{'learn':8} {learn:22.2f}")
+    print(f"{'agent':16} {'decode tok/s (median)':>22}")
+    print(f"{'not learning':16} {base:22.2f}\n{'learning':16} {learn:22.2f}")
     print(f"cost of traces + feedback: {out['cost']*100:.2f}% (target <= 2%, bound 0); "
           f"{l['traces']} traces, {l['feedback']} feedback")
     return out
