@@ -11,6 +11,8 @@ packages=(
   chromium  # test_serve_memory renders ebb serve's page at / headless
   g++-aarch64-linux-gnu qemu-user
   clang libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer targets with ASan + UBSan
+  libvulkan-dev glslc  # the Vulkan backend (EBB_VULKAN): the loader and headers, GLSL -> SPIR-V
+  mesa-vulkan-drivers  # lavapipe, a CPU Vulkan 1.3 driver: test_vulkan_* run on it where no GPU is
 )
 missing=()
 for p in "${packages[@]}"; do

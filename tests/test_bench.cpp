@@ -180,5 +180,25 @@ TEST(BenchCli, SpeedTableAndErrors) {
   EXPECT_NE(missing.err.find("/nonexistent/model.gguf"), std::string::npos) << missing.err;
 }
 
+// bench batch --choices: one request of N choices through the scheduler
+// against one; the N choices hold the prompt's full chunks once, so their
+// KV is less than N copies of one choice's.
+TEST(BenchCli, ChoicesJsonComparesNChoicesWithOne) {
+  const std::string model = test::model_path("stories260K.gguf");
+  const CliResult r =
+      run_cli("bench batch -m " + model + " --choices 3 -p 64 -n 8 -r 1 --kv-chunk 16 --threads 1 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
+  EXPECT_EQ(j["choices"], 3);
+  EXPECT_EQ(j["ratio_to_one_choice_reps"].size(), 1u);
+  EXPECT_GT(j["one_choice_decode_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["choices_decode_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["bound_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["kv_bytes_one_choice"].get<double>(), 0);
+  EXPECT_LT(j["kv_bytes_choices"].get<double>(), j["kv_bytes_choices_unshared"].get<double>()) << r.out;
+  EXPECT_NE(run_cli("bench batch -m " + model + " --choices 1").status, 0) << "one choice is no comparison";
+}
+
 }  // namespace
 }  // namespace ebb

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -143,6 +144,36 @@ TEST_F(ServeTools, ArgumentsFollowTheSchemasKeyOrder) {
   ASSERT_EQ(calls.size(), 1u) << r.raw;
   const std::string args = calls[0]["function"]["arguments"];
   EXPECT_EQ(args.rfind("{\"days\":", 0), 0u) << args;
+}
+
+// n choices each get their own copy of the grammar: every choice of a
+// sampled n = 3 is a valid call (a shared grammar state would break all
+// but one), and streamed the same with a seed.
+TEST_F(ServeTools, EveryChoiceOfNIsAValidCall) {
+  json req = forced_call_request();
+  req["n"] = 3;
+  req["temperature"] = 1.0;
+  req["seed"] = 9;
+  const Reply r = post(*c_, "/v1/chat/completions", req);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["choices"].size(), 3u) << r.raw;
+  for (int i = 0; i < 3; ++i) {
+    const json& choice = r.body["choices"][i];
+    EXPECT_EQ(choice["index"], i);
+    EXPECT_EQ(choice["finish_reason"], "tool_calls") << r.raw;
+    const json& calls = choice["message"]["tool_calls"];
+    ASSERT_EQ(calls.size(), 1u) << r.raw;
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    expect_weather_arguments(calls[0]["function"]["arguments"].get<std::string>());
+  }
+  const Streamed s = stream(*c_, "/v1/chat/completions", req, true);
+  std::map<int, std::string> args;
+  for (const json& ch : s.chunks)
+    for (const json& c : ch["choices"])
+      if (c["delta"].contains("tool_calls"))
+        for (const json& t : c["delta"]["tool_calls"]) args[c["index"]] += t["function"].value("arguments", "");
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(args[i], r.body["choices"][i]["message"]["tool_calls"][0]["function"]["arguments"]) << i;
 }
 
 TEST_F(ServeTools, AStreamedCallEqualsTheWholeOne) {

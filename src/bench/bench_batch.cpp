@@ -14,6 +14,7 @@
 #include "platform/error.h"
 #include "platform/timer.h"
 #include "bench/batch_rep.h"
+#include "bench/bench_choices.h"
 #include "runtime/batch.h"
 #include "runtime/session.h"
 #include "runtime/stats.h"
@@ -28,6 +29,7 @@ struct BatchArgs {
   int64_t gen = 64;
   int64_t reps = 3;
   bool json = false;
+  int choices = 0;  // > 0: n choices of one request instead (bench_choices.cpp)
 };
 
 struct BatchRow {
@@ -124,7 +126,23 @@ void add_bench_batch_command(CLI::App* bench, int* rc) {
   sub->add_option("-r,--reps", a->reps, "Timed repetitions (after one warm-up); medians are reported")
       ->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
-  sub->callback([a, rc] { *rc = run_batch_bench(*a); });
+  sub->add_option("--choices", a->choices,
+                  "Instead: one request of this many choices (ebb serve's n) through the scheduler, against one "
+                  "choice (the prompt prefilled once, the choices batched)");
+  sub->callback([a, rc] {
+    if (a->choices > 0) {
+      ChoicesBenchArgs c;
+      c.model = a->model;
+      c.choices = a->choices;
+      c.prompt = a->prompt;
+      c.gen = a->gen;
+      c.reps = a->reps;
+      c.json = a->json;
+      *rc = run_choices_bench(c);
+      return;
+    }
+    *rc = run_batch_bench(*a);
+  });
 }
 
 }  // namespace ebb::cli

@@ -138,6 +138,15 @@ void Generation::sample_next() {
     return;
   }
   sampler_.accept(t);
+  if (opts_.on_token) {
+    if (opts_.logprobs >= 0) {
+      const int top = static_cast<int>(std::min<int64_t>(opts_.logprobs, session_.engine().config().n_vocab));
+      step_logprobs(session_.last_logits(), t, top, step_lp_);
+    } else {
+      step_lp_.id = t;
+    }
+    opts_.on_token(step_lp_);
+  }
   st_.tokens.push_back(t);
   st_.generated_tokens = static_cast<int64_t>(st_.tokens.size());
   const Tokenizer& tok = session_.engine().tokenizer();
@@ -147,11 +156,12 @@ void Generation::sample_next() {
   const grammar::GrammarConstraint* c = sampler_.constraint();
   const bool eog = opts_.stop_at_eog &&
                    (tok.is_eog(t) || (c && c->is_complete() && tok.token_to_piece(t).empty()));
-  if (!eog) emit(stops_->push(decoder_.push(t)));
+  const bool stop_token = std::find(opts_.stop_tokens.begin(), opts_.stop_tokens.end(), t) != opts_.stop_tokens.end();
+  if (!eog && !stop_token) emit(stops_->push(decoder_.push(t)));
   // The token is kept either way: it runs next step, or first next turn.
   session_.append_pending(t);
   if (eog) finish(StopReason::kEndOfGeneration);
-  else if (stops_->stopped()) finish(StopReason::kStopString);
+  else if (stop_token || stops_->stopped()) finish(StopReason::kStopString);
   else if (cancelled_) finish(StopReason::kCancelled);
   else if (st_.generated_tokens == opts_.max_tokens) finish(StopReason::kMaxTokens);
 }

@@ -15,6 +15,7 @@
 
 #include "model/tokenizer.h"
 #include "platform/timer.h"
+#include "runtime/logprobs.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 
@@ -30,6 +31,15 @@ struct GenerateOptions {
   // the prompt's tokens were accepted). One Generation owns it: pass a fresh
   // constraint (GrammarConstraint::copy()) per generation.
   std::shared_ptr<grammar::GrammarConstraint> constraint;
+  // Generation ends (StopReason::kStopString) when one of these tokens is
+  // sampled, whether or not stop_at_eog; its text is not emitted.
+  std::vector<TokenId> stop_tokens;
+  // -1: no log-probabilities; k >= 0: each sampled token's (runtime/
+  // logprobs.h: the model's distribution) with its k most likely alternatives.
+  int logprobs = -1;
+  // Called with each sampled token (end-of-generation and stop tokens too)
+  // before its text is emitted; logprob fields are set when logprobs >= 0.
+  std::function<void(const StepLogprobs& token)> on_token;
 };
 
 enum class StopReason { kMaxTokens, kEndOfGeneration, kStopString, kContextFull, kCancelled };
@@ -96,6 +106,7 @@ class Generation {
   int64_t progress_from_ = -1;  // KV length when the prefill began
   double decode_start_ = 0;
   bool prefilled_ = false, cancelled_ = false, done_ = false;
+  StepLogprobs step_lp_;  // the last sampled token's, for on_token
   GenerateStats st_;
 };
 

@@ -45,11 +45,17 @@ void SamplerOptions::validate() const {
     bad_option("presence_penalty", presence_penalty, "finite and >= 0 (0: off)");
   if (penalty_last_n < 0 || penalty_last_n > kMaxPenaltyLastN)
     bad_option("penalty_last_n", penalty_last_n, "[0, 1048576] (0: no penalties)");
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) bad_option("logit_bias token id", id, ">= 0 and < n_vocab");
+    if (!(bias >= -100.0f && bias <= 100.0f)) bad_option("logit_bias", bias, "[-100, 100] (-100: ban the token)");
+  }
 }
 
 Sampler::Sampler(SamplerOptions opts, int32_t n_vocab) : opts_(opts), n_vocab_(n_vocab) {
   opts_.validate();
   if (n_vocab <= 0) bad_option("n_vocab", n_vocab, ">= 1");
+  for (const auto& [id, bias] : opts_.logit_bias)
+    if (id >= n_vocab) bad_option("logit_bias token id", id, "< n_vocab");
   seed_ = opts_.seed;
   if (seed_ == 0) {
     std::random_device rd;
@@ -123,6 +129,11 @@ void Sampler::fill_and_penalize(std::span<const float> logits) {
   }
   n_candidates_ = candidates_.size();
   sorted_ = 0;
+  // Candidates are in id order here, so candidates_[t] is token t.
+  for (const auto& [id, bias] : opts_.logit_bias) {
+    float& l = candidates_[static_cast<size_t>(id)].logit;
+    l = bias <= -100.0f ? -INFINITY : l + bias;
+  }
 
   const bool penalties = opts_.repeat_penalty != 1.0f || opts_.frequency_penalty != 0.0f ||
                          opts_.presence_penalty != 0.0f;

@@ -3,7 +3,9 @@
 // The order of the steps, fixed and the same for every call:
 //   0. grammar (only with a constraint set, see set_constraint): tokens the
 //      grammar does not allow are dropped before any later step sees them;
-//   1. penalties, over the last `penalty_last_n` accepted tokens:
+//   1. logit_bias: each listed token's logit gets its bias added (a bias of
+//      -100 or less bans the token: its logit becomes -inf); then the
+//      penalties, over the last `penalty_last_n` accepted tokens:
 //        repetition (CTRL, Keskar et al. 2019): a positive logit is divided by
 //          repeat_penalty, a negative one multiplied, so both move down;
 //        frequency: logit -= count * frequency_penalty;
@@ -17,7 +19,7 @@
 // Steps 3 and 4 see the distribution at temperature 1, so temperature only
 // reshapes what the filters let through; it never widens the set.
 //
-// temperature = 0 is greedy: penalties, then argmax (ties go to the lowest id),
+// temperature = 0 is greedy: logit_bias and penalties, then argmax (ties go to the lowest id),
 // and the random generator is not touched. Truncation cannot change the
 // argmax, so greedy skips steps 2-4.
 //
@@ -47,6 +49,7 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace ebb {
@@ -65,6 +68,9 @@ struct SamplerOptions {
   float presence_penalty = 0.0f;  // >= 0; 0: off
   int penalty_last_n = 64;        // [0, kMaxPenaltyLastN]; 0: no penalties
   uint64_t seed = 0;              // 0: a random seed from std::random_device
+  // Added to the logits before anything else (OpenAI's logit_bias): ids in
+  // [0, n_vocab), biases in [-100, 100]; -100 bans the token.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // The history is preallocated, so its length is bounded.
   static constexpr int kMaxPenaltyLastN = 1 << 20;

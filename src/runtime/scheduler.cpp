@@ -14,6 +14,7 @@
 #include "platform/thread_name.h"
 #include "platform/timer.h"
 #include "runtime/batch.h"
+#include "runtime/grammar/constraint.h"
 
 namespace ebb {
 
@@ -134,6 +135,12 @@ struct Scheduler::Running {
   uint64_t kv_reserved = 0;         // KV bytes this generation may grow to (under a memory limit)
   std::optional<Task> task;
   TaskId id = 0;
+  // Choices: which one this is; the leader (choice 0) keeps the request
+  // until its prompt is in and it has forked the others.
+  int choice = 0;
+  int forks_left = 0;
+  std::optional<GenerationRequest> fork_req;
+  std::vector<StepLogprobs> tokens;  // sampled since the last event
   ~Running() { gen.reset(); }
 };
 
@@ -361,9 +368,14 @@ uint64_t Scheduler::kv_projection(const GenerationRequest& g) const {
   int64_t n_ctx = g.session.n_ctx > 0 ? g.session.n_ctx : std::min<int64_t>(c.n_ctx_train > 0 ? c.n_ctx_train : 4096, 4096);
   const int64_t prompt = static_cast<int64_t>(g.prompt.size());
   const int64_t gen = g.options.max_tokens > 0 ? g.options.max_tokens : n_ctx;
-  const int64_t tokens = std::min(n_ctx, prompt + gen);
+  const int64_t per_choice = std::min(n_ctx, prompt + gen);
   const int64_t chunk = g.session.kv_chunk_size > 0 ? g.session.kv_chunk_size : 256;
-  return per_token * static_cast<uint64_t>((tokens + chunk - 1) / chunk * chunk);
+  const auto whole = [chunk](int64_t t) { return (t + chunk - 1) / chunk * chunk; };
+  // Choices beyond the first share the prompt's full chunks and grow their
+  // own from the prompt's last (partial, copied) chunk on.
+  const int64_t own = whole(per_choice) - prompt / chunk * chunk;
+  const int64_t tokens = whole(per_choice) + std::max(0, g.n_choices - 1) * own;
+  return per_token * static_cast<uint64_t>(tokens);
 }
 
 bool Scheduler::no_foreground_locked() const { return fg_queue_.empty() && running_.empty(); }
@@ -482,16 +494,22 @@ Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
     return false;
   };
   const auto admit = [&](uint64_t before) {
-    size_t room = static_cast<size_t>(opts_.max_batch) - std::min(running_.size(), static_cast<size_t>(opts_.max_batch));
+    size_t used = 0;  // a generation's choices still to fork hold their slots
+    for (const auto& r : running_) used += 1 + static_cast<size_t>(r->forks_left);
+    size_t room = static_cast<size_t>(opts_.max_batch) - std::min(used, static_cast<size_t>(opts_.max_batch));
+    const auto slots = [](const FgItem& f) { return f.gen ? static_cast<size_t>(std::max(1, f.gen->n_choices)) : 1; };
     if (opts_.policy != SchedPolicy::kFifo) {
       std::stable_sort(fg_queue_.begin(), fg_queue_.end(), [](const auto& a, const auto& b) {
         return a->priority != b->priority ? a->priority > b->priority : a->seq < b->seq;
       });
     }
-    while (room > 0 && !fg_queue_.empty() && fg_queue_.front()->seq < before && fits(*fg_queue_.front())) {
+    // A request of more choices than max_batch runs alone.
+    while (room > 0 && !fg_queue_.empty() && fg_queue_.front()->seq < before &&
+           (slots(*fg_queue_.front()) <= room || (running_.empty() && u.admit.empty())) &&
+           fits(*fg_queue_.front())) {
+      room -= std::min(room, slots(*fg_queue_.front()));
       u.admit.push_back(std::move(fg_queue_.front()));
       fg_queue_.pop_front();
-      --room;
     }
     fg_waiting_.store(static_cast<int64_t>(fg_queue_.size()), std::memory_order_relaxed);
     u.type = Unit::Type::kForeground;
@@ -690,15 +708,12 @@ void Scheduler::start_generation(FgItem& item) {
     }
     r->session = std::make_unique<Session>(*engine_, req.session);
     if (!req.adapters.empty()) r->session->set_adapters(req.adapters);
-    GenerationStream* s = r->stream.get();
-    r->gen = std::make_unique<Generation>(*r->session, req.prompt, req.options, [s](std::string_view text) {
-      s->mark_first_token();  // text means a token: timed before the client can see it
-      GenerationEvent e;
-      e.kind = GenerationEvent::Kind::kText;
-      e.text = std::string(text);
-      s->push(std::move(e));
-      return !s->cancelled();
-    });
+    make_generation(*r, req, 0);
+    if (req.n_choices > 1) {
+      r->forks_left = req.n_choices - 1;
+      r->fork_req = std::move(req);
+      r->fork_req->prompt.clear();  // the forks take it from the leader's session
+    }
   } catch (const std::exception& e) {
     GenerationEvent ev;
     ev.kind = GenerationEvent::Kind::kError;
@@ -710,6 +725,49 @@ void Scheduler::start_generation(FgItem& item) {
     return;
   }
   running_.push_back(std::move(r));
+}
+
+void Scheduler::make_generation(Running& r, const GenerationRequest& req, int choice) {
+  GenerateOptions o = req.options;
+  if (choice > 0 && o.sampling.seed != 0) o.sampling.seed += static_cast<uint64_t>(choice);
+  // Each choice its own grammar state; the request's stays at its start
+  // for the choices forked later.
+  if (req.n_choices > 1 && o.constraint)
+    o.constraint = std::make_shared<grammar::GrammarConstraint>(o.constraint->copy());
+  Running* rp = &r;  // Running is held by a unique_ptr: the address stays
+  GenerationStream* s = r.stream.get();
+  r.choice = choice;
+  o.on_token = [rp](const StepLogprobs& t) { rp->tokens.push_back(t); };
+  const std::span<const TokenId> prompt = choice == 0 ? std::span<const TokenId>(req.prompt) : std::span<const TokenId>();
+  r.gen = std::make_unique<Generation>(*r.session, prompt, o, [s, rp, choice](std::string_view text) {
+    s->mark_first_token();  // text means a token: timed before the client can see it
+    GenerationEvent e;
+    e.kind = GenerationEvent::Kind::kText;
+    e.choice = choice;
+    e.text = std::string(text);
+    e.tokens = std::move(rp->tokens);
+    rp->tokens.clear();
+    s->push(std::move(e));
+    return !s->cancelled();
+  });
+}
+
+void Scheduler::fork_choices(Running& leader) {
+  const GenerationRequest& req = *leader.fork_req;
+  const int n = req.n_choices;
+  for (int c = n - leader.forks_left; c < n; ++c) {
+    auto r = std::make_unique<Running>();
+    r->seq = leader.seq;
+    r->kind = leader.kind;
+    r->stream = leader.stream;
+    r->session = std::make_unique<Session>(*engine_, req.session);
+    if (!req.adapters.empty()) r->session->set_adapters(req.adapters);
+    r->session->fork_from(*leader.session, leader.session->n_processed());
+    make_generation(*r, req, c);
+    running_.push_back(std::move(r));
+  }
+  leader.forks_left = 0;
+  leader.fork_req.reset();
 }
 
 void Scheduler::finish_running(size_t i, TaskOutcome outcome, const std::string& error) {
@@ -725,9 +783,10 @@ void Scheduler::finish_running(size_t i, TaskOutcome outcome, const std::string&
     {
       std::lock_guard lock(mu_);
       m_.generated_tokens += st.generated_tokens - r->counted_tokens;
-      if (outcome == TaskOutcome::kFailed) {
+      // A request counts once, at its choice 0's end (its prompt with it).
+      if (r->choice == 0 && outcome == TaskOutcome::kFailed) {
         ++m_.fg_failed;
-      } else {
+      } else if (r->choice == 0) {
         ++(st.stop == StopReason::kCancelled ? m_.fg_cancelled : m_.fg_completed);
         m_.prompt_tokens += static_cast<int64_t>(r->session->tokens().size()) - st.generated_tokens;
         m_.cached_tokens += st.cached_tokens;
@@ -740,10 +799,27 @@ void Scheduler::finish_running(size_t i, TaskOutcome outcome, const std::string&
     } else {
       e.kind = GenerationEvent::Kind::kDone;
       e.stats = st;
+      e.choice = r->choice;
+      e.tokens = std::move(r->tokens);
+    }
+    // Choices never forked (the leader ended before its prompt was in, or
+    // without a token): each ends as the leader did, with nothing generated.
+    std::vector<GenerationEvent> unforked;
+    if (outcome != TaskOutcome::kFailed) {
+      for (int c = r->fork_req ? r->fork_req->n_choices - r->forks_left : 0; r->fork_req && c < r->fork_req->n_choices;
+           ++c) {
+        GenerationEvent u;
+        u.kind = GenerationEvent::Kind::kDone;
+        u.choice = c;
+        u.stats.stop = st.stop;
+        u.stats.prompt_tokens = st.prompt_tokens;
+        unforked.push_back(std::move(u));
+      }
     }
     r->gen.reset();
     r->session.reset();  // before the client hears the end: its KV is in the prefix cache by then
     r->stream->push(std::move(e));
+    for (GenerationEvent& u : unforked) r->stream->push(std::move(u));
   } else if (r->task) {
     {
       std::lock_guard lock(mu_);
@@ -803,6 +879,18 @@ void Scheduler::run_foreground_round(std::vector<std::unique_ptr<FgItem>> admitt
       if (failed) {
         finish_running(i, TaskOutcome::kFailed, error);
         continue;
+      }
+      if (r.forks_left > 0 && r.session->n_pending() <= 1 && r.gen->stats().generated_tokens > 0) {
+        // The prompt is in (one token sampled, pending): the other choices
+        // start from it. A failure here fails the whole request.
+        try {
+          fork_choices(r);
+        } catch (const std::exception& e) {
+          r.forks_left = 0;
+          r.fork_req.reset();
+          finish_running(i, TaskOutcome::kFailed, e.what());
+          continue;
+        }
       }
       const int64_t n = r.gen->stats().generated_tokens;
       if (n > 0) r.stream->mark_first_token();  // also a first token without text yet

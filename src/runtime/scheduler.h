@@ -132,12 +132,24 @@ struct GenerationRequest {
   SessionOptions session;
   std::vector<AdapterBinding> adapters;
   int priority = 0;
+  // Choices of this prompt (OpenAI's n): the prompt is prefilled once, by
+  // choice 0; then choices 1..n-1 fork its session (Session::fork_from: the
+  // prompt's KV chunks shared, held once, its last logits copied) and all
+  // decode together in the batched steps. Each choice samples on its own:
+  // seed + i when options.sampling.seed is set (else a random seed each),
+  // its own copy of options.constraint. Counts n against max_batch.
+  int n_choices = 1;
 };
 
 struct GenerationEvent {
   enum class Kind { kText, kDone, kError };
   Kind kind = Kind::kText;
+  int choice = 0;            // kText, kDone: which of the request's n_choices
   std::string text;          // kText: the next piece
+  // kText, kDone: the tokens sampled since the choice's previous event (ids,
+  // and log-probabilities when options.logprobs >= 0), in order; a kText
+  // event's text may come from earlier tokens (held back) or later ones.
+  std::vector<StepLogprobs> tokens;
   GenerateStats stats;       // kDone
   std::string error;         // kError
   bool invalid_request = false;  // kError: the request could not run (vs an internal failure)
@@ -147,8 +159,8 @@ struct GenerationEvent {
 // that waits for them. Thread-safe.
 class GenerationStream {
  public:
-  // The next event, waiting up to timeout_s; nullopt on timeout. After kDone
-  // or kError nothing more comes.
+  // The next event, waiting up to timeout_s; nullopt on timeout. After
+  // kError, or the kDone of every choice, nothing more comes.
   std::optional<GenerationEvent> next(double timeout_s);
   // Asks the scheduler to end the request before its next step (the client
   // went away); a cancelled request ends with kDone, stop kCancelled.
@@ -322,6 +334,11 @@ class Scheduler {
   void run_foreground_round(std::vector<std::unique_ptr<FgItem>> admitted);
   void run_background_step(BgItem& b);
   void start_generation(FgItem& item);
+  // Choices 1..n-1 of a running generation whose prompt is in: forks of its
+  // session, added to running_. Scheduler thread.
+  void fork_choices(Running& leader);
+  // Makes r->gen on r->session for choice `choice` of req (options per choice).
+  void make_generation(Running& r, const GenerationRequest& req, int choice);
   void finish_running(size_t i, TaskOutcome outcome, const std::string& error);
   void attribute_wait_locked(const std::string& kind, double seconds);
   void record_wait_locked(double seconds);

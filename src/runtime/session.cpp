@@ -191,8 +191,13 @@ void Session::fork_from(const Session& other, int64_t n) {
   kv_->share_from(*other.kv_, n);
   tokens_.assign(other.tokens_.begin(), other.tokens_.begin() + n);
   kv_adapters_ = other.kv_adapters_;  // the KV was computed under the other's adapters
-  have_logits_ = false;
-  recorded_chunks_ = 0;
+  // At the other's end with its logits at hand: they are this session's too
+  // (n choices of one prompt sample from one prefill).
+  have_logits_ = n == other.kv_->n_tokens() && other.have_logits_;
+  if (have_logits_)
+    std::memcpy(logits_.as<float>(), other.logits_.as<float>(),
+                static_cast<size_t>(engine_.config().n_vocab) * sizeof(float));
+  recorded_chunks_ = std::min(other.recorded_chunks_, n / kv_->options().chunk_size);
 }
 
 std::span<const float> Session::feed(std::span<const TokenId> new_tokens, std::vector<float>* all_logits,

@@ -96,6 +96,8 @@ class Session {
   // chunk size and KV type) without copying it: the conversations share
   // chunks until one writes into a shared one, which it then copies first.
   // This session's tokens become the other's first n; nothing is pending.
+  // When n is all the other has run and its logits are at hand, they are
+  // copied too, so this session samples without running a token.
   void fork_from(const Session& other, int64_t n);
 
   const std::vector<TokenId>& tokens() const { return tokens_; }

@@ -34,7 +34,8 @@
 //   (>= 0: ebb's sampler only lowers repeated tokens), repeat_penalty (> 0),
 //   logit_bias ({"token id": -100..100}, carried for the sampler),
 //   stop (a string or token id, or an array of up to 16 mixing both),
-//   stream, stream_options.include_usage, n (1..16), cache_namespace,
+//   stop_token_ids (vLLM's: an array of up to 16 token ids),
+//   stream, stream_options.include_usage, n (1..8), cache_namespace,
 //   ignore_eos (llama.cpp's: generate past end-of-generation tokens),
 //   chat_template_kwargs (an object for the template, e.g. enable_thinking),
 //   reasoning_effort (a string, carried for the template)

@@ -20,7 +20,7 @@ namespace {
 constexpr size_t kMaxStops = 16;
 constexpr size_t kMaxStopBytes = 256;
 constexpr size_t kMaxNamespaceBytes = 256;
-constexpr int64_t kMaxChoices = 16;
+constexpr int64_t kMaxChoices = 8;  // choices decode in one batch (the scheduler's default max_batch)
 constexpr int64_t kMaxTopLogprobsChat = 20;
 constexpr int64_t kMaxLogprobsCompletions = 5;
 constexpr size_t kMaxLogitBias = 1024;
@@ -114,8 +114,19 @@ TokenId token_id(const json& v, const std::string& entry, const char* param, con
   return static_cast<TokenId>(t);
 }
 
-// "stop": a string or a token id, or an array mixing them.
+// "stop": a string or a token id, or an array mixing them; vLLM's
+// "stop_token_ids": an array of token ids.
 void read_stop(const json& body, CompletionRequest& r, const RequestLimits& lim) {
+  if (const json* ids = field(body, "stop_token_ids")) {
+    if (!ids->is_array()) bad("stop_token_ids", "must be an array of token ids");
+    if (ids->size() > kMaxStops)
+      bad("stop_token_ids", "has " + std::to_string(ids->size()) + " entries; at most " + std::to_string(kMaxStops));
+    for (size_t i = 0; i < ids->size(); ++i) {
+      const std::string p = "stop_token_ids[" + std::to_string(i) + "]";
+      if (!(*ids)[i].is_number_integer()) bad(p.c_str(), "must be a token id (an integer)");
+      r.stop_token_ids.push_back(token_id((*ids)[i], p, "stop_token_ids", lim));
+    }
+  }
   const json* st = field(body, "stop");
   if (!st) return;
   const char* kShape = "must be a string, a token id, or an array of them";

@@ -209,6 +209,13 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     turn->t0 = t0;
   }
 
+  g.options.sampling.logit_bias = r.logit_bias;
+  g.options.stop_tokens = r.stop_token_ids;
+  g.options.logprobs = r.logprobs ? r.top_logprobs : -1;
+  g.n_choices = r.n;
+  std::vector<TokenId> prompt_ids;
+  if (r.return_token_ids) prompt_ids = g.prompt;
+
   std::shared_ptr<GenerationStream> stream;
   try {
     stream = sched.submit_generation(std::move(g));
@@ -235,39 +242,56 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
         error_of(503, "the server is shutting down; the request did not run", "server_error", "server_shutting_down"));
   }
   if (!r.stream) {
-    std::string text;
-    for (std::optional<GenerationEvent> ev = std::move(first);; ev = stream->next(kPollSeconds)) {
+    // Each choice's text and tokens, until every choice is done.
+    std::vector<Choice> choices(static_cast<size_t>(r.n));
+    int64_t cached = 0;
+    int n_done = 0;
+    GenerateStats stats0;  // choice 0's: an agent's trace
+    for (std::optional<GenerationEvent> ev = std::move(first); n_done < r.n; ev = stream->next(kPollSeconds)) {
       if (!ev) continue;
-      if (ev->kind == GenerationEvent::Kind::kText) {
-        text += ev->text;
-        continue;
-      }
       if (ev->kind == GenerationEvent::Kind::kError)
         throw ApiException(error_of(500, ev->error, "server_error", "internal_error"));
-      const Usage u = usage_of(n_prompt, ev->stats);
-      if (parse_chat(r)) {
-        Choice c;
-        c.text = text;
-        c.stop = ev->stats.stop;
-        c.completion_tokens = ev->stats.generated_tokens;
-        c.parsed = parse_chat_output(fmt, text, calls_on(r), call_ids());
-        if (turn) {
-          const json m = chat_message(*c.parsed);
-          turn_done(*turn, id, ev->stats, m.contains("tool_calls") ? m["tool_calls"].dump() : "");
-        }
-        res.set_content(dump(completion_response(r, id, created, std::span<const Choice>(&c, 1), u)), kJson);
-      } else {
-        if (turn) turn_done(*turn, id, ev->stats, "");
-        res.set_content(dump(completion_response(r, id, created, text, ev->stats.stop, u)), kJson);
+      Choice& c = choices.at(static_cast<size_t>(ev->choice));
+      add_tokens(r, ev->tokens, c.logprobs, c.token_ids);
+      if (ev->kind == GenerationEvent::Kind::kText) {
+        c.text += ev->text;
+        continue;
       }
-      log(req, 200, id, u, ev->stats.stop, now_seconds() - t0);
-      return;
+      ++n_done;
+      c.stop = ev->stats.stop;
+      c.completion_tokens = ev->stats.generated_tokens;
+      if (ev->choice == 0) {
+        cached = ev->stats.cached_tokens;
+        stats0 = ev->stats;
+      }
+      if (parse_chat(r)) c.parsed = parse_chat_output(fmt, c.text, calls_on(r), call_ids());
     }
+    if (turn) {  // choice 0 is the turn's trace
+      const json m = choices[0].parsed ? chat_message(*choices[0].parsed) : json::object();
+      turn_done(*turn, id, stats0, m.contains("tool_calls") ? m["tool_calls"].dump() : "");
+    }
+    const Usage u = total_usage(n_prompt, cached, choices);
+    res.set_content(dump(completion_response(r, id, created, choices, u, prompt_ids)), kJson);
+    log(req, 200, id, u, choices[0].stop, now_seconds() - t0);
+    return;
   }
-  std::unique_ptr<ChatStreamParser> parser;
-  if (parse_chat(r)) parser = std::make_unique<ChatStreamParser>(fmt, calls_on(r), call_ids());
-  stream_response(req, res, std::move(r), stream, std::move(*first), id, created, n_prompt, t0, std::move(ticket),
-                  std::move(parser), std::move(turn));
+  stream_response(req, res, std::move(r), stream, std::move(*first), id, created, n_prompt, std::move(prompt_ids), t0,
+                  std::move(ticket), fmt, std::move(turn));
+}
+
+void Server::Impl::add_tokens(const CompletionRequest& r, std::span<const StepLogprobs> tokens,
+                              std::vector<TokenLogprob>& logprobs, std::vector<TokenId>& ids) const {
+  const Tokenizer& tok = engine.tokenizer();
+  for (const StepLogprobs& t : tokens) {
+    if (r.return_token_ids) ids.push_back(t.id);
+    if (!r.logprobs) continue;
+    TokenLogprob lp;
+    lp.id = t.id;
+    lp.text = tok.token_to_piece(t.id, /*special=*/true);
+    lp.logprob = t.logprob;
+    for (const TokenAlternative& a : t.top) lp.top.push_back({a.id, tok.token_to_piece(a.id, true), a.logprob});
+    logprobs.push_back(std::move(lp));
+  }
 }
 
 Usage Server::Impl::usage_of(int64_t n_prompt, const GenerateStats& st) {
@@ -286,42 +310,59 @@ void Server::Impl::log(const httplib::Request& req, int status, const std::strin
                u.completion_tokens, std::string(stop_reason_name(stop)).c_str(), seconds * 1e3);
 }
 
-// Server-Sent Events: a chunk per piece of text, the last chunk with the
-// finish reason, the usage chunk when asked for, then [DONE]. A client
-// that goes away cancels its generation at the next step.
+// Server-Sent Events: for chat, a first chunk per choice with the role;
+// then a chunk per piece of a choice's text (tagged with its index, with
+// the tokens sampled since its last chunk when logprobs or token ids are
+// asked for), each choice's last chunk with its finish reason, the usage
+// chunk when asked for, then [DONE]. A client that goes away cancels its
+// generation (every choice) at the next step.
 
 void Server::Impl::stream_response(const httplib::Request& req, httplib::Response& res, CompletionRequest r,
                                    std::shared_ptr<GenerationStream> stream, GenerationEvent first,
-                                   const std::string& id, int64_t created, int64_t n_prompt, double t0,
-                                   std::shared_ptr<Ticket> ticket, std::unique_ptr<ChatStreamParser> parser,
-                                   std::shared_ptr<AgentTurn> turn) {
-  struct State {
+                                   const std::string& id, int64_t created, int64_t n_prompt,
+                                   std::vector<TokenId> prompt_ids, double t0, std::shared_ptr<Ticket> ticket,
+                                   const ChatOutputFormat& fmt, std::shared_ptr<AgentTurn> turn) {
+  struct PerChoice {
     std::unique_ptr<ChatStreamParser> parser;  // chat through a template: deltas of content, reasoning, calls
-    bool made_calls = false;
+    bool made_calls = false, done = false;
+    std::vector<StepLogprobs> tokens;  // sampled, not yet sent
+    int64_t token_offset = 0;          // completions: bytes of the tokens sent so far
+    int64_t completion_tokens = 0;
+  };
+  struct State {
+    std::vector<PerChoice> choices;
     std::shared_ptr<Ticket> ticket;
     CompletionRequest r;
     std::shared_ptr<GenerationStream> stream;
     std::optional<GenerationEvent> pending;
+    std::vector<TokenId> prompt_ids;  // sent with the first chunk (return_token_ids)
     std::string id;
-    int64_t created = 0, n_prompt = 0;
-    bool role_sent = false, ended = false;
+    int64_t created = 0, n_prompt = 0, cached = 0;
+    int n_done = 0;
+    StopReason stop0 = StopReason::kMaxTokens;
+    bool started = false, ended = false;
     double t0 = 0;
     std::string method, path;
-    std::shared_ptr<AgentTurn> turn;  // an agent's turn: its trace at the end
-    json tool_calls = json::array();  // the calls streamed, for the trace
+    std::shared_ptr<AgentTurn> turn;  // an agent's turn: choice 0's trace at the end
+    GenerateStats stats0;
+    ChatOutputFormat fmt;
   };
   auto st = std::make_shared<State>();
   st->ticket = std::move(ticket);
-  st->parser = std::move(parser);
+  st->choices.resize(static_cast<size_t>(r.n));
+  if (parse_chat(r))
+    for (PerChoice& c : st->choices) c.parser = std::make_unique<ChatStreamParser>(fmt, calls_on(r), call_ids());
   st->r = std::move(r);
   st->stream = std::move(stream);
   st->pending = std::move(first);
+  st->prompt_ids = std::move(prompt_ids);
   st->id = id;
   st->created = created;
   st->n_prompt = n_prompt;
   st->t0 = t0;
   st->method = req.method;
   st->path = req.path;
+  if (turn) st->fmt = fmt;
   st->turn = std::move(turn);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
@@ -333,63 +374,97 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
           sink.done();
           return true;
         }
-        if (!st->role_sent && st->r.endpoint == Endpoint::kChat) {
-          st->role_sent = true;
-          if (!write(sse(stream_chunk(st->r, st->id, st->created, "", true, nullptr)))) return gone(*st);
+        const bool chat = st->r.endpoint == Endpoint::kChat;
+        // One chunk for choice i: its deltas (chat) or text, the tokens
+        // sampled since its last chunk, and its finish reason when it ends.
+        const auto write_choice = [&](int i, std::vector<ChatDelta> deltas, std::string text, const std::string* fin,
+                                      bool role) {
+          PerChoice& pc = st->choices[static_cast<size_t>(i)];
+          StreamChoice c;
+          c.index = i;
+          c.first = role;
+          for (const ChatDelta& d : deltas) pc.made_calls |= d.kind == ChatDelta::Kind::kToolCall;
+          c.deltas = std::move(deltas);
+          c.text = std::move(text);
+          if (fin) c.finish_reason = *fin;
+          add_tokens(st->r, pc.tokens, c.logprobs, c.token_ids);
+          pc.tokens.clear();
+          c.text_offset = pc.token_offset;
+          for (const TokenLogprob& t : c.logprobs) pc.token_offset += static_cast<int64_t>(t.text.size());
+          const std::span<const TokenId> ids = st->started ? std::span<const TokenId>() : st->prompt_ids;
+          st->started = true;
+          return write(sse(stream_chunk(st->r, st->id, st->created, std::span<const StreamChoice>(&c, 1), ids)));
+        };
+        if (!st->started && chat) {
+          for (int i = 0; i < st->r.n; ++i)
+            if (!write_choice(i, {}, "", nullptr, true)) return gone(*st);
         }
         std::optional<GenerationEvent> ev = std::move(st->pending);
         st->pending.reset();
         if (!ev) ev = st->stream->next(kPollSeconds);
         if (!ev) return sink.is_writable() ? true : gone(*st);
-        // The parser's deltas as one chunk (none when it holds everything back).
-        const auto write_deltas = [&](std::vector<ChatDelta> deltas, const std::string* fin) {
-          for (const ChatDelta& d : deltas) st->made_calls |= d.kind == ChatDelta::Kind::kToolCall;
-          if (st->turn) {
-            StreamChoice probe;
-            probe.deltas = deltas;
-            const json c = stream_chunk(st->r, st->id, st->created, std::span<const StreamChoice>(&probe, 1));
-            const json& d = c["choices"][0]["delta"];
-            if (d.contains("tool_calls"))
-              for (const json& tc : d["tool_calls"]) st->tool_calls.push_back(tc);
-          }
-          if (deltas.empty() && !fin) return true;
-          StreamChoice c;
-          c.deltas = std::move(deltas);
-          if (fin) c.finish_reason = *fin;
-          return write(sse(stream_chunk(st->r, st->id, st->created, std::span<const StreamChoice>(&c, 1))));
-        };
-        if (ev->kind == GenerationEvent::Kind::kText) {
-          const bool ok = st->parser ? write_deltas(st->parser->feed(ev->text), nullptr)
-                                     : write(sse(stream_chunk(st->r, st->id, st->created, ev->text, false, nullptr)));
-          return ok ? true : gone(*st);
-        }
-        st->ended = true;
         if (ev->kind == GenerationEvent::Kind::kError) {
+          st->ended = true;
           write(sse(error_of(500, ev->error, "server_error", "internal_error").body()));
           sink.done();
           return true;
         }
-        const Usage u = usage_of(st->n_prompt, ev->stats);
-        bool ok = true;
-        std::string fin;
-        if (st->parser) {
-          std::vector<ChatDelta> last = st->parser->finish();
-          for (const ChatDelta& d : last) st->made_calls |= d.kind == ChatDelta::Kind::kToolCall;
-          fin = finish_reason(ev->stats.stop, st->made_calls);
-          ok = write_deltas(std::move(last), &fin);
-        } else {
-          fin = finish_reason(ev->stats.stop);
-          ok = write(sse(stream_chunk(st->r, st->id, st->created, "", false, &fin)));
+        const int i = ev->choice;
+        PerChoice& pc = st->choices.at(static_cast<size_t>(i));
+        pc.tokens.insert(pc.tokens.end(), ev->tokens.begin(), ev->tokens.end());
+        if (ev->kind == GenerationEvent::Kind::kText) {
+          bool ok = true;
+          if (pc.parser) {
+            std::vector<ChatDelta> deltas = pc.parser->feed(ev->text);
+            if (!deltas.empty()) ok = write_choice(i, std::move(deltas), "", nullptr, false);
+          } else if (chat) {
+            ok = write_choice(i, {ChatDelta{ChatDelta::Kind::kContent, ev->text, 0, {}, {}}}, "", nullptr, false);
+          } else {
+            ok = write_choice(i, {}, ev->text, nullptr, false);
+          }
+          return ok ? true : gone(*st);
         }
-        if (ok && st->r.include_usage) ok = write(sse(usage_chunk(st->r, st->id, st->created, u)));
+        // The choice's end.
+        pc.done = true;
+        pc.completion_tokens = ev->stats.generated_tokens;
+        if (i == 0) {
+          st->cached = ev->stats.cached_tokens;
+          st->stop0 = ev->stats.stop;
+          st->stats0 = ev->stats;
+        }
+        bool ok = true;
+        if (pc.parser) {
+          std::vector<ChatDelta> last = pc.parser->finish();
+          for (const ChatDelta& d : last) pc.made_calls |= d.kind == ChatDelta::Kind::kToolCall;
+          const std::string fin = finish_reason(ev->stats.stop, pc.made_calls);
+          ok = write_choice(i, std::move(last), "", &fin, false);
+        } else {
+          const std::string fin = finish_reason(ev->stats.stop);
+          ok = write_choice(i, {}, "", &fin, false);
+        }
+        if (!ok) return gone(*st);
+        if (++st->n_done < st->r.n) return true;
+        st->ended = true;
+        Usage u;
+        u.prompt_tokens = st->n_prompt;
+        u.cached_tokens = st->cached;
+        for (const PerChoice& c : st->choices) u.completion_tokens += c.completion_tokens;
+        if (st->r.include_usage) ok = write(sse(usage_chunk(st->r, st->id, st->created, u)));
         if (ok) ok = write("data: [DONE]\n\n");
-        if (st->turn) turn_done(*st->turn, st->id, ev->stats, st->tool_calls.empty() ? "" : st->tool_calls.dump());
+        if (st->turn) {
+          std::string calls;
+          if (parse_chat(st->r)) {
+            const json m = chat_message(parse_chat_output(st->fmt, st->stats0.text, calls_on(st->r), call_ids()));
+            if (m.contains("tool_calls")) calls = m["tool_calls"].dump();
+          }
+          turn_done(*st->turn, st->id, st->stats0, calls);
+        }
         if (!ok) return false;
         sink.done();
         httplib::Request fake;
         fake.method = st->method;
         fake.path = st->path;
-        log(fake, 200, st->id, u, ev->stats.stop, now_seconds() - st->t0);
+        log(fake, 200, st->id, u, st->stop0, now_seconds() - st->t0);
         return true;
       },
       [this, st](bool success) {

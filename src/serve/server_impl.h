@@ -132,6 +132,11 @@ struct Server::Impl {
     limits.n_vocab = engine.config().n_vocab;
     limits.n_ctx = opts.n_ctx;
     limits.served.constraints = true;
+    limits.served.logprobs = true;
+    limits.served.n_choices = true;
+    limits.served.token_ids = true;
+    limits.served.stop_token_ids = true;
+    limits.served.logit_bias = true;
     limits.served.tools = opts.chat_template != nullptr;  // calls are rendered by the template
     if (!limits.served.tools)
       limits.served.tools_why_not =
@@ -234,7 +239,7 @@ struct Server::Impl {
   // The gate's verdict: publish (or unload a failed first version), record it.
   void finish_gate(VersionRecord v, bool first, uint64_t dropped);
   nlohmann::json learning_json() const;  // GET /v1/learning
-  // After an agent's turn: its trace (learning agents, with --learn).
+  // After an agent's turn (choice 0): its trace (learning agents, with --learn).
   void turn_done(const AgentTurn& t, const std::string& id, const GenerateStats& st, const std::string& tool_calls);
   // server_web.cpp: the page at /
   void web_routes();
@@ -272,8 +277,13 @@ struct Server::Impl {
            double seconds) const;
   void stream_response(const httplib::Request& req, httplib::Response& res, CompletionRequest r,
                        std::shared_ptr<GenerationStream> stream, GenerationEvent first, const std::string& id,
-                       int64_t created, int64_t n_prompt, double t0, std::shared_ptr<Ticket> ticket,
-                       std::unique_ptr<ChatStreamParser> parser, std::shared_ptr<AgentTurn> turn);
+                       int64_t created, int64_t n_prompt, std::vector<TokenId> prompt_ids, double t0,
+                       std::shared_ptr<Ticket> ticket, const ChatOutputFormat& fmt,
+                       std::shared_ptr<AgentTurn> turn = nullptr);
+  // The sampled tokens as the response carries them: log-probabilities
+  // (with each token's text) when r.logprobs, ids when r.return_token_ids.
+  void add_tokens(const CompletionRequest& r, std::span<const StepLogprobs> tokens,
+                  std::vector<TokenLogprob>& logprobs, std::vector<TokenId>& ids) const;
   void tokenize(const httplib::Request& req, httplib::Response& res) const;
   void detokenize(const httplib::Request& req, httplib::Response& res) const;
   std::string metrics() const;  // server_metrics.cpp

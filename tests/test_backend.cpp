@@ -1,0 +1,108 @@
+// The backend interface's registry and its CPU backend (ebb's CPU kernels
+// behind backend.h), in every build; the Vulkan backend's own tests are the
+// test_vulkan_*.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu_backend.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "kernels/quantize.h"
+#include "platform/error.h"
+
+namespace ebb {
+namespace {
+
+TEST(Backend, RegistryRejectsUnknownIds) {
+  for (const char* id : {"", "cuda", "vulkan:", "vulkan:-1", "vulkan:1x", "vulkanx", "CPU"}) {
+    EXPECT_THROW(open_backend(id), Error) << id;
+  }
+  std::string why;
+  if (list_gpu_devices(&why).empty()) {
+    EXPECT_FALSE(why.empty());  // says why there is none
+    try {
+      open_backend("vulkan");
+      FAIL() << "opened a Vulkan device that the list does not have";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("vulkan"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(CpuBackend, BuffersAreCountedAndChecked) {
+  auto be = open_backend("cpu");
+  EXPECT_EQ(be->info().id, "cpu");
+  EXPECT_EQ(be->info().kind, DeviceKind::kCpu);
+  EXPECT_TRUE(be->info().caps.unified_memory);
+  {
+    auto a = be->alloc(1000, MemoryPlace::kDevice);
+    auto b = be->alloc(100000, MemoryPlace::kHost);
+    EXPECT_GE(be->ledger(MemoryPlace::kDevice).buffer_bytes, 101000u);
+    ASSERT_NE(a->host_data(), nullptr);
+    char c[8] = {};
+    EXPECT_THROW(a->write(996, c, 8), Error);
+    EXPECT_THROW(be->alloc(0, MemoryPlace::kDevice), Error);
+  }
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).buffer_bytes, 0u);
+}
+
+// The ops run at once through the CPU kernels: the scalar target gives
+// exactly the scalar kernels' results.
+TEST(CpuBackend, OpsAreTheCpuKernels) {
+  auto be = open_cpu_backend({Isa::kScalar, 1});
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t rows = 8, cols = 64, n = rows * cols;
+  std::vector<float> wf(n), x(cols), w2(cols);
+  for (auto& v : wf) v = d(rng);
+  for (auto& v : x) v = d(rng);
+  for (auto& v : w2) v = d(rng);
+  std::vector<uint8_t> w(row_bytes(DType::kQ8_0, cols) * rows);
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row(DType::kQ8_0, wf.data() + r * cols, w.data() + r * row_bytes(DType::kQ8_0, cols), cols);
+  auto wb = be->alloc(w.size(), MemoryPlace::kDevice);
+  wb->write(0, w.data(), w.size());
+  auto xb = be->alloc(4 * cols, MemoryPlace::kDevice);
+  xb->write(0, x.data(), 4 * cols);
+  auto nb = be->alloc(4 * cols, MemoryPlace::kDevice);
+  nb->write(0, w2.data(), 4 * cols);
+  auto yb = be->alloc(4 * rows, MemoryPlace::kDevice);
+  auto s = be->new_stream();
+  MatmulOp op;
+  op.w_type = DType::kQ8_0;
+  op.rows = rows;
+  op.cols = cols;
+  op.w = {wb.get(), 0};
+  op.x = {xb.get(), 0};
+  op.y = {yb.get(), 0};
+  s->matmul(op);
+  s->rms_norm({{xb.get(), 0}, {nb.get(), 0}, {xb.get(), 0}, 1, cols, 1e-5f});
+  s->submit();
+  s->wait();
+
+  const FormatKernels* fk = kernel_set(Isa::kScalar).format(DType::kQ8_0);
+  std::vector<uint8_t> act(row_bytes(fk->act, cols));
+  fk->quantize_act(x.data(), act.data(), cols);
+  std::vector<float> y(rows), want(rows);
+  yb->read(0, y.data(), 4 * rows);
+  for (int64_t r = 0; r < rows; ++r)
+    fk->vec_dot(cols, w.data() + r * row_bytes(DType::kQ8_0, cols), act.data(), &want[r]);
+  EXPECT_EQ(y, want);
+  std::vector<float> xn(cols), got(cols);
+  ops_kernels(Isa::kScalar).rmsnorm(x.data(), w2.data(), xn.data(), cols, 1e-5f);
+  xb->read(0, got.data(), 4 * cols);
+  EXPECT_EQ(got, xn);
+
+  op.w_type = DType::kQ8_0;
+  op.cols = 48;  // not whole blocks
+  EXPECT_THROW(s->matmul(op), Error);
+  op.cols = 128;  // x holds 64
+  EXPECT_THROW(s->matmul(op), Error);
+}
+
+}  // namespace
+}  // namespace ebb
