@@ -116,7 +116,8 @@ void Server::Impl::routes() {
       send_error(res, error_of(404,
                                "No route " + req.method + " " + req.path +
                                    " (routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/memory, "
-                                   "/v1/adapters, /v1/training/jobs, /v1/agents, /v1/feedback, /v1/learning, /health, /metrics, /tokenize, /detokenize, /)",
+                                   "/v1/adapters, /v1/training/jobs, /v1/agents, /v1/feedback, /v1/learning, "
+                                   "/health, /metrics, /tokenize, /detokenize, /)",
                                "invalid_request_error", "not_found"));
     } else if (res.status == 413) {
       send_error(res, error_of(413, "The request body is over the server's limit (--max-body)", "invalid_request_error",
