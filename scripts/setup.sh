@@ -7,6 +7,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libcli11-dev
   liburing-dev libzstd-dev liblz4-dev libedit-dev libcpp-httplib-dev nodejs
+  libsqlite3-dev  # ebb serve --learn: the traces database
   chromium  # test_serve_memory renders ebb serve's page at / headless
   g++-aarch64-linux-gnu qemu-user
   clang libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer targets with ASan + UBSan

@@ -619,3 +619,20 @@ TEST(OpenAIResponse, SseReplacesInvalidUtf8) {
 }
 
 }  // namespace
+
+// An agent: the "agent" field or model "ID:agent/NAME" (base too); not with
+// an adapter, and the two must agree.
+TEST(OpenAIRequest, Agent) {
+  EXPECT_EQ(parse(chat({{"agent", "teller"}})).agent, "teller");
+  CompletionRequest r = parse(chat({{"model", "m:agent/teller"}}));
+  EXPECT_EQ(r.agent, "teller");
+  EXPECT_EQ(r.adapter, "");
+  EXPECT_EQ(r.model, "m:agent/teller");
+  EXPECT_EQ(parse(chat({{"model", "base:agent/teller"}, {"agent", "teller"}})).agent, "teller");
+  EXPECT_EQ(parse(chat({{"model", "m:teller"}})).agent, "");  // an adapter named teller
+  expect_400(chat({{"model", "m:agent/a"}, {"agent", "b"}}), "agent", "names agent 'a'");
+  expect_400(chat({{"agent", "a"}, {"adapter", "x"}}), "adapter", "binds its own adapter");
+  expect_400(chat({{"model", "m:agent/"}}), "model");
+  expect_400(chat({{"agent", ""}}), "agent");
+  expect_400(chat({{"agent", 3}}), "agent");
+}

@@ -58,6 +58,7 @@ struct ServeArgs {
   double body_timeout = 30;        // a request body's time, once its head is in
   int max_connections = 512;
   int max_connections_per_client = 64;
+  serve::LearnOptions learn;  // --state-dir, --learn and the learner's settings
 };
 
 std::string model_id_of(const std::string& path) {
@@ -176,6 +177,20 @@ int serve(ServeArgs& a) {
     throw UsageError("--pressure-interval must be in [0.01, 60] seconds");
   if (!a.adapter_dir.empty() && !std::filesystem::is_directory(a.adapter_dir))
     throw UsageError("--adapter-dir '" + a.adapter_dir + "' is not a directory");
+  if (!a.learn.state_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.learn.state_dir, ec);
+    if (!std::filesystem::is_directory(a.learn.state_dir))
+      throw UsageError("--state-dir '" + a.learn.state_dir + "' is not a directory and cannot be made one");
+  }
+  if (a.learn.learn && a.learn.state_dir.empty())
+    throw UsageError("--learn needs --state-dir DIR (the traces database and the agents are kept there)");
+  if (a.learn.gate != "loss" && a.learn.gate != "off") throw UsageError("--learn-gate must be loss or off");
+  if (a.learn.steps < 1 || a.learn.commit_every < 1) throw UsageError("--learn-steps and --commit-every must be >= 1");
+  if (!(a.learn.lr > 0 && a.learn.lr <= 1)) throw UsageError("--learn-lr must be in (0, 1]");
+  if (a.learn.rank < 1 || a.learn.rank > 256) throw UsageError("--learn-rank must be in [1, 256]");
+  if (a.learn.min_samples < 1) throw UsageError("--learn-min-samples must be >= 1");
+  if (!(a.learn.phase_s > 0 && a.learn.phase_s <= 60)) throw UsageError("--learn-phase-seconds must be in (0, 60]");
   uint64_t max_body = 0;
   try {
     max_body = parse_size(a.max_body, 0);
@@ -224,6 +239,7 @@ int serve(ServeArgs& a) {
   so.n_ctx = n_ctx;
   so.log_requests = !a.quiet;  // on stdout, after the listening line
   so.adapter_dir = a.adapter_dir;
+  so.learn = a.learn;
   so.pressure = a.pressure;
   so.pressure_step = a.pressure_step / 100.0;
   so.pressure_interval_s = a.pressure_interval;
@@ -324,6 +340,31 @@ void add_serve_command(CLI::App& app, int* rc) {
   sub->add_option("--adapter-dir", a->adapter_dir,
                   "Directory adapters load from over HTTP (by name: NAME.gguf or a PEFT directory NAME/), "
                   "and where trained adapters are written");
+  sub->add_option("--state-dir", a->learn.state_dir,
+                  "Directory the agents (/v1/agents) persist in, and with --learn the traces database");
+  sub->add_flag("--learn", a->learn.learn,
+                "Online learning: learning agents' turns are traces (DIR/traces.sqlite) and their feedback "
+                "(/v1/feedback) trains their adapters in the background (docs/agents.md)");
+  sub->add_option("--learn-steps", a->learn.steps, "Optimizer steps of one learning round")->capture_default_str();
+  sub->add_option("--commit-every", a->learn.commit_every,
+                  "Learning: a version is committed, staged and gated every N optimizer steps")
+      ->capture_default_str();
+  sub->add_option("--learn-gate", a->learn.gate,
+                  "Learning: loss (publish a version whose held-back loss is not worse than the published "
+                  "version's) or off (publish every version)")
+      ->capture_default_str();
+  sub->add_option("--learn-lr", a->learn.lr, "Learning: AdamW peak learning rate")->capture_default_str();
+  sub->add_option("--learn-rank", a->learn.rank, "Learning: rank of an agent's new adapter")->capture_default_str();
+  sub->add_option("--learn-min-samples", a->learn.min_samples,
+                  "Learning: judged samples (from feedback) that start a round")
+      ->capture_default_str();
+  sub->add_option("--learn-phase-seconds", a->learn.phase_s,
+                  "Learning: training phases of about this many seconds (a request arriving mid-phase waits "
+                  "for its end)")
+      ->capture_default_str();
+  sub->add_option("--trace-max-rows", a->learn.max_trace_rows,
+                  "Learning: traces kept at most (the oldest with feedback or expired go first)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--pressure", a->pressure,
                   "React to the device's memory pressure: auto (PSI, else cgroup), psi, cgroup, off")
       ->capture_default_str();

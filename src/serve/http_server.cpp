@@ -362,6 +362,12 @@ HttpServer& HttpServer::Delete(const std::string& pattern, Handler h) {
   return *this;
 }
 
+HttpServer& HttpServer::Patch(const std::string& pattern, Handler h) {
+  routes_.emplace_back(std::regex(pattern), "PATCH");
+  httplib::Server::Patch(pattern, std::move(h));
+  return *this;
+}
+
 std::string HttpServer::allowed_methods(const std::string& path) const {
   std::string out;
   for (const auto& [re, method] : routes_) {

@@ -115,6 +115,7 @@ class HttpServer : public httplib::Server {
   HttpServer& Get(const std::string& pattern, Handler h);
   HttpServer& Post(const std::string& pattern, Handler h);
   HttpServer& Delete(const std::string& pattern, Handler h);
+  HttpServer& Patch(const std::string& pattern, Handler h);
   // "GET, POST" for a path some route matches; "" for none.
   std::string allowed_methods(const std::string& path) const;
 

@@ -11,6 +11,9 @@
 // modalities other than ["text"], prediction, web_search_options, and for
 // completions suffix, echo: true, best_of > 1):
 //   model                 "ID", "ID:ADAPTER" or "base:ADAPTER" (ID: the base model's)
+//   model "ID:agent/NAME" an agent (ebb's agents, serve/server_agents.cpp)
+//   agent                 ebb's extension: the agent NAME (its system prompt,
+//                         namespace and adapter binding); not with 'adapter'
 //   adapter               an adapter name (instead of the model's suffix)
 //   adapter_version       that adapter's version (a staged one too); absent: the published one
 //   messages              chat: [{role, content, name, tool_calls, tool_call_id,
@@ -130,6 +133,7 @@ struct CompletionRequest {
   std::string model;    // as the client gave it (echoed in responses)
   std::string adapter;  // "" : the base model
   uint64_t adapter_version = 0;  // 0: the adapter's published version
+  std::string agent;    // "" : none (the server applies the agent's spec)
   std::vector<ChatMessage> messages;       // chat, flattened for chat_template.h ({role, text})
   // chat: the messages in full for a Jinja template, normalised: each
   // {role, content (string or null), [name], [tool_calls: [{id, type,

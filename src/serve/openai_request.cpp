@@ -71,6 +71,18 @@ void read_model(const json& body, CompletionRequest& r, const RequestLimits& lim
       throw ApiException(e);
     }
     adapter = r.model.substr(colon + 1);
+    if (adapter.rfind("agent/", 0) == 0) {
+      r.agent = adapter.substr(6);
+      adapter.clear();
+      if (r.agent.empty()) throw ApiException(invalid_request("'model' names no agent after 'agent/'", "model"));
+    }
+  }
+  if (field(body, "agent")) {
+    const std::string a = string_field(body, "agent");
+    if (a.empty()) throw ApiException(invalid_request("'agent' must name an agent", "agent"));
+    if (!r.agent.empty() && a != r.agent)
+      throw ApiException(invalid_request("'agent' is '" + a + "' but 'model' names agent '" + r.agent + "'", "agent"));
+    r.agent = a;
   }
   if (field(body, "adapter")) {
     const std::string a = string_field(body, "adapter");
@@ -79,6 +91,9 @@ void read_model(const json& body, CompletionRequest& r, const RequestLimits& lim
     adapter = a;
   }
   if (r.model.empty()) r.model = lim.model_id;
+  if (!r.agent.empty() && !adapter.empty())
+    throw ApiException(invalid_request("'adapter' cannot be given with an agent: the agent binds its own adapter",
+                                       "adapter"));
   r.adapter = adapter;
   if (field(body, "adapter_version")) {
     const int64_t v = integer(body, "adapter_version");

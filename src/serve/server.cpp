@@ -97,6 +97,8 @@ void Server::Impl::routes() {
   memory_routes();
   adapter_routes();
   training_routes();
+  agent_routes();
+  learning_routes();
   web_routes();
 
   // What httplib answers itself (no route, a body over the limit, a bad
@@ -114,7 +116,8 @@ void Server::Impl::routes() {
       send_error(res, error_of(404,
                                "No route " + req.method + " " + req.path +
                                    " (routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/memory, "
-                                   "/v1/adapters, /v1/training/jobs, /health, /metrics, /tokenize, /detokenize, /)",
+                                   "/v1/adapters, /v1/training/jobs, /v1/agents, /v1/feedback, /v1/learning, "
+                                   "/health, /metrics, /tokenize, /detokenize, /)",
                                "invalid_request_error", "not_found"));
     } else if (res.status == 413) {
       send_error(res, error_of(413, "The request body is over the server's limit (--max-body)", "invalid_request_error",
@@ -174,7 +177,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   auto ticket = std::make_shared<Ticket>(this);  // a streamed response holds it until written
   const json body = parse_body(req);
   CompletionRequest r = parse_completion_request(body, ep, limits);
-  if (!r.adapter.empty() && !has_adapter(r.adapter)) {
+  std::shared_ptr<AgentTurn> turn = apply_agent(r);  // the agent's prompt, namespace and adapter version
+  if (!turn && !r.adapter.empty() && !has_adapter(r.adapter)) {
     ApiError e;
     e.status = 404;
     e.message = "The model '" + r.model + "' does not exist: no adapter '" + r.adapter +
@@ -201,6 +205,10 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   if (r.cache_namespace_given) g.session.cache_namespace = r.cache_namespace;
   if (!r.adapter.empty()) g.adapters.push_back({r.adapter, 1.0f, r.adapter_version});
   const int64_t n_prompt = static_cast<int64_t>(g.prompt.size());
+  if (turn) {
+    turn->prompt = g.prompt;
+    turn->t0 = t0;
+  }
 
   g.options.sampling.logit_bias = r.logit_bias;
   g.options.stop_tokens = r.stop_token_ids;
@@ -239,6 +247,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     std::vector<Choice> choices(static_cast<size_t>(r.n));
     int64_t cached = 0;
     int n_done = 0;
+    GenerateStats stats0;  // choice 0's: an agent's trace
     for (std::optional<GenerationEvent> ev = std::move(first); n_done < r.n; ev = stream->next(kPollSeconds)) {
       if (!ev) continue;
       if (ev->kind == GenerationEvent::Kind::kError)
@@ -252,8 +261,15 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       ++n_done;
       c.stop = ev->stats.stop;
       c.completion_tokens = ev->stats.generated_tokens;
-      if (ev->choice == 0) cached = ev->stats.cached_tokens;
+      if (ev->choice == 0) {
+        cached = ev->stats.cached_tokens;
+        stats0 = ev->stats;
+      }
       if (parse_chat(r)) c.parsed = parse_chat_output(fmt, c.text, calls_on(r), call_ids());
+    }
+    if (turn) {  // choice 0 is the turn's trace
+      const json m = choices[0].parsed ? chat_message(*choices[0].parsed) : json::object();
+      turn_done(*turn, id, stats0, m.contains("tool_calls") ? m["tool_calls"].dump() : "");
     }
     const Usage u = total_usage(n_prompt, cached, choices);
     res.set_content(dump(completion_response(r, id, created, choices, u, prompt_ids)), kJson);
@@ -261,7 +277,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     return;
   }
   stream_response(req, res, std::move(r), stream, std::move(*first), id, created, n_prompt, std::move(prompt_ids), t0,
-                  std::move(ticket), fmt);
+                  std::move(ticket), fmt, std::move(turn));
 }
 
 void Server::Impl::add_tokens(const CompletionRequest& r, std::span<const StepLogprobs> tokens,
@@ -308,7 +324,7 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
                                    std::shared_ptr<GenerationStream> stream, GenerationEvent first,
                                    const std::string& id, int64_t created, int64_t n_prompt,
                                    std::vector<TokenId> prompt_ids, double t0, std::shared_ptr<Ticket> ticket,
-                                   const ChatOutputFormat& fmt) {
+                                   const ChatOutputFormat& fmt, std::shared_ptr<AgentTurn> turn) {
   struct PerChoice {
     std::unique_ptr<ChatStreamParser> parser;  // chat through a template: deltas of content, reasoning, calls
     bool made_calls = false, done = false;
@@ -330,6 +346,9 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
     bool started = false, ended = false;
     double t0 = 0;
     std::string method, path;
+    std::shared_ptr<AgentTurn> turn;  // an agent's turn: choice 0's trace at the end
+    GenerateStats stats0;
+    ChatOutputFormat fmt;
   };
   auto st = std::make_shared<State>();
   st->ticket = std::move(ticket);
@@ -346,6 +365,8 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
   st->t0 = t0;
   st->method = req.method;
   st->path = req.path;
+  if (turn) st->fmt = fmt;
+  st->turn = std::move(turn);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
@@ -412,6 +433,7 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
         if (i == 0) {
           st->cached = ev->stats.cached_tokens;
           st->stop0 = ev->stats.stop;
+          st->stats0 = ev->stats;
         }
         bool ok = true;
         if (pc.parser) {
@@ -432,6 +454,14 @@ void Server::Impl::stream_response(const httplib::Request& req, httplib::Respons
         for (const PerChoice& c : st->choices) u.completion_tokens += c.completion_tokens;
         if (st->r.include_usage) ok = write(sse(usage_chunk(st->r, st->id, st->created, u)));
         if (ok) ok = write("data: [DONE]\n\n");
+        if (st->turn) {
+          std::string calls;
+          if (parse_chat(st->r)) {
+            const json m = chat_message(parse_chat_output(st->fmt, st->stats0.text, calls_on(st->r), call_ids()));
+            if (m.contains("tool_calls")) calls = m["tool_calls"].dump();
+          }
+          turn_done(*st->turn, st->id, st->stats0, calls);
+        }
         if (!ok) return false;
         sink.done();
         httplib::Request fake;
@@ -484,6 +514,7 @@ Server::Server(Engine& engine, Scheduler& scheduler, ServerOptions opts)
 
 Server::Impl::~Impl() {
   stop_pressure();
+  stop_learning();
   stop_training();
 }
 
@@ -519,6 +550,7 @@ void Server::stop(double drain_s) {
   // httplib ends chunked responses once it stops: let those in flight
   // finish writing first (their generations have ended or will soon).
   impl_->stop_pressure();
+  impl_->stop_learning();
   impl_->stop_training();
   if (drain_s > 0) impl_->drain(drain_s);
   impl_->http.stop();

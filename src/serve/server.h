@@ -39,6 +39,33 @@
 
 namespace ebb::serve {
 
+// Agents and the online learning loop (serve/server_agents.cpp,
+// serve/server_learning.cpp; docs/agents.md).
+struct LearnOptions {
+  // Agents persist here (DIR/agents.json) and, with learn, traces
+  // (DIR/traces.sqlite). "": agents live in memory only and learn is refused.
+  std::string state_dir;
+  bool learn = false;            // record learning agents' turns and train on their feedback
+  int64_t steps = 8;             // optimizer steps of one learning round
+  int64_t commit_every = 8;      // a version is committed (and gated) every N steps
+  std::string gate = "loss";     // "loss": publish when the held-back loss is not worse; "off": always
+  double lr = 3e-3;              // AdamW peak learning rate of the rounds
+  int64_t rank = 8;              // of a new adapter
+  double alpha = 16;
+  int64_t batch = 4;             // samples per step
+  int64_t min_samples = 4;       // new judged samples that start a round
+  size_t replay = 64;            // replay buffer per agent (samples)
+  size_t heldout = 8;            // held-back samples per agent (the gate's set)
+  int64_t heldout_every = 4;     // every N-th positive sample is held back (the first always)
+  double correction_weight = 1.0;
+  // Training phases of about this many seconds (the trainer sizes them from
+  // measured costs): a request arriving mid-phase waits for its end, so
+  // this bounds what learning adds to TTFT.
+  double phase_s = 0.15;
+  int64_t max_trace_rows = 100000;
+  int64_t max_trace_bytes = int64_t{256} << 20;
+};
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0: any free port (bind() says which)
@@ -72,6 +99,7 @@ struct ServerOptions {
   // in between are folded. Short enough to keep up with a fast allocator:
   // 25 pp of a 400 MB footprint every 0.25 s gives back 400 MB/s.
   double pressure_interval_s = 0.25;
+  LearnOptions learn;
 };
 
 class Server {

@@ -25,7 +25,16 @@
 #include "serve/openai.h"
 #include "serve/server.h"
 
+namespace ebb {
+struct AgentSpec;
+struct TraceFeedback;
+struct TrainSample;
+class TrainJob;
+}
+
 namespace ebb::serve {
+
+struct VersionRecord;  // server_learning.h
 
 inline constexpr const char* kJson = "application/json";
 // How long a streaming response waits for the next event before it checks
@@ -198,6 +207,40 @@ struct Server::Impl {
   void training_routes();
   void training_metrics(std::string& out) const;
   void stop_training();  // stop(): running jobs end at their next phase boundary
+  // server_agents.cpp: /v1/agents; server_learning.cpp: traces, /v1/feedback,
+  // the learner, /v1/learning (their state in server_learning.h).
+  struct LearnState;
+  std::shared_ptr<LearnState> learn_state;
+  void agent_routes();
+  void learning_routes();
+  void learning_metrics(std::string& out) const;
+  void stop_learning();  // stop(): the learner thread ends, the trace store flushes
+  // A turn of an agent, carried to its end for its trace.
+  struct AgentTurn {
+    std::string agent, adapter;
+    uint64_t adapter_version = 0;
+    bool learn = false;  // its trace is recorded
+    std::vector<TokenId> prompt;
+    double t0 = 0;
+  };
+  // Applies r.agent to r (system prompt, namespace, adapter version pinned
+  // now); null without an agent. ApiException 404 for an unknown agent.
+  std::shared_ptr<AgentTurn> apply_agent(CompletionRequest& r);
+  // The rule judge on a learning agent's next user message (server_learning.cpp).
+  void next_state_feedback(const AgentSpec& a, const CompletionRequest& r);
+  // Attaches feedback to the trace `id` and judges it; false: no such trace.
+  bool give_feedback(const std::string& id, const TraceFeedback& fb, nlohmann::json* out);
+  // A learning round for agent a (learner thread): a training job submitted.
+  std::shared_ptr<TrainJob> start_round(const AgentSpec& a, std::vector<TrainSample> samples,
+                                        std::vector<TrainSample> heldout);
+  // On the scheduler thread after a round's commit: the gate, then publish or not.
+  void gate(const std::string& agent, const AdapterInfo& staged, uint64_t dropped,
+            const std::vector<TrainSample>& heldout, const std::shared_ptr<TrainJob>& job);
+  // The gate's verdict: publish (or unload a failed first version), record it.
+  void finish_gate(VersionRecord v, bool first, uint64_t dropped);
+  nlohmann::json learning_json() const;  // GET /v1/learning
+  // After an agent's turn (choice 0): its trace (learning agents, with --learn).
+  void turn_done(const AgentTurn& t, const std::string& id, const GenerateStats& st, const std::string& tool_calls);
   // server_web.cpp: the page at /
   void web_routes();
   // server_pressure.cpp: memory pressure watching (--pressure)
@@ -235,7 +278,8 @@ struct Server::Impl {
   void stream_response(const httplib::Request& req, httplib::Response& res, CompletionRequest r,
                        std::shared_ptr<GenerationStream> stream, GenerationEvent first, const std::string& id,
                        int64_t created, int64_t n_prompt, std::vector<TokenId> prompt_ids, double t0,
-                       std::shared_ptr<Ticket> ticket, const ChatOutputFormat& fmt);
+                       std::shared_ptr<Ticket> ticket, const ChatOutputFormat& fmt,
+                       std::shared_ptr<AgentTurn> turn = nullptr);
   // The sampled tokens as the response carries them: log-probabilities
   // (with each token's text) when r.logprobs, ids when r.return_token_ids.
   void add_tokens(const CompletionRequest& r, std::span<const StepLogprobs> tokens,

@@ -148,6 +148,7 @@ std::string Server::Impl::metrics() const {
   memory_metrics(o);
   adapter_metrics(o);
   training_metrics(o);
+  learning_metrics(o);
   pressure_metrics(o);
   return o;
 }

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""What ebb serve's online learning loop costs the foreground (docs/agents.md).
+
+  scripts/bench_learn.py ttft   -m stories260K.gguf [-n 60]
+      Foreground TTFT of an agent's streamed stories on a server without
+      --learn, then on one with --learn whose user corrects every story
+      ("call her Zorba, not Lily"; a story without Lily gets a reward, +1
+      with Zorba, else -1), so learning rounds (training phases on the
+      scheduler, gates, publishes) run between and during the requests.
+      Requests arrive every 30-80 ms (random, seeded). Prints p50/p95 per
+      server and the ratio (target: p95 with learning <= 1.5x without).
+
+  scripts/bench_learn.py decode -m qwen3-q4_0.gguf [-n 20]
+      Decode tok/s of the same requests (ignore_eos, --max-tokens each) of
+      two agents of one `ebb serve --learn`: one learning (every turn a trace,
+      every answer a reward; no round starts: --learn-min-samples is out of
+      reach), one not, requests alternating between them one at a time.
+      Prints medians and the cost (target <= 2%, bound 0).
+
+Both print a table and, with --json, one JSON object. One machine, one run:
+the ratios compare servers measured in the same run.
+"""
+import argparse
+import http.client
+import json
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+KEY = "bench-key"
+
+
+class Server:
+    def __init__(self, ebb, model, extra, threads):
+        args = [ebb, "serve", "-m", model, "--port", "0", "--quiet", "--api-key", KEY, "-t", str(threads)] + extra
+        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.p.stdout.readline()
+        m = re.search(r"127\.0\.0\.1:(\d+)", line)
+        if not m:
+            self.p.kill()
+            sys.exit(f"ebb serve did not start: {line!r}")
+        self.port = int(m.group(1))
+
+    def call(self, method, path, body=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        c.request(method, path, None if body is None else json.dumps(body),
+                  {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        if r.status != 200:
+            sys.exit(f"{method} {path}: {r.status} {data[:300]!r}")
+        return json.loads(data)
+
+    def stream(self, body):
+        """(ttft_s, decode tok/s, id, text) of a streamed completion."""
+        body = dict(body, stream=True)
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        t0 = time.perf_counter()
+        c.request("POST", "/v1/completions", json.dumps(body),
+                  {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            sys.exit(f"POST /v1/completions: {r.status} {r.read()[:300]!r}")
+        first = last = None
+        chunks = 0
+        text, rid = "", None
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            j = json.loads(line[6:])
+            rid = j.get("id", rid)
+            piece = j["choices"][0].get("text", "") if j.get("choices") else ""
+            if piece:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                chunks += 1
+                text += piece
+        c.close()
+        ttft = (first or time.perf_counter()) - t0
+        rate = (chunks - 1) / (last - first) if chunks > 1 and last > first else 0.0
+        return ttft, rate, rid, text
+
+    def stop(self):
+        self.p.terminate()
+        self.p.wait(timeout=30)
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def ttft(a):
+    rng = random.Random(a.seed)
+    gaps = [rng.uniform(0.03, 0.08) for _ in range(a.n)]
+    out = {}
+    for learn in (False, True):
+        state = tempfile.mkdtemp(prefix="ebb-bench-learn-")
+        extra = ["--state-dir", state] + (["--learn", "--learn-min-samples", "2", "--learn-steps", "64",
+                                           "--commit-every", "16", "--learn-phase-seconds", str(a.phase_seconds)]
+                                          + a.learn_arg if learn else [])
+        s = Server(a.ebb, a.model, extra, a.threads)
+        s.call("POST", "/v1/agents", {"name": "teller", "adapter": "names", "learn": True})
+        t, fb = [], 0
+        for i in range(a.n):
+            x, _, rid, text = s.stream({"model": "base:agent/teller", "prompt": "Once upon a time", "max_tokens": 32,
+                                        "seed": 1 + i})
+            t.append(x)
+            if learn:  # a correction where it applies, else a reward: rounds keep coming
+                s.call("POST", "/v1/feedback", {"id": rid, "correction": "call her Zorba, not Lily"} if "Lily" in text
+                       else {"id": rid, "reward": 1.0 if "Zorba" in text else -1.0})
+                fb += 1
+            time.sleep(gaps[i])
+        l = s.call("GET", "/v1/learning")
+        if learn:
+            print("learning:", json.dumps(l["agents"]), file=sys.stderr)
+        s.stop()
+        out["learn" if learn else "base"] = {"ttft_p50_s": statistics.median(t), "ttft_p95_s": pct(t, 0.95),
+                                             "requests": a.n, "feedback": fb, "train_steps": l["train_steps"],
+                                             "committed": l["committed_versions"],
+                                             "published": l["published_versions"]}
+    out["ratio_p95"] = out["learn"]["ttft_p95_s"] / out["base"]["ttft_p95_s"]
+    print(f"{'server':8} {'ttft p50 ms':>12} {'ttft p95 ms':>12} {'feedback':>9} {'steps':>6} {'commits':>8} {'publishes':>10}")
+    for k in ("base", "learn"):
+        r = out[k]
+        print(f"{k:8} {r['ttft_p50_s']*1e3:12.2f} {r['ttft_p95_s']*1e3:12.2f} {r['feedback']:9d} {r['train_steps']:6d} "
+              f"{r['committed']:8d} {r['published']:10d}")
+    print(f"p95 ratio learn/base: {out['ratio_p95']:.2f} (target <= 1.5)")
+    return out
+
+
+def decode(a):
+    # One server, two agents on the base model: "w" learns (each turn a trace,
+    # each answer a reward), "q" does not. Requests alternate between them one
+    # at a time, so both see the same machine, memory and weights.
+    state = tempfile.mkdtemp(prefix="ebb-bench-learn-")
+    s = Server(a.ebb, a.model, ["--state-dir", state, "--learn", "--learn-min-samples", "1000000"], a.threads)
+    s.call("POST", "/v1/agents", {"name": "w", "adapter": "w-ad", "learn": True})
+    s.call("POST", "/v1/agents", {"name": "q"})
+    rates = {False: [], True: []}
+    body = {"prompt": "The quick brown fox", "max_tokens": a.max_tokens, "ignore_eos": True, "temperature": 0}
+    for learn in (False, True):  # warm-up
+        s.stream(dict(body, model="base:agent/" + ("w" if learn else "q")))
+    for i in range(a.n):
+        for learn in ((False, True) if i % 2 == 0 else (True, False)):
+            _, rate, rid, _ = s.stream(dict(body, model="base:agent/" + ("w" if learn else "q")))
+            rates[learn].append(rate)
+            if learn:
+                s.call("POST", "/v1/feedback", {"id": rid, "reward": 1.0})
+    l = s.call("GET", "/v1/learning")
+    s.stop()
+    base, learn = statistics.median(rates[False]), statistics.median(rates[True])
+    out = {"decode_tok_s_untraced": base, "decode_tok_s_traced": learn, "cost": 1 - learn / base, "requests": a.n,
+           "max_tokens": a.max_tokens, "traces": l["traces"], "feedback": l["feedback"]}
+    print(f"{'agent':16} {'decode tok/s (median)':>22}")
+    print(f"{'not learning':16} {base:22.2f}\n{'learning':16} {learn:22.2f}")
+    print(f"cost of traces + feedback: {out['cost']*100:.2f}% (target <= 2%, bound 0); "
+          f"{l['traces']} traces, {l['feedback']} feedback")
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["ttft", "decode"])
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument("--ebb", default="build/ebb")
+    p.add_argument("-n", type=int, default=0, help="requests per server (ttft: 60, decode: 20)")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--phase-seconds", type=float, default=0.15, help="ttft: the server's --learn-phase-seconds")
+    p.add_argument("--learn-arg", action="append", default=[], help="ttft: one more argument of the --learn server")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    a.n = a.n or (60 if a.what == "ttft" else 20)
+    out = ttft(a) if a.what == "ttft" else decode(a)
+    if a.json:
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
