@@ -236,6 +236,9 @@ void add_bench_agents_command(CLI::App* bench, int* rc) {
   auto a = std::make_shared<AgentsBenchArgs>();
   CLI::App* sub = bench->add_subcommand(
       "agents", "Multi-agent workload: handoffs with cross-agent pre-prefill, judge calls, training, publishes");
+  // Agents' prompts part ways at any token: finer KV chunks than the
+  // engine's default let more of a shared prefix be reused.
+  a->model.kv_chunk = 64;
   add_model_options(sub, a->model);
   AgentsWorkload& w = a->w;
   SchedWorkload& l = w.learn;
