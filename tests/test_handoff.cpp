@@ -71,6 +71,7 @@ struct Target {
   std::string ns;
   std::vector<AdapterBinding> adapters;
   DType kv_type = DType::kF16;
+  int64_t kv_chunk = 0;  // 0: the engine's
 };
 
 // A fresh session (on the scheduler thread) fed `tokens`.
@@ -79,6 +80,7 @@ Fed feed(Engine& e, const Target& t, const std::vector<TokenId>& tokens, bool ca
   so.use_prefix_cache = cache;
   so.cache_namespace = t.ns;
   so.kv_type = t.kv_type;
+  so.kv_chunk_size = t.kv_chunk;
   Session s(e, so);
   if (!t.adapters.empty()) s.set_adapters(t.adapters);
   const std::span<const float> l = s.feed(tokens);
@@ -202,10 +204,11 @@ TEST(PrePrefill, CoverageIsNeverReturnedUnderAnotherKeyPart) {
   ASSERT_TRUE(wait_until([&] { return settled(pp) && pp.stats().tasks_completed == 1; }));
   const std::vector<TokenId> prompt = cat(cat(w.sys_a, w.shared), w.turn);
   // One key part varied at a time: namespace, adapter name, no adapter,
-  // the adapter's scale, the KV type.
+  // the adapter's scale, the KV type, the KV chunk size.
   const std::vector<Target> others = {
       {"billing", {{"A"}}}, {"support", {{"B"}}}, {"support", {}}, {"support", {{"A", 0.5f}}},
-      {"support", {{"A"}}, DType::kF32}};
+      {"support", {{"A"}}, DType::kF32}, {"support", {{"A"}}, DType::kF16, kChunk / 2}};
+  EXPECT_GT(w.run(ta, prompt).reused, 0);  // while the same key finds it
   for (const Target& o : others) EXPECT_EQ(w.run(o, prompt).reused, 0) << o.ns << " " << o.adapters.size();
   // Another version of A, published: requests follow it and find nothing.
   const AdapterInfo v2 = w.add("A", 9, true);

@@ -289,6 +289,8 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
   run.publishes = lr.publishes;
   run.publish_failures = lr.publish_failures;
   run.train_steps = lr.train_steps;
+  run.train_phases = lr.train_phases;
+  run.train_run_s = lr.train_run_s;
   run.judge_calls = lr.judge_calls;
   run.windows = lr.windows;
   run.window_s = lr.window_s;

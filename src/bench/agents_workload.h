@@ -86,6 +86,8 @@ struct AgentsRun {
   std::map<std::string, std::vector<double>> ttft_by_agent;
   double wait_p50 = 0, wait_p95 = 0, wait_p99 = 0, wait_max = 0;
   int64_t commits = 0, publishes = 0, publish_failures = 0, train_steps = 0, judge_calls = 0;
+  int64_t train_phases = 0;
+  double train_run_s = 0;
   int64_t windows = 0;
   double window_s = 0;
   int64_t stale_tasks = 0, stale_completed = 0, stale_tokens = 0;

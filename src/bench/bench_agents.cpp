@@ -83,6 +83,8 @@ json result_json(const AgentsRun& r) {
           {"publishes", r.publishes},
           {"publish_failures", r.publish_failures},
           {"train_steps", r.train_steps},
+          {"train_phases", r.train_phases},
+          {"train_run_s", r.train_run_s},
           {"judge_calls", r.judge_calls},
           {"train_windows", r.windows},
           {"train_window_s", r.window_s},

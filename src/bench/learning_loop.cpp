@@ -131,8 +131,12 @@ void LearningLoop::submit_train() {
       return false;
     };
   }
-  t.on_done = [this](TaskOutcome o, const std::string&) {
+  t.on_done = [this](TaskOutcome o, const std::string& error) {
     if (o == TaskOutcome::kCompleted) submit_train();
+    if (o == TaskOutcome::kFailed) {
+      ++train_failures_;
+      std::fprintf(stderr, "bench: a training step failed: %s\n", error.c_str());
+    }
   };
   try {
     sched_.submit_background(std::move(t));
@@ -185,6 +189,8 @@ LearningResult LearningLoop::result() const {
   const TrainJobStatus st = job_->status();
   r.commits = st.commits;
   r.train_steps = st.step;
+  r.train_phases = st.phases;
+  r.train_run_s = st.run_s;
   r.publishes = publishes_.load();
   r.judge_calls = judges_.load();
   r.stale_tasks = stale_tasks_.load();

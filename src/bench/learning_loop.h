@@ -45,6 +45,8 @@ struct LearningResult {
   int64_t commits = 0, publishes = 0, train_steps = 0, judge_calls = 0;
   int64_t stale_tasks = 0, stale_completed = 0, stale_tokens = 0, stale_chunks = 0;
   int64_t publish_failures = 0;
+  int64_t train_phases = 0;    // trainer phases run
+  double train_run_s = 0;      // seconds in training steps
   int64_t windows = 0;         // kWindows: training windows run
   double window_s = 0;         // their time in all
 };
@@ -82,7 +84,7 @@ class LearningLoop {
   std::shared_ptr<TrainJob> job_;
   StalePrefill warm_;
   std::atomic<bool> stopping_{false};
-  std::atomic<int64_t> publishes_{0}, judges_{0}, stale_tasks_{0}, windows_{0}, publish_failures_{0};
+  std::atomic<int64_t> publishes_{0}, judges_{0}, stale_tasks_{0}, windows_{0}, publish_failures_{0}, train_failures_{0};
   std::atomic<double> window_s_{0};
   std::function<void(uint64_t)> on_publish_;
   std::thread publisher_, windows_thread_;
