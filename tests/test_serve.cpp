@@ -287,7 +287,8 @@ TEST_F(Serve, MetricsHaveTheCounters) {
         "ebb_queue_wait_seconds_count ", "ebb_queue_wait_seconds{quantile=\"0.99\"} ", "ebb_prefix_cache_hits_total ",
         "ebb_prefix_cache_lookups_total ", "ebb_memory_bytes{category=\"weights\"} ", "ebb_memory_bytes{category=\"kv\"} ",
         "ebb_memory_bytes{category=\"adapters\"} ", "ebb_requests_total{outcome=\"completed\"} ",
-        "ebb_http_responses_total{status=\"200\"} "})
+        "ebb_http_responses_total{status=\"200\"} ", "ebb_background_pending{reason=\"memory\"} ",
+        "ebb_background_pending{reason=\"window\"} ", "ebb_offload_requests_total{result=\"requested\"} "})
     EXPECT_NE(m.find(name), std::string::npos) << name << "\n" << m;
   const size_t at = m.find("\nebb_tokens_generated_total ");
   ASSERT_NE(at, std::string::npos);

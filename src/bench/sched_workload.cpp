@@ -10,19 +10,16 @@
 #include <random>
 #include <thread>
 
+#include "bench/learning_loop.h"
 #include "cli/options.h"
 #include "platform/error.h"
 #include "platform/timer.h"
 #include "runtime/generate.h"
 #include "runtime/scheduler.h"
 #include "runtime/session.h"
-#include "runtime/stale_prefill.h"
-#include "train/train_job.h"
 
 namespace ebb::cli {
 namespace {
-
-constexpr const char* kAdapter = "agent";
 
 std::vector<TokenId> random_tokens(std::mt19937_64& rng, int64_t n, int64_t n_vocab) {
   std::vector<TokenId> t(static_cast<size_t>(n));
@@ -36,36 +33,6 @@ GenerateOptions greedy(int64_t n) {
   go.sampling.temperature = 0;
   go.stop_at_eog = false;
   return go;
-}
-
-bool published(const Engine& e) {
-  for (const AdapterInfo& a : e.adapters().list())
-    if (a.name == kAdapter && a.published) return true;
-  return false;
-}
-
-// A judge call as a background task: its own session over the prompt, one
-// generation step per scheduler step.
-Task judge_task(Engine& engine, std::vector<TokenId> prompt, int64_t gen, SessionOptions so,
-                std::atomic<int64_t>* done) {
-  struct State {
-    std::unique_ptr<Session> session;
-    std::unique_ptr<Generation> gen;
-  };
-  auto st = std::make_shared<State>();
-  Task t;
-  t.desc.kind = "judge";
-  t.step = [&engine, st, prompt = std::move(prompt), gen, so] {
-    if (!st->gen) {
-      st->session = std::make_unique<Session>(engine, so);
-      st->gen = std::make_unique<Generation>(*st->session, prompt, greedy(gen), nullptr);
-    }
-    return st->gen->step();
-  };
-  t.on_done = [done](TaskOutcome o, const std::string&) {
-    if (o == TaskOutcome::kCompleted) ++*done;
-  };
-  return t;
 }
 
 }  // namespace
@@ -109,83 +76,8 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
   Scheduler sched(&engine, so);
   const int64_t n_vocab = engine.config().n_vocab;
 
-  // The training job, built on the scheduler thread (it owns the engine).
-  std::mt19937_64 data_rng(w.seed * 7919 + 3);
-  std::vector<TrainSample> samples;
-  for (int64_t i = 0; i < w.train_samples; ++i) {
-    TrainSample s;
-    s.tokens = random_tokens(data_rng, w.train_tokens, n_vocab);
-    s.weights.assign(s.tokens.size(), 0.0f);
-    for (size_t k = s.tokens.size() / 2; k < s.tokens.size(); ++k) s.weights[k] = 1.0f;
-    samples.push_back(std::move(s));
-  }
-  TrainerOptions topts;
-  topts.init.rank = w.rank;
-  topts.init.alpha = static_cast<float>(2 * w.rank);
-  topts.init.seed = w.seed;
-  topts.adamw.lr = 1e-3f;
-  topts.phase_target_s = w.phase_s;
-  TrainJobOptions jopts;
-  jopts.adapter = kAdapter;
-  jopts.steps = 1000000;  // until the agents are done
-  jopts.commit_every = w.commit_every;
-  jopts.publish_auto = false;
-  std::shared_ptr<TrainJob> job =
-      sched.call([&](Engine& e) { return TrainJob::make(e, std::move(samples), topts, jopts); }).get();
-  // Training arrives as one task per optimizer step (LOCAL's bounded
-  // background tasks: under FIFO a turn that arrives later waits for it),
-  // the next submitted when one ends. Preemptible: a unit is one trainer
-  // phase; non-preemptible: the whole step in one unit.
-  std::atomic<bool> stopping{false};
-  std::function<void()> submit_train;  // runs on the scheduler thread after the first
-  submit_train = [&] {
-    if (stopping.load() || job->finished()) return;
-    Task t = job->task(&sched);  // its descriptor: the trainer's estimates
-    const int64_t s0 = job->status().step;
-    if (preemptible) {
-      t.step = [job, s0] { return job->step() && job->status().step == s0; };
-    } else {
-      t.step = [job, s0] {
-        bool more = true;
-        while (more && job->status().step == s0) more = job->step();
-        return false;
-      };
-    }
-    t.on_done = [&](TaskOutcome o, const std::string&) {
-      if (o == TaskOutcome::kCompleted) submit_train();
-    };
-    try {
-      sched.submit_background(std::move(t));
-    } catch (const SchedulerBusy&) {
-    }
-  };
-  sched.call([&](Engine&) { submit_train(); }).get();
-
-  StalePrefill warm(engine, sched);  // stale-coverage prefill of each staged version
-  std::atomic<int64_t> publishes{0}, judges{0}, stale_tasks{0};
-  std::thread publisher([&] {
-    uint64_t last = 0;
-    while (!stopping.load()) {
-      const TrainJobStatus st = job->status();
-      if (st.version_staged > last) {
-        last = st.version_staged;
-        if (stale) stale_tasks += static_cast<int64_t>(warm.on_staged(kAdapter, last).get());
-        const double until = now_seconds() + w.publish_wait_s;
-        while (!stopping.load() && now_seconds() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        if (stopping.load()) break;
-        try {
-          // The latest staged version: the job drops a staged version that a
-          // newer one replaced before it was published.
-          last = std::max(last, job->publish(0));
-          ++publishes;
-        } catch (const Error& e) {
-          std::fprintf(stderr, "bench sched: publish: %s\n", e.what());
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
-
+  // Training, publishing, stale-coverage prefill and judge calls.
+  LearningLoop learn(engine, sched, w, preemptible ? TrainGranularity::kPhases : TrainGranularity::kSteps, stale);
   std::mutex mu;  // run's vectors
   const double t0 = now_seconds();
   std::vector<std::thread> agents;
@@ -206,8 +98,8 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
         req.prompt.insert(req.prompt.end(), user.begin(), user.end());
         req.options = greedy(w.gen);
         req.session = sopts;
-        if (published(engine)) req.adapters.push_back({kAdapter, 1.0f, 0});
-        const int64_t pubs = publishes.load();
+        if (learn.published()) req.adapters.push_back({kLearnedAdapter, 1.0f, 0});
+        const int64_t pubs = learn.publishes();
         const bool first_after_publish = pubs > seen_publishes && !req.adapters.empty();
         seen_publishes = pubs;
         const double t_submit = now_seconds();
@@ -236,10 +128,7 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
         std::vector<TokenId> judge = conv;
         const std::vector<TokenId> ask = random_tokens(rng, 8, n_vocab);
         judge.insert(judge.end(), ask.begin(), ask.end());
-        try {
-          sched.submit_background(judge_task(engine, std::move(judge), w.judge_gen, sopts, &judges));
-        } catch (const SchedulerBusy&) {
-        }
+        learn.judge(std::move(judge), sopts);
       }
     });
   }
@@ -249,26 +138,23 @@ SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::s
   // system's training gets the same wall time.
   while (now_seconds() - t0 < w.duration_s) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   run.run_s = now_seconds() - t0;
-  stopping = true;
-  publisher.join();
-  job->cancel();
+  learn.stop();
   const SchedulerMetrics m = sched.metrics();
   sched.shutdown(0);
-  const TrainJobStatus st = job->status();
   run.wait_p50 = m.wait_p50_s;
   run.wait_p95 = m.wait_p95_s;
   run.wait_p99 = m.wait_p99_s;
   run.wait_max = m.wait_max_s;
   run.wait_behind_s = m.wait_behind_s;
-  run.commits = st.commits;
-  run.train_steps = st.step;
-  run.publishes = publishes.load();
-  run.judge_calls = judges.load();
-  run.stale_tasks = stale_tasks.load();
-  const StalePrefillStats ws = warm.stats();
-  run.stale_completed = ws.tasks_completed;
-  run.stale_tokens = ws.tokens_prefilled;
-  run.stale_chunks = ws.chunks_inserted;
+  const LearningResult lr = learn.result();
+  run.commits = lr.commits;
+  run.train_steps = lr.train_steps;
+  run.publishes = lr.publishes;
+  run.judge_calls = lr.judge_calls;
+  run.stale_tasks = lr.stale_tasks;
+  run.stale_completed = lr.stale_completed;
+  run.stale_tokens = lr.stale_tokens;
+  run.stale_chunks = lr.stale_chunks;
   return run;
 }
 

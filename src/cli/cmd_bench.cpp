@@ -259,13 +259,15 @@ void add_bench_pressure_command(CLI::App* bench, int* rc);  // bench/bench_press
 void add_bench_train_command(CLI::App* bench, int* rc);   // bench/bench_train.cpp
 void add_bench_sched_command(CLI::App* bench, int* rc);   // bench/bench_sched.cpp
 void add_bench_grammar_command(CLI::App* bench, int* rc);  // bench/bench_grammar.cpp
+void add_bench_agents_command(CLI::App* bench, int* rc);  // bench/bench_agents.cpp
 
 void add_bench_command(CLI::App& app, int* rc) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Benchmarks: speed (tok/s against memory bandwidth), kvcodec (KV compression), budget (tok/s "
                "against a memory budget), ttft (time to first token after eviction), batch (concurrent streams), prefix "
                "(TTFT after a cached prefix), serve (decode through the HTTP server), train (LoRA training tok/s beside prefill), sched (scheduler policies on a mixed "
-               "workload), grammar (constrained decoding against none)");
+               "workload), grammar (constrained decoding against none), agents (multi-agent handoffs with pre-prefill, "
+               "training and publishes)");
   // Without a subcommand main names them (CLI11 would only say one is required).
   add_speed_command(bench, rc);
   add_kvcodec_command(bench, rc);
@@ -278,6 +280,7 @@ void add_bench_command(CLI::App& app, int* rc) {
   add_bench_train_command(bench, rc);
   add_bench_sched_command(bench, rc);
   add_bench_grammar_command(bench, rc);
+  add_bench_agents_command(bench, rc);
 }
 
 }  // namespace ebb::cli

@@ -122,6 +122,8 @@ struct Scheduler::BgItem {
   bool deferred_memory = false, deferred_window = false;  // counted once per episode
   double window_since = 0;  // when the window rule began holding it back on an idle engine (0: not)
   bool over_window = false;  // admissible now only by window_starvation_s
+  double offload_at = -1e9;  // when it last asked for an offload
+  bool offloaded = false;    // admitted only after an offload made room (counted once)
 };
 
 // An admitted foreground item (scheduler thread only).
@@ -322,7 +324,17 @@ SchedulerMetrics Scheduler::metrics() const {
   m.wait_p50_s = percentile(recent_waits_, 0.50);
   m.wait_p95_s = percentile(recent_waits_, 0.95);
   m.wait_p99_s = percentile(recent_waits_, 0.99);
+  m.bg_pending_memory = m.bg_pending_window = 0;
+  for (const auto& b : bg_queue_) {
+    m.bg_pending_memory += b->deferred_memory ? 1 : 0;
+    m.bg_pending_window += b->deferred_window ? 1 : 0;
+  }
   return m;
+}
+
+uint64_t Scheduler::memory_headroom() const {
+  const uint64_t free = free_memory();
+  return free > opts_.memory_reserve ? free - opts_.memory_reserve : 0;
 }
 
 uint64_t Scheduler::free_memory() const { return opts_.free_memory ? opts_.free_memory() : 0; }
@@ -383,7 +395,25 @@ bool Scheduler::no_foreground_locked() const { return fg_queue_.empty() && runni
 bool Scheduler::admissible_locked(BgItem& b, uint64_t free_mem, bool count) {
   const TaskDescriptor& d = b.task.desc;
   // m̂ + M_reserve <= M_free, without overflow.
-  const bool mem_ok = d.est_memory <= free_mem && opts_.memory_reserve <= free_mem - d.est_memory;
+  const auto fits = [&](uint64_t free) { return d.est_memory <= free && opts_.memory_reserve <= free - d.est_memory; };
+  bool mem_ok = fits(free_mem);
+  // Offload before admission: only when the task could run now (count),
+  // and not again before offload_retry_s.
+  if (!mem_ok && count && opts_.offload &&
+      std::find(opts_.offload_kinds.begin(), opts_.offload_kinds.end(), d.kind) != opts_.offload_kinds.end() &&
+      now_seconds() - b.offload_at >= opts_.offload_retry_s) {
+    b.offload_at = now_seconds();
+    const uint64_t need = d.est_memory + opts_.memory_reserve;
+    const uint64_t shortfall = need > free_mem ? need - free_mem : 1;
+    ++m_.offload_requests;
+    m_.offload_freed_bytes += opts_.offload(shortfall);
+    mem_ok = fits(free_memory());
+    if (mem_ok && !b.offloaded) {
+      b.offloaded = true;
+      ++m_.offload_admitted;
+    }
+    if (!mem_ok) ++m_.offload_short;
+  }
   // ŷ + δ <= W_bg.
   bool win_ok = d.next_yield_s + opts_.margin_s <= window_s_;
   if (count) {

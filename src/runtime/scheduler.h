@@ -209,6 +209,17 @@ struct SchedulerOptions {
   // Bytes in use, read before and after each background step to measure
   // its memory (m̂). Default: the engine's ledger (none without an engine).
   std::function<uint64_t()> used_memory;
+  // Offload before admission (LOCAL §6.2; runtime/offload_admission.h): a
+  // background task of one of `offload_kinds` that the memory rule holds
+  // back, while background work could run, asks `offload` for the bytes it
+  // is short (m̂ + M_reserve - M_free) and is admitted when M_free then
+  // suffices; otherwise it stays pending (SchedulerMetrics::bg_pending_memory)
+  // and asks again after offload_retry_s. offload runs on the scheduler
+  // thread under its lock (between steps: it may use the engine, never the
+  // scheduler) and returns the bytes it freed. nullptr: no offload.
+  std::function<uint64_t(uint64_t bytes)> offload;
+  std::vector<std::string> offload_kinds = {"train", "prefill", "maintenance"};
+  double offload_retry_s = 0.5;
   // How often the scheduler thread refreshes the engine snapshot (footprint,
   // prefix cache) that metrics() returns.
   double snapshot_interval_s = 0.25;
@@ -241,6 +252,13 @@ struct SchedulerMetrics {
   int64_t bg_deferred_memory = 0, bg_deferred_window = 0;  // times a task was held back by each rule
   int64_t bg_over_window = 0;  // steps admitted past the window rule after window_starvation_s
   double bg_busy_s = 0;
+  // Waiting background tasks held back, at their last check, by each rule
+  // (the reasons /metrics shows as ebb_background_pending{reason=...}).
+  int64_t bg_pending_memory = 0, bg_pending_window = 0;
+  // Offload before admission: requests made, bytes they freed, tasks
+  // admitted after one, requests that could not make enough room.
+  int64_t offload_requests = 0, offload_admitted = 0, offload_short = 0;
+  uint64_t offload_freed_bytes = 0;
   // The engine at the last snapshot (empty without an engine).
   bool has_engine = false;
   Footprint footprint;
@@ -295,6 +313,9 @@ class Scheduler {
   void set_background_window(double seconds);
 
   SchedulerMetrics metrics() const;
+  // M_free - M_reserve (0 when under): what background work may take now.
+  // Thread-safe (calls options().free_memory).
+  uint64_t memory_headroom() const;
   const SchedulerOptions& options() const { return opts_; }
   // The descriptor of a waiting or running task, with its current estimates.
   std::optional<TaskDescriptor> descriptor(TaskId id) const;

@@ -109,6 +109,17 @@ std::string Server::Impl::metrics() const {
   metric(o, "ebb_background_over_window_total", "counter",
          "Background steps run past the window rule after waiting on an idle engine (window_starvation_s)");
   sample(o, "ebb_background_over_window_total", static_cast<double>(m.bg_over_window));
+  metric(o, "ebb_background_pending", "gauge",
+         "Waiting background tasks held back at their last check, by reason (memory: m + reserve > free; window)");
+  sample(o, "ebb_background_pending" + label("reason", "memory"), static_cast<double>(m.bg_pending_memory));
+  sample(o, "ebb_background_pending" + label("reason", "window"), static_cast<double>(m.bg_pending_window));
+  metric(o, "ebb_offload_requests_total", "counter",
+         "Offload requests made before admitting a background task, by result");
+  sample(o, "ebb_offload_requests_total" + label("result", "requested"), static_cast<double>(m.offload_requests));
+  sample(o, "ebb_offload_requests_total" + label("result", "admitted"), static_cast<double>(m.offload_admitted));
+  sample(o, "ebb_offload_requests_total" + label("result", "short"), static_cast<double>(m.offload_short));
+  metric(o, "ebb_offload_freed_bytes_total", "counter", "Bytes offload requests gave back");
+  sample(o, "ebb_offload_freed_bytes_total", static_cast<double>(m.offload_freed_bytes));
   metric(o, "ebb_prefix_cache_lookups_total", "counter", "Prefix cache lookups");
   sample(o, "ebb_prefix_cache_lookups_total", static_cast<double>(m.prefix_cache.lookups));
   metric(o, "ebb_prefix_cache_hits_total", "counter", "Prefix cache lookups that found a prefix");

@@ -1,0 +1,108 @@
+// The multi-agent workload of ebb bench agents (bench_agents.cpp): a
+// tau-bench-retail-shaped replay of customer tasks, each worked by three
+// agents over several steps, on one engine's scheduler, with the learning
+// loop of bench sched (training, commits, publishes, judge calls,
+// stale-coverage prefill: bench/learning_loop.h) running beside it.
+//
+//   a task     a user request (user_tokens) and the retail context it
+//              brings (order and catalog records: context_tokens), then
+//              `steps` steps of
+//                planner   its system prompt + the task history + a step
+//                          instruction -> a plan (gen tokens)
+//                          hands off to the tool agent and the critic
+//                tool      its system prompt + history -> a tool call
+//                          (gen tokens), then a synthetic tool result
+//                          (tool_result_tokens) joins the history;
+//                          hands off to the critic
+//                critic    its system prompt + history -> a verdict
+//                          (gen tokens); a judge call scores the step;
+//                          hands off to the planner of the next step
+//              with handoff_delay_s between a handoff and the target's
+//              request (tool dispatch, the agents' own latency).
+//   agents     each its own context namespace and system prompt; the tool
+//              agent binds the trained adapter once it has a published
+//              version (following publishes), the others the base model.
+//   replay     the answers that join the history are the script's (seeded
+//              tokens of the answers' length), so every system sees the
+//              same foreground sequence whatever its adapter versions
+//              generate.
+//
+// Systems: ebb (foreground-first, cross-agent pre-prefill, stale-coverage
+// prefill, phase-sized training), no-preprefill, no-stale-prefill,
+// sleep-train-wake (no pre-prefill or warm-up; training in whole windows
+// that stop serving: TrainGranularity::kWindows), fifo and round-robin
+// (ebb's mechanisms under those policies).
+//
+// Memory (kv_budget > 0, Figure 12): the scheduler sees a device of
+// kv_budget bytes for KV (sessions' and cached), compressed KV and
+// training state above the weights; training and cache maintenance are
+// admitted after offloading cached KV (runtime/offload_admission.h), and
+// pre-prefill chunks shrink under pressure.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/sched_workload.h"
+#include "runtime/engine.h"
+
+namespace ebb::cli {
+
+struct AgentsWorkload {
+  int tasks = 6;
+  int concurrency = 2;           // tasks in flight
+  int steps = 3;                 // planner -> tool -> critic steps per task
+  int64_t system_tokens = 48;    // each agent's system prompt
+  int64_t user_tokens = 32;
+  int64_t context_tokens = 320;  // the task's retail records
+  int64_t tool_result_tokens = 64;
+  int64_t instruction_tokens = 8;
+  int64_t gen = 8;               // tokens of each answer
+  double handoff_delay_s = 1.0;
+  double window_gap_s = 2.0;     // sleep-train-wake: serving time between training windows
+  // Figure 12's knobs.
+  uint64_t kv_budget = 0;        // bytes (0: the machine's free memory, no offload)
+  int hot_prefixes = 8;          // stale-coverage prefill's prefixes per staged version
+  int64_t chunk_tokens = 128;    // pre-prefill and stale prefill tokens per step
+  SchedWorkload learn;           // training, judge, publishing, W_bg, duration and seed
+};
+
+// Throws UsageError for values that cannot run.
+void validate(const AgentsWorkload& w);
+nlohmann::json workload_json(const AgentsWorkload& w);
+bool agents_system_known(const std::string& system);
+
+struct AgentsRun {
+  std::string system;
+  uint64_t kv_budget = 0;
+  int hot_prefixes = 0;
+  int64_t chunk_tokens = 0;
+  double wall_s = 0, run_s = 0;
+  int64_t turns = 0;
+  std::vector<double> ttft_s;  // per turn, submission to the first sampled token
+  std::map<std::string, std::vector<double>> ttft_by_agent;
+  double wait_p50 = 0, wait_p95 = 0, wait_p99 = 0, wait_max = 0;
+  int64_t commits = 0, publishes = 0, publish_failures = 0, train_steps = 0, judge_calls = 0;
+  int64_t train_phases = 0;
+  double train_run_s = 0;
+  int64_t windows = 0;
+  double window_s = 0;
+  int64_t stale_tasks = 0, stale_completed = 0, stale_tokens = 0;
+  int64_t preprefill_tasks = 0, preprefill_completed = 0, preprefill_tokens = 0, preprefill_stale = 0;
+  int64_t preprefill_shrunk_steps = 0, preprefill_min_chunk = 0;
+  double preprefill_s = 0;
+  int64_t cached_tokens = 0, prompt_tokens = 0;  // foreground prompt tokens, and of them taken from the cache
+  int64_t offload_requests = 0, offload_short = 0, bg_pending_memory = 0;
+  uint64_t offload_freed = 0;
+  uint64_t peak_rss_bytes = 0;  // the process's, over this run (VmHWM after a reset)
+  std::map<std::string, double> wait_behind_s;
+};
+
+// Runs the workload to its end on `engine` (fresh: nothing cached, no
+// adapter) under `system`.
+AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std::string& system);
+
+}  // namespace ebb::cli

@@ -1,0 +1,94 @@
+// The learning side of the synthetic workloads of ebb bench sched and ebb
+// bench agents, on one engine's scheduler: a LoRA training job on fixed
+// samples (adapter "agent"), a publisher that publishes each staged version
+// publish_wait_s after it was staged (with stale-coverage prefill of the
+// staged version meanwhile, when on), and judge calls as background tasks.
+//
+// Training comes in one of three granularities:
+//   kPhases   one task per optimizer step, one trainer phase per scheduler
+//             step (preemptible at phase boundaries: ebb's way);
+//   kSteps    one task per optimizer step, the whole step in one unit
+//             (non-preemptible training);
+//   kWindows  sleep/train/wake (the full-LoRA serving path of LOCAL §7.4):
+//             every window_gap_s a control call stops serving at the next
+//             step boundary and runs commit_every whole optimizer steps
+//             (a full training window, ending in a commit) before serving
+//             resumes. ebb keeps the weights mapped, so the window has no
+//             sleep or wake cost of its own: the baseline is, if anything,
+//             kinder than the real one.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/sched_workload.h"
+#include "runtime/engine.h"
+#include "runtime/scheduler.h"
+#include "runtime/stale_prefill.h"
+
+namespace ebb {
+class TrainJob;
+}
+
+namespace ebb::cli {
+
+inline constexpr const char* kLearnedAdapter = "agent";
+
+enum class TrainGranularity { kPhases, kSteps, kWindows };
+
+struct LearningResult {
+  int64_t commits = 0, publishes = 0, train_steps = 0, judge_calls = 0;
+  int64_t stale_tasks = 0, stale_completed = 0, stale_tokens = 0, stale_chunks = 0;
+  int64_t publish_failures = 0;
+  int64_t train_phases = 0;    // trainer phases run
+  double train_run_s = 0;      // seconds in training steps
+  int64_t windows = 0;         // kWindows: training windows run
+  double window_s = 0;         // their time in all
+};
+
+class LearningLoop {
+ public:
+  // Starts training (w's train_* , rank, commit_every, phase_s, seed) and
+  // the publisher (publish_wait_s). on_publish (optional) is called on the
+  // publisher thread after each publish with the version published.
+  LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload& w, TrainGranularity g, bool stale_prefill,
+               double window_gap_s = 1.0, std::function<void(uint64_t)> on_publish = {},
+               StalePrefillOptions stale_opts = {});
+  // stop(). Shut the scheduler down first: its tasks call back into this.
+  ~LearningLoop();
+  LearningLoop(const LearningLoop&) = delete;
+  LearningLoop& operator=(const LearningLoop&) = delete;
+
+  // A judge call: a background task over `prompt`, w.judge_gen greedy tokens.
+  void judge(std::vector<TokenId> prompt, SessionOptions so);
+  // Whether the adapter has a published version (requests bind it then).
+  bool published() const;
+  int64_t publishes() const { return publishes_.load(); }
+  // Stops training, publishing and the windows; the scheduler keeps running.
+  void stop();
+  // After stop().
+  LearningResult result() const;
+
+ private:
+  void submit_train();
+  Engine& engine_;
+  Scheduler& sched_;
+  SchedWorkload w_;
+  TrainGranularity g_;
+  bool stale_;
+  std::shared_ptr<TrainJob> job_;
+  StalePrefill warm_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> publishes_{0}, judges_{0}, stale_tasks_{0}, windows_{0}, publish_failures_{0}, train_failures_{0};
+  std::atomic<double> window_s_{0};
+  std::function<void(uint64_t)> on_publish_;
+  std::thread publisher_, windows_thread_;
+  bool stopped_ = false;
+};
+
+}  // namespace ebb::cli

@@ -1,0 +1,73 @@
+// ebb bench agents on the tiny stories model (seconds): every system
+// prints its row with the fields scripts read; pre-prefill runs only in the
+// systems that have it and makes the targets' prompts come from the prefix
+// cache; sleep-train-wake trains in windows; the KV-budget sweep runs ebb
+// under each budget with commits; bad values are refused by name.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "support.h"
+
+namespace ebb {
+namespace {
+
+using test::CliResult;
+using test::run_cli;
+
+const std::string kSmall =
+    " --threads 1 --tasks 1 --concurrency 1 --steps 2 --context-tokens 160 --tool-result-tokens 32 --gen 4"
+    " --handoff-delay 0.5 --train-samples 2 --train-tokens 16 --rank 2 --commit-every 1 --publish-wait 0.1"
+    " --window-gap 0.3 --duration 3 --json";
+
+TEST(BenchAgents, EachSystemReportsItsRowAndPrePrefillFillsTheCache) {
+  const std::string model = test::model_path("stories260K.gguf");
+  const CliResult r =
+      run_cli("bench agents -m " + model + kSmall + " --systems ebb,no-preprefill,sleep-train-wake --kv-budget 4");
+  ASSERT_EQ(r.status, 0) << r.err;
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
+  ASSERT_EQ(j["systems"].size(), 3u);
+  for (const auto& s : j["systems"]) {
+    for (const char* k : {"system", "ttft_mean_s", "ttft_p95_s", "ttft_p99_s", "wait_p95_s", "wait_p99_s", "commits",
+                          "publishes", "preprefill_tasks", "preprefill_s", "attribution", "peak_rss_bytes"})
+      EXPECT_TRUE(s.contains(k)) << k;
+    EXPECT_EQ(s["turns"], 6);  // 2 steps of planner, tool, critic: the same sequence for every system
+    EXPECT_GT(s["peak_rss_bytes"].get<double>(), 0);
+  }
+  const auto& ebb = j["systems"][0];
+  const auto& nopp = j["systems"][1];
+  const auto& stw = j["systems"][2];
+  EXPECT_EQ(ebb["system"], "ebb");
+  EXPECT_GT(ebb["preprefill_tasks"].get<int>(), 0);
+  EXPECT_GT(ebb["preprefill_tokens"].get<int>(), 0);
+  EXPECT_EQ(nopp["preprefill_tasks"], 0);
+  EXPECT_EQ(stw["preprefill_tasks"], 0);
+  // The targets' prefixes were in the cache when their requests came.
+  EXPECT_GT(ebb["cached_tokens"].get<int>(), nopp["cached_tokens"].get<int>());
+  EXPECT_GT(stw["train_windows"].get<int>(), 0);
+  EXPECT_EQ(ebb["train_windows"], 0);
+  EXPECT_GT(ebb["commits"].get<int>(), 0);
+  // The sweep: ebb under a 4 MiB budget, training admitted.
+  ASSERT_EQ(j["sweep"].size(), 1u);
+  EXPECT_EQ(j["sweep"][0]["kv_budget_bytes"], 4u << 20);
+  EXPECT_GT(j["sweep"][0]["commits"].get<int>(), 0);
+  EXPECT_EQ(j["sweep"][0]["publish_failures"], 0);
+}
+
+TEST(BenchAgents, RefusesBadValuesByName) {
+  const std::string model = test::model_path("stories260K.gguf");
+  CliResult r = run_cli("bench agents -m " + model + " --systems ebb,warp");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("unknown system 'warp'"), std::string::npos) << r.err;
+  r = run_cli("bench agents -m " + model + " --kv-budget 0");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--kv-budget"), std::string::npos) << r.err;
+  r = run_cli("bench agents -m " + model + " --steps 0");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--steps"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace ebb
