@@ -157,9 +157,10 @@ TEST(CApi, BadOptionsNameTheField) {
 
   o = ebb_engine_options_default();
   o.model_path = model.c_str();
-  o.kv_chunk_size = 0;
+  o.kv_chunk_size = -1;
   EXPECT_EQ(ebb_engine_load(&o, &e), EBB_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(last_error(), "kv_chunk_size = 0")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "kv_chunk_size = -1")) << last_error();
+  EXPECT_EQ(ebb_engine_options_default().kv_chunk_size, 0) << "the default sizes the chunk from the context";
 
   o = ebb_engine_options_default();
   o.model_path = model.c_str();

@@ -485,7 +485,10 @@ TEST(Scheduler, ControlCallsRunOnTheSchedulerThreadBetweenSteps) {
   Scheduler sched(e.get());
   GenerationRequest r;
   r.prompt = e->tokenizer().encode("Once upon a time");
-  r.options = greedy(200);
+  // Thousands of tokens (seconds), so that it is still running when the
+  // calls come however loaded the machine is; it ends by the cancel below.
+  r.session.n_ctx = 8192;
+  r.options = greedy(8000);
   auto stream = sched.submit_generation(std::move(r));
   ASSERT_TRUE(stream->next(5.0));  // it runs
   // A call made while the generation runs is answered between its steps,

@@ -335,7 +335,7 @@ TEST_F(ServeTools, TheOfficialClientCallsTools) {
 TEST(ServeToolsFallback, AServerWithoutATemplateRefusesToolsByName) {
   ServerProcess server({"--api-key", kKey, "--quiet"});
   ASSERT_GT(server.port(), 0) << server.first_line();
-  auto c = client(server.port(), /*with_key=*/false);
+  auto c = client(server.port());
   const json req = {{"model", "stories260K"},
                     {"messages", {user("hi")}},
                     {"tools", {weather_tool()}},

@@ -109,7 +109,7 @@ typedef struct ebb_engine_options {
   size_t struct_size;         /* sizeof(ebb_engine_options), set by the default */
   const char* model_path;     /* GGUF file; required (default NULL) */
   int32_t n_threads;          /* compute threads, >= 0; 0: all hardware threads */
-  int64_t kv_chunk_size;      /* tokens per KV chunk, > 0 (default 256) */
+  int64_t kv_chunk_size;      /* tokens per KV chunk, >= 0 (default 0: from each session's context, 256 from 1024 tokens, less below) */
   int64_t prefill_batch;      /* tokens per prefill micro-batch, > 0 (default 64) */
   uint64_t memory_limit;      /* bytes of weights + KV + compressed KV in RAM; 0: none.
                                  Over it, layers are evicted and streamed. */

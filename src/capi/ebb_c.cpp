@@ -483,8 +483,9 @@ ebb_status ebb_engine_load(const ebb_engine_options* options, ebb_engine** out) 
     const ebb_engine_options& o = *options;
     if (!o.model_path) fail(EBB_ERR_INVALID_ARGUMENT, "options.model_path is NULL");
     check_range(o.n_threads >= 0, "options.n_threads = " + std::to_string(o.n_threads) + " is negative (0: all hardware threads)");
-    check_range(o.kv_chunk_size >= 1 && o.kv_chunk_size <= (1 << 20),
-                "options.kv_chunk_size = " + std::to_string(o.kv_chunk_size) + " is outside [1, 1048576]");
+    check_range(o.kv_chunk_size >= 0 && o.kv_chunk_size <= (1 << 20),
+                "options.kv_chunk_size = " + std::to_string(o.kv_chunk_size) +
+                    " is outside [0, 1048576] (0: sized from each session's context)");
     check_range(o.prefill_batch >= 1 && o.prefill_batch <= (1 << 20),
                 "options.prefill_batch = " + std::to_string(o.prefill_batch) + " is outside [1, 1048576]");
     check_readable_file(o.model_path, "model file");
