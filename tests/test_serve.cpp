@@ -277,10 +277,20 @@ TEST_F(Serve, TokenizeAndDetokenizeRoundTrip) {
 
 TEST_F(Serve, MetricsHaveTheCounters) {
   ASSERT_EQ(post(*c_, "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 4}, {"ignore_eos", true}}).status, 200);
-  auto res = c_->Get("/metrics");
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200);
-  const std::string& m = res->body;
+  // Counters of a request are published when its response has gone (the
+  // HTTP status) and at the scheduler's next snapshot: read until they show.
+  std::string m;
+  for (const auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
+    auto res = c_->Get("/metrics");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200);
+    m = res->body;
+    const size_t at = m.find("\nebb_tokens_generated_total ");
+    if (m.find("ebb_http_responses_total{status=\"200\"} ") != std::string::npos && at != std::string::npos &&
+        std::atof(m.c_str() + at + std::strlen("\nebb_tokens_generated_total ")) >= 4.0)
+      break;
+    std::this_thread::sleep_for(50ms);
+  }
   for (const char* name :
        {"ebb_tokens_generated_total ", "ebb_prompt_tokens_total ", "ebb_prompt_tokens_cached_total ",
         "ebb_decode_tokens_per_second ", "ebb_queue_length{class=\"foreground\"} ", "ebb_queue_length{class=\"background\"} ",
