@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds ebb and runs every test: the release suite through CTest, the C API
 # installed into a temporary prefix and used from C (scripts/test_install.sh) and
-# docs/c-api.md's commands run as written (scripts/test_c_api_doc.sh), the kernel
+# docs/c-api.md's and the README's commands run as written (test_c_api_doc.sh, check_readme.sh), the kernel
 # tests cross-built for aarch64 under qemu-user (EBB_SKIP_ARM=1 skips them),
 # then the GGUF mutation test again under AddressSanitizer + UBSan, the
 # libFuzzer targets of the request and template parsers (EBB_SKIP_FUZZ=1
@@ -28,6 +28,9 @@ echo "== install job: the C example built against an installed copy (pkg-config,
 bash scripts/test_install.sh build
 echo "== install job: docs/c-api.md's commands, as written =="
 bash scripts/test_c_api_doc.sh
+echo "== install job: the README's commands, as written (stories260K for the downloaded model) =="
+bash scripts/check_readme.sh > /tmp/ebb-check-readme.log 2>&1 || { tail -n 40 /tmp/ebb-check-readme.log; exit 1; }
+tail -n 1 /tmp/ebb-check-readme.log
 lap "install job"
 
 if [ "${EBB_SKIP_ARM:-0}" != 1 ]; then
