@@ -516,10 +516,45 @@ TEST_F(SynthTest, ChatTemplateIsStoredAndItsMarkersAreSingleTokens) {
   EXPECT_EQ(tok->decode(ids, /*special=*/true), "<|im_start|> user\nhi<|im_end|><tool_call>");
   Engine engine(engine_options(path));
   EXPECT_EQ(engine.model().chat_template(), o.chat_template);
+  EXPECT_TRUE(tok->is_control(im_start));
+  EXPECT_FALSE(tok->is_control(ids.back())) << "<tool_call> is text, as in Qwen's own files";
   // Without a template the vocabulary is as before: no marker tokens.
   const auto plain = Tokenizer::from_gguf(*GgufFile::open(write(shape("tiny"), "q8_0")));
   EXPECT_EQ(plain->eos(), 2);
   EXPECT_GT(plain->encode("<|im_start|>", {.add_bos = false, .parse_special = true}).size(), 1u);
+}
+
+// A control-token marker (Mistral's [TOOL_CALLS]) renders as nothing in
+// generated text unless the generation shows it, as the server does for the
+// chat format's preserved tokens so that its parser sees the call.
+TEST_F(SynthTest, ShownSpecialTokensReachTheGeneratedText) {
+  SynthOptions o;
+  o.shape = shape("tiny");
+  o.type = *parse_synth_type("q8_0");
+  o.chat_template = golden_template("mistralai-Mistral-Nemo-Instruct-2407");
+  const std::string path = dir + "/mistral.gguf";
+  write_synth_model(o, path);
+  Engine engine(engine_options(path));
+  const Tokenizer& tok = engine.tokenizer();
+  const std::vector<TokenId> marker = tok.encode("[TOOL_CALLS]", {.add_bos = false, .parse_special = true});
+  ASSERT_EQ(marker.size(), 1u);
+  ASSERT_TRUE(tok.is_control(marker[0]));
+  const auto run = [&](bool shown) {
+    GenerateOptions go;
+    go.max_tokens = 3;
+    go.sampling.temperature = 0;
+    go.sampling.logit_bias = {{marker[0], 100.0f}};  // the marker, every step
+    if (shown) go.shown_special_tokens = marker;
+    Session s(engine);
+    std::string text;
+    generate(s, tok.encode("Once"), go, [&](std::string_view piece) {
+      text += piece;
+      return true;
+    });
+    return text;
+  };
+  EXPECT_EQ(run(false), "");
+  EXPECT_EQ(run(true), "[TOOL_CALLS][TOOL_CALLS][TOOL_CALLS]");
 }
 
 TEST_F(SynthTest, CommandLineWritesListsAndRejects) {

@@ -162,7 +162,7 @@ struct Vocab {
 };
 
 // SentencePiece token types (GGUF tokenizer.ggml.token_type).
-constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUnused = 5, kByte = 6;
+constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6;
 
 Vocab make_vocab(int64_t n_vocab, const std::vector<std::string>& specials) {
   Vocab v;
@@ -181,7 +181,10 @@ Vocab make_vocab(int64_t n_vocab, const std::vector<std::string>& specials) {
   add("</s>", 0.f, kControl);
   static constexpr char kHex[] = "0123456789ABCDEF";
   for (int b = 0; b < 256; ++b) add({'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'}, 0.f, kByte);
-  for (const std::string& t : specials) add(t, 0.f, kControl);
+  // Markers as the families' real files type them: "<|...|>" and "[...]"
+  // control tokens (text only when asked for), tags such as <tool_call>
+  // user-defined (always text).
+  for (const std::string& t : specials) add(t, 0.f, t[0] == '<' && t[1] != '|' ? kUserDefined : kControl);
   // Pieces, most "frequent" (highest score) first.
   const std::string sp = "\xE2\x96\x81";  // "▁"
   float score = 0.f;

@@ -1,6 +1,8 @@
 // Tokenizer::from_gguf (picks the algorithm) and StreamDecoder.
 #include "model/tokenizer.h"
 
+#include <algorithm>
+
 #include "model/gguf.h"
 #include "model/tokenizer_bpe.h"
 #include "model/tokenizer_spm.h"
@@ -20,7 +22,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
 }
 
 std::string StreamDecoder::push(TokenId id) {
-  std::string piece = tok_.token_to_piece(id);
+  const bool special = std::find(shown_.begin(), shown_.end(), id) != shown_.end();
+  std::string piece = tok_.token_to_piece(id, special);
   // Same rule as Tokenizer::decode: a leading BOS passes through, and the
   // first token after it loses the SentencePiece space prefix.
   if (!(first_ && !seen_any_ && id == tok_.bos())) {

@@ -75,9 +75,13 @@ class StreamDecoder {
   std::string push(TokenId id);
   // Whatever is held back (invalid or truncated bytes), at the end.
   std::string flush();
+  // Control tokens whose text is shown all the same (a family's tool-call
+  // markers, such as Mistral's [TOOL_CALLS], that a parser must see).
+  void show_special(std::vector<TokenId> ids) { shown_ = std::move(ids); }
 
  private:
   const Tokenizer& tok_;
+  std::vector<TokenId> shown_;
   std::string pending_;   // bytes of an incomplete UTF-8 character
   bool first_;            // no token after the leading BOS yet
   bool seen_any_ = false; // any token pushed yet

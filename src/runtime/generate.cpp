@@ -85,6 +85,7 @@ Generation::Generation(Session& session, std::span<const TokenId> prompt, const 
   session_.append(prompt);  // throws with the session unchanged when it does not fit
   // Penalties see the conversation so far.
   for (TokenId t : session_.tokens()) sampler_.accept(t);
+  decoder_.show_special(opts_.shown_special_tokens);
   // The grammar sees only what is generated from here on.
   if (opts_.constraint) sampler_.set_constraint(opts_.constraint);
 }

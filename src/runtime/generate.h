@@ -34,6 +34,10 @@ struct GenerateOptions {
   // Generation ends (StopReason::kStopString) when one of these tokens is
   // sampled, whether or not stop_at_eog; its text is not emitted.
   std::vector<TokenId> stop_tokens;
+  // Control tokens whose text the generated text includes (a chat format's
+  // preserved tokens: Mistral's [TOOL_CALLS], Llama 3's <|python_tag|>);
+  // other control tokens render as nothing.
+  std::vector<TokenId> shown_special_tokens;
   // -1: no log-probabilities; k >= 0: each sampled token's (runtime/
   // logprobs.h: the model's distribution) with its k most likely alternatives.
   int logprobs = -1;

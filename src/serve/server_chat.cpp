@@ -122,6 +122,15 @@ std::vector<TokenId> Server::Impl::prompt_tokens(const CompletionRequest& r, Gen
     }
     fmt.open_think = prompt_opens_think(text, fmt);
     for (const std::string& s : fmt.stop_strings) go.stop_strings.push_back(s);
+    // The family's markers reach the text (and so the parser) even where
+    // the vocabulary holds them as control tokens.
+    EncodeOptions one;
+    one.add_bos = false;
+    one.parse_special = true;
+    for (const std::string& m : fmt.preserved_tokens) {
+      const std::vector<TokenId> ids = tok.encode(m, one);
+      if (ids.size() == 1 && tok.is_control(ids[0])) go.shown_special_tokens.push_back(ids[0]);
+    }
     // A template that writes the BOS text itself gets no second one.
     const std::string& bos = opts.chat_template->bos_token();
     if (!bos.empty() && text.compare(0, bos.size(), bos) == 0) eo.add_bos = false;
