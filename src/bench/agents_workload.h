@@ -63,7 +63,7 @@ struct AgentsWorkload {
   int64_t gen = 8;               // tokens of each answer
   double handoff_delay_s = 1.0;
   double window_gap_s = 2.0;     // sleep-train-wake: serving time between training windows
-  int64_t window_steps = 5;      // sleep-train-wake: optimizer steps per window (LOCAL: 9.7 s of training)
+  int64_t window_steps = 5;      // sleep-train-wake: optimizer steps per window
   bool window_reload = true;     // sleep-train-wake: drop the prefix cache at sleep, read the model back at wake
   std::string model_path;        // the model file (sleep-train-wake's wake reads it)
   // Figure 12's knobs.

@@ -46,7 +46,7 @@ enum class TrainGranularity { kPhases, kSteps, kWindows };
 // about 12.1 s: 1.0 s to sleep, 9.7 s to train, 1.5 s to wake; its
 // training part is many optimizer steps, not one.
 struct SleepWakeOptions {
-  int64_t steps = 5;          // optimizer steps per window (about 10 s of training here)
+  int64_t steps = 5;          // optimizer steps per window
   bool drop_cache = true;     // sleep: drop the prefix cache and spare KV buffers
   std::string reload_path;    // wake: read this file (the model) back in ("": no reload)
 };
