@@ -47,6 +47,11 @@ TEST(BenchAgents, EachSystemReportsItsRowAndPrePrefillFillsTheCache) {
   // The targets' prefixes were in the cache when their requests came.
   EXPECT_GT(ebb["cached_tokens"].get<int>(), nopp["cached_tokens"].get<int>());
   EXPECT_GT(stw["train_windows"].get<int>(), 0);
+  // Each window: a sleep, --window-steps (5) optimizer steps with their
+  // commits staged before serving resumes, a wake that reads the model back.
+  EXPECT_EQ(stw["commits"].get<int>(), 5 * stw["train_windows"].get<int>());
+  EXPECT_GT(stw["train_window_wake_s"].get<double>(), 0);
+  EXPECT_GE(stw["train_window_sleep_s"].get<double>(), 0);
   EXPECT_EQ(ebb["train_windows"], 0);
   EXPECT_GT(ebb["commits"].get<int>(), 0);
   // The sweep: ebb under a 4 MiB budget, training admitted.
@@ -67,6 +72,9 @@ TEST(BenchAgents, RefusesBadValuesByName) {
   r = run_cli("bench agents -m " + model + " --steps 0");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--steps"), std::string::npos) << r.err;
+  r = run_cli("bench agents -m " + model + " --window-steps 0");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--window-steps"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -247,6 +247,59 @@ TEST(Scheduler, WithoutStarvationTimeATaskPastTheWindowNeverRuns) {
   EXPECT_EQ(s.metrics().bg_over_window, 0);
 }
 
+// Cross-agent pre-prefill and stale-coverage prefill come as a stream of
+// tasks with utility > 0; training and judge calls have utility 0. Ordered
+// by utility alone, the training task never runs while the stream lasts
+// (ebb bench agents' training stalled after one step this way); with aging,
+// it is picked once it has been passed over for background_aging_s of
+// other tasks' steps, and the stream still gets most of the time.
+TEST(Scheduler, ATrainingTaskProgressesBesideAStreamOfHigherUtilityTasks) {
+  for (const double aging : {0.0, 0.05}) {
+    SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+    o.background_aging_s = aging;
+    Recorder rec;
+    Gate gate;
+    std::atomic<int> stream_steps{0}, train_steps{0}, during{-1};
+    {
+      Scheduler s(nullptr, o);
+      s.submit(gate.task(rec));
+      ASSERT_TRUE(wait_until([&] { return gate.entered.load(); }));
+      Task train = fake(kBg, "train", "T", 1000, rec, 2ms, [&train_steps](int n) { train_steps = n; });
+      train.desc.utility = 0;
+      s.submit_background(std::move(train));
+      // Pre-prefill tasks of 20 steps of 5 ms each, the next one submitted
+      // before the current one ends, so one always waits.
+      std::function<void()> next;
+      std::atomic<int> submitted{0};
+      next = [&] {
+        if (submitted.fetch_add(1) >= 10) return;
+        Task p = fake(kBg, "preprefill", "P", 20, rec, 5ms, [&](int n) {
+          if (++stream_steps == 200) during = train_steps.load();  // as the stream ends
+          if (n == 10) next();
+        });
+        p.desc.utility = 1.0 + 0.1 * submitted.load();
+        s.submit_background(std::move(p));
+      };
+      next();
+      gate.open.set_value();
+      ASSERT_TRUE(wait_until([&] { return during.load() >= 0; }, 20000ms));
+      if (aging == 0) {
+        EXPECT_EQ(during.load(), 0) << "utility alone: the stream goes first";
+        EXPECT_EQ(s.metrics().bg_aged, 0);
+      } else {
+        // 200 stream steps of >= 5 ms: >= 1 s of background time, a training
+        // step at least every 0.05 s of it.
+        EXPECT_GE(during.load(), 10);
+        EXPECT_LT(during.load(), 200) << "the stream keeps most of the time";
+        EXPECT_GE(s.metrics().bg_aged, 10);
+      }
+      // After the stream, training runs on.
+      ASSERT_TRUE(wait_until([&] { return train_steps.load() >= during.load() + 5; }));
+      s.shutdown(0);
+    }
+  }
+}
+
 TEST(Scheduler, EstimatesAreMovingAveragesOfMeasuredSteps) {
   Ema e(0.2);
   EXPECT_FALSE(e.set());

@@ -32,6 +32,7 @@ using test::get;
 using test::post;
 using test::Reply;
 using test::ServerProcess;
+using test::metric_value;
 
 // The server's arguments beyond serve_support's: the key, a short context.
 std::vector<std::string> args(std::vector<std::string> more = {}) {
@@ -390,6 +391,38 @@ TEST(ServeTrainAlone, BudgetModeRefusesTrainingWithA400) {
   EXPECT_EQ(get(*c, "/v1/training/jobs").body["data"].size(), 0u);
   EXPECT_EQ(get(*c, "/health").status, 200);
   EXPECT_FALSE(complete(*c, "stories260K").empty());
+}
+
+// Offload before admission in ebb serve: under --background-memory a
+// training job short of memory asks the cache offloader for the shortfall
+// (the prefix cache and spare KV buffers the finished requests left give
+// bytes back), and, still short, stays pending with the reason in /metrics
+// while requests keep being served.
+TEST(ServeTrainAlone, AJobShortOfBackgroundMemoryAsksForAnOffloadAndWaits) {
+  ebb::test::TempDir dir("ebb-serve-offload");
+  ServerProcess s(args({"--adapter-dir", dir.path(), "--background-memory", "1MiB"}));
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  EXPECT_EQ(metric_value(*c, "ebb_offload_requests_total{result=\"requested\"}"), 0);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(complete(*c, "stories260K").empty());  // KV for the cache
+  const Reply r = post(*c, "/v1/training/jobs",
+                       json{{"adapter", "off"}, {"samples", story_samples()}, {"steps", 5}, {"phase_seconds", 0}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const std::string id = r.body["id"];
+  const auto end = std::chrono::steady_clock::now() + 20s;
+  while ((metric_value(*c, "ebb_offload_requests_total{result=\"short\"}") < 2 ||
+          metric_value(*c, "ebb_background_pending{reason=\"memory\"}") < 1) &&
+         std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_GE(metric_value(*c, "ebb_offload_requests_total{result=\"requested\"}"), 2);  // asked again after the retry time
+  EXPECT_GE(metric_value(*c, "ebb_offload_requests_total{result=\"short\"}"), 2);
+  EXPECT_EQ(metric_value(*c, "ebb_offload_requests_total{result=\"admitted\"}"), 0);
+  EXPECT_GT(metric_value(*c, "ebb_offload_freed_bytes_total"), 0);  // the finished requests' KV
+  EXPECT_EQ(metric_value(*c, "ebb_background_pending{reason=\"memory\"}"), 1);
+  const json j = get(*c, "/v1/training/jobs/" + id).body;
+  EXPECT_EQ(j["step"], 0) << j.dump();
+  EXPECT_FALSE(ended(j)) << j.dump();
+  EXPECT_FALSE(complete(*c, "stories260K").empty());  // the foreground is served meanwhile
 }
 
 }  // namespace

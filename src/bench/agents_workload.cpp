@@ -72,6 +72,7 @@ void validate(const AgentsWorkload& w) {
     throw UsageError("bench agents: --system-tokens, --user-tokens, --gen and --instruction-tokens must be at least 1, "
                      "--context-tokens and --tool-result-tokens at least 0");
   if (w.handoff_delay_s < 0 || w.window_gap_s < 0) throw UsageError("bench agents: times must be >= 0");
+  if (w.window_steps < 1) throw UsageError("bench agents: --window-steps must be at least 1");
   if (w.hot_prefixes < 0 || w.chunk_tokens < 1)
     throw UsageError("bench agents: --hot-prefixes must be >= 0 and --chunk-tokens >= 1");
   validate(w.learn);
@@ -89,6 +90,8 @@ nlohmann::json workload_json(const AgentsWorkload& w) {
           {"gen", w.gen},
           {"handoff_delay_s", w.handoff_delay_s},
           {"window_gap_s", w.window_gap_s},
+          {"window_steps", w.window_steps},
+          {"window_reload", w.window_reload},
           {"hot_prefixes", w.hot_prefixes},
           {"chunk_tokens", w.chunk_tokens},
           {"learn", workload_json(w.learn)}};
@@ -154,7 +157,13 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
       [&pp](uint64_t v) {
         if (pp) pp->on_published(kLearnedAdapter, v);
       },
-      sto);
+      sto, [&w] {
+        SleepWakeOptions sw;
+        sw.steps = w.window_steps;
+        sw.drop_cache = w.window_reload;
+        if (w.window_reload) sw.reload_path = w.model_path;
+        return sw;
+      }());
 
   std::mt19937_64 agent_rng(w.learn.seed * 31 + 7);
   const std::vector<Agent> agents = {{"planner", random_tokens(agent_rng, w.system_tokens, n_vocab), false},
@@ -294,6 +303,8 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
   run.judge_calls = lr.judge_calls;
   run.windows = lr.windows;
   run.window_s = lr.window_s;
+  run.sleep_s = lr.sleep_s;
+  run.wake_s = lr.wake_s;
   run.stale_tasks = lr.stale_tasks;
   run.stale_completed = lr.stale_completed;
   run.stale_tokens = lr.stale_tokens;

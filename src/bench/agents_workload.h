@@ -63,6 +63,9 @@ struct AgentsWorkload {
   int64_t gen = 8;               // tokens of each answer
   double handoff_delay_s = 1.0;
   double window_gap_s = 2.0;     // sleep-train-wake: serving time between training windows
+  int64_t window_steps = 5;      // sleep-train-wake: optimizer steps per window
+  bool window_reload = true;     // sleep-train-wake: drop the prefix cache at sleep, read the model back at wake
+  std::string model_path;        // the model file (sleep-train-wake's wake reads it)
   // Figure 12's knobs.
   uint64_t kv_budget = 0;        // bytes (0: the machine's free memory, no offload)
   int hot_prefixes = 8;          // stale-coverage prefill's prefixes per staged version
@@ -90,6 +93,7 @@ struct AgentsRun {
   double train_run_s = 0;
   int64_t windows = 0;
   double window_s = 0;
+  double sleep_s = 0, wake_s = 0;
   int64_t stale_tasks = 0, stale_completed = 0, stale_tokens = 0;
   int64_t preprefill_tasks = 0, preprefill_completed = 0, preprefill_tokens = 0, preprefill_stale = 0;
   int64_t preprefill_shrunk_steps = 0, preprefill_min_chunk = 0;

@@ -88,6 +88,8 @@ json result_json(const AgentsRun& r) {
           {"judge_calls", r.judge_calls},
           {"train_windows", r.windows},
           {"train_window_s", r.window_s},
+          {"train_window_sleep_s", r.sleep_s},
+          {"train_window_wake_s", r.wake_s},
           {"stale_prefill_tasks", r.stale_tasks},
           {"stale_prefill_completed", r.stale_completed},
           {"stale_prefill_tokens", r.stale_tokens},
@@ -131,6 +133,7 @@ int run_agents_bench(AgentsBenchArgs& a) {
   for (int64_t c : a.sweep_chunk)
     if (c < 1) throw UsageError("bench agents: --sweep-chunk values must be >= 1");
   a.model.prefix_cache = true;
+  a.w.model_path = a.model.model;
 
   std::vector<AgentsRun> runs, sweep;
   if (!a.sweep_only) {
@@ -263,6 +266,11 @@ void add_bench_agents_command(CLI::App* bench, int* rc) {
   sub->add_option("--handoff-delay", w.handoff_delay_s, "Seconds between a handoff and the target's request")
       ->capture_default_str();
   sub->add_option("--window-gap", w.window_gap_s, "sleep-train-wake: seconds of serving between training windows")
+      ->capture_default_str();
+  sub->add_option("--window-steps", w.window_steps, "sleep-train-wake: optimizer steps per training window")
+      ->capture_default_str();
+  sub->add_option("--window-reload", w.window_reload,
+                  "sleep-train-wake: drop the prefix cache at sleep and read the model back at wake (false: neither)")
       ->capture_default_str();
   sub->add_option("--hot-prefixes", w.hot_prefixes, "Stale-coverage prefill: hot prefixes per staged version")
       ->capture_default_str();

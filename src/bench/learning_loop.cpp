@@ -1,7 +1,12 @@
 #include "bench/learning_loop.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "platform/error.h"
@@ -31,9 +36,11 @@ GenerateOptions greedy(int64_t n) {
 
 LearningLoop::LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload& w, TrainGranularity g,
                            bool stale_prefill, double window_gap_s, std::function<void(uint64_t)> on_publish,
-                           StalePrefillOptions stale_opts)
+                           StalePrefillOptions stale_opts, SleepWakeOptions sleep_wake)
     : engine_(engine), sched_(sched), w_(w), g_(g), stale_(stale_prefill), warm_(engine, sched, stale_opts),
-      on_publish_(std::move(on_publish)) {
+      sw_(std::move(sleep_wake)), on_publish_(std::move(on_publish)) {
+  if (g == TrainGranularity::kWindows && sw_.steps < 1)
+    throw Error("sleep/train/wake: a window must run at least 1 optimizer step");
   const int64_t n_vocab = engine.config().n_vocab;
   std::mt19937_64 data_rng(w.seed * 7919 + 3);
   std::vector<TrainSample> samples;
@@ -67,13 +74,24 @@ LearningLoop::LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload
         // Serving stops at the next step boundary until the window's
         // commit_every optimizer steps are done.
         try {
-          sched_.call([this](Engine&) {
+          sched_.call([this](Engine& e) {
                   const double t0 = now_seconds();
+                  sleep_server(e);
+                  const double t1 = now_seconds();
                   const int64_t s0 = job_->status().step;
                   bool more = true;
-                  while (more && job_->status().step < s0 + w_.commit_every) more = job_->step();
+                  while (more && job_->status().step < s0 + sw_.steps) more = job_->step();
+                  // The window's commits are staged before serving resumes
+                  // (the job stages a commit at its next call).
+                  const int64_t want = job_->status().step / std::max<int64_t>(1, w_.commit_every);
+                  while (more && job_->status().commits < want) more = job_->step();
+                  const double t2 = now_seconds();
+                  wake_server();
+                  const double t3 = now_seconds();
                   ++windows_;
-                  window_s_.store(window_s_.load() + (now_seconds() - t0));
+                  sleep_s_.store(sleep_s_.load() + (t1 - t0));
+                  wake_s_.store(wake_s_.load() + (t3 - t2));
+                  window_s_.store(window_s_.load() + (t3 - t0));
                 })
               .get();
         } catch (const std::exception& e) {
@@ -116,6 +134,30 @@ LearningLoop::LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload
 }
 
 LearningLoop::~LearningLoop() { stop(); }
+
+void LearningLoop::sleep_server(Engine& e) {
+  if (!sw_.drop_cache) return;
+  if (PrefixCache* pc = e.prefix_cache()) pc->clear();
+  e.kv_pool().release_spare();
+}
+
+void LearningLoop::wake_server() {
+  if (sw_.reload_path.empty()) return;
+  // The weights back in: every byte of the model file read once, as a
+  // waking server copies its weights back (from the page cache here, so a
+  // lower bound of a reload from storage).
+  const int fd = ::open(sw_.reload_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(sw_.reload_path + ": cannot open to reload: " + std::strerror(errno));
+  std::vector<char> buf(8u << 20);
+  uint64_t total = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n <= 0) break;
+    total += static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+  wake_bytes_ += total;
+}
 
 void LearningLoop::submit_train() {
   if (stopping_.load() || job_->finished()) return;
@@ -201,6 +243,9 @@ LearningResult LearningLoop::result() const {
   r.publish_failures = publish_failures_.load();
   r.windows = windows_.load();
   r.window_s = window_s_.load();
+  r.sleep_s = sleep_s_.load();
+  r.wake_s = wake_s_.load();
+  r.wake_bytes = wake_bytes_.load();
   return r;
 }
 

@@ -11,11 +11,12 @@
 //             (non-preemptible training);
 //   kWindows  sleep/train/wake (the full-LoRA serving path of LOCAL §7.4):
 //             every window_gap_s a control call stops serving at the next
-//             step boundary and runs commit_every whole optimizer steps
-//             (a full training window, ending in a commit) before serving
-//             resumes. ebb keeps the weights mapped, so the window has no
-//             sleep or wake cost of its own: the baseline is, if anything,
-//             kinder than the real one.
+//             step boundary for a whole window: sleep (the prefix cache's
+//             KV and the spare KV buffers are dropped, as a sleeping
+//             server discards its KV cache), SleepWakeOptions::steps whole
+//             optimizer steps (with their commits), then wake (the weights
+//             read back in from the model file, as a waking server reloads
+//             them) before serving resumes with a cold prefix cache.
 #pragma once
 
 #include <atomic>
@@ -41,6 +42,15 @@ inline constexpr const char* kLearnedAdapter = "agent";
 
 enum class TrainGranularity { kPhases, kSteps, kWindows };
 
+// The sleep/train/wake window (kWindows). LOCAL §7.4's vLLM window is
+// about 12.1 s: 1.0 s to sleep, 9.7 s to train, 1.5 s to wake; its
+// training part is many optimizer steps, not one.
+struct SleepWakeOptions {
+  int64_t steps = 5;          // optimizer steps per window
+  bool drop_cache = true;     // sleep: drop the prefix cache and spare KV buffers
+  std::string reload_path;    // wake: read this file (the model) back in ("": no reload)
+};
+
 struct LearningResult {
   int64_t commits = 0, publishes = 0, train_steps = 0, judge_calls = 0;
   int64_t stale_tasks = 0, stale_completed = 0, stale_tokens = 0, stale_chunks = 0;
@@ -49,6 +59,8 @@ struct LearningResult {
   double train_run_s = 0;      // seconds in training steps
   int64_t windows = 0;         // kWindows: training windows run
   double window_s = 0;         // their time in all
+  double sleep_s = 0, wake_s = 0;  // of which sleeping and waking
+  uint64_t wake_bytes = 0;         // read back at wakes
 };
 
 class LearningLoop {
@@ -58,7 +70,7 @@ class LearningLoop {
   // publisher thread after each publish with the version published.
   LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload& w, TrainGranularity g, bool stale_prefill,
                double window_gap_s = 1.0, std::function<void(uint64_t)> on_publish = {},
-               StalePrefillOptions stale_opts = {});
+               StalePrefillOptions stale_opts = {}, SleepWakeOptions sleep_wake = {});
   // stop(). Shut the scheduler down first: its tasks call back into this.
   ~LearningLoop();
   LearningLoop(const LearningLoop&) = delete;
@@ -76,6 +88,8 @@ class LearningLoop {
 
  private:
   void submit_train();
+  void sleep_server(Engine& e);  // on the scheduler thread
+  void wake_server();
   Engine& engine_;
   Scheduler& sched_;
   SchedWorkload w_;
@@ -85,7 +99,9 @@ class LearningLoop {
   StalePrefill warm_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> publishes_{0}, judges_{0}, stale_tasks_{0}, windows_{0}, publish_failures_{0}, train_failures_{0};
-  std::atomic<double> window_s_{0};
+  std::atomic<double> window_s_{0}, sleep_s_{0}, wake_s_{0};
+  std::atomic<uint64_t> wake_bytes_{0};
+  SleepWakeOptions sw_;
   std::function<void(uint64_t)> on_publish_;
   std::thread publisher_, windows_thread_;
   bool stopped_ = false;

@@ -28,6 +28,7 @@
 #include "model/chat_template.h"
 #include "platform/cgroup.h"
 #include "platform/error.h"
+#include "runtime/offload_admission.h"
 #include "runtime/scheduler.h"
 #include "serve/server.h"
 
@@ -41,6 +42,7 @@ struct ServeArgs {
   std::string api_key;
   std::string max_body = "4MiB";
   std::string kv_spare = "256MiB";
+  std::string background_memory;  // "": the machine's free memory
   std::string policy = "foreground-first";
   std::string format;
   std::string chat_template;  // --chat-template NAME|FILE
@@ -204,6 +206,15 @@ int serve(ServeArgs& a) {
   } catch (const Error& e) {
     throw UsageError(std::string("--kv-spare: ") + e.what());
   }
+  uint64_t background_memory = 0;
+  if (!a.background_memory.empty()) {
+    try {
+      background_memory = parse_size(a.background_memory, 0);
+    } catch (const Error& e) {
+      throw UsageError(std::string("--background-memory: ") + e.what());
+    }
+    if (background_memory == 0) throw UsageError("--background-memory must be at least 1 byte");
+  }
   if (a.api_key.empty()) {
     if (const char* k = std::getenv("EBB_API_KEY")) a.api_key = k;
   }
@@ -265,6 +276,22 @@ int serve(ServeArgs& a) {
   sched_opts.window_starvation_s = a.background_starvation;
   sched_opts.max_queue = a.max_queue;
   sched_opts.kv_spare_bytes = kv_spare;
+  if (background_memory > 0) {
+    // M_free for background admission: the budget less what KV (sessions'
+    // and the prefix cache's), spare KV buffers, compressed KV and training
+    // state hold now.
+    Engine* e = engine.get();
+    sched_opts.free_memory = [e, background_memory] {
+      const Footprint f = e->footprint();
+      const uint64_t used = f.kv() + f.kv_spare + f.compressed + f.training;
+      return background_memory > used ? background_memory - used : 0;
+    };
+  }
+  // Offload before admission (LOCAL §6.2): a training or cache-maintenance
+  // task short of memory gets room from the spare KV buffers and the prefix
+  // cache's coldest chunks. Declared before the scheduler: it outlives it.
+  CacheOffloader offloader(*engine);
+  sched_opts.offload = offloader.hook();
   Scheduler scheduler(engine.get(), sched_opts);  // owns the engine from here on
   serve::Server server(*engine, scheduler, so);
   const int port = server.bind();
@@ -321,6 +348,10 @@ void add_serve_command(CLI::App& app, int* rc) {
                   "KV chunk buffers of finished requests kept for the next ones (bytes, or 256MiB, ...; 0: none), "
                   "given back after 2 s idle, under pressure, or when a memory limit is set")
       ->capture_default_str();
+  sub->add_option("--background-memory", a->background_memory,
+                  "Memory background work (training, cache warm-up) may use, less what KV and training state "
+                  "hold (bytes, or 512MiB, ...; default: the machine's free memory); a task short of it asks "
+                  "the prefix cache to offload first");
   sub->add_option("--policy", a->policy, "Scheduling policy: foreground-first, round-robin, fifo")->capture_default_str();
   sub->add_option("--format", a->format, "Chat template: chatml, llama3, llama2, plain (default: the model's)");
   sub->add_option("--chat-template", a->chat_template,

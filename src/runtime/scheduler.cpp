@@ -124,6 +124,8 @@ struct Scheduler::BgItem {
   bool over_window = false;  // admissible now only by window_starvation_s
   double offload_at = -1e9;  // when it last asked for an offload
   bool offloaded = false;    // admitted only after an offload made room (counted once)
+  bool admissible = false;   // at the last pick
+  double passed_over_s = 0;  // background seconds others ran while it was admissible, since its own last step
 };
 
 // An admitted foreground item (scheduler thread only).
@@ -482,10 +484,16 @@ Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
   // counted as deferred by memory or window).
   const bool bg_could_run = opts_.policy != SchedPolicy::kForegroundFirst || !fg_ready;
   std::vector<BgItem*> ok;
-  for (auto& b : bg_queue_)
-    if (admissible_locked(*b, free_mem, bg_could_run)) ok.push_back(b.get());
-  const auto better = [](const BgItem* a, const BgItem* b) {
+  for (auto& b : bg_queue_) {
+    b->admissible = admissible_locked(*b, free_mem, bg_could_run);
+    if (b->admissible) ok.push_back(b.get());
+  }
+  const double aging = opts_.background_aging_s;
+  const auto aged = [aging](const BgItem* b) { return aging > 0 && b->passed_over_s >= aging; };
+  const auto better = [&aged](const BgItem* a, const BgItem* b) {
     if (a->task.desc.priority != b->task.desc.priority) return a->task.desc.priority > b->task.desc.priority;
+    if (aged(a) != aged(b)) return aged(a);
+    if (aged(a) && a->passed_over_s != b->passed_over_s) return a->passed_over_s > b->passed_over_s;
     if (a->task.desc.utility != b->task.desc.utility) return a->task.desc.utility > b->task.desc.utility;
     return a->seq < b->seq;
   };
@@ -1009,6 +1017,19 @@ void Scheduler::run_background_step(BgItem& b) {
     b.memory.add(grew);
     b.run_s += dt;
     if (b.over_window) ++m_.bg_over_window;
+    // Aging: the others that could have run instead were passed over for dt.
+    if (opts_.background_aging_s > 0) {
+      bool jumped = false;
+      for (auto& o : bg_queue_) {
+        if (o.get() == &b || !o->admissible || o->task.desc.priority != b.task.desc.priority) continue;
+        if (b.passed_over_s >= opts_.background_aging_s && o->passed_over_s < opts_.background_aging_s &&
+            o->task.desc.utility > b.task.desc.utility)
+          jumped = true;
+        o->passed_over_s += dt;
+      }
+      if (jumped) ++m_.bg_aged;
+      b.passed_over_s = 0;
+    }
     b.task.desc.next_yield_s = b.step_s.value();
     b.task.desc.est_memory = static_cast<uint64_t>(b.memory.value());
     b.deferred_memory = b.deferred_window = false;

@@ -20,6 +20,9 @@
 //                  m̂ + M_reserve <= M_free  and  ŷ + δ <= W_bg
 //                (δ = 0.05 s); it runs one step at a time, so a foreground
 //                arrival takes over at the task's next step boundary.
+//                Admissible ones run by priority, then utility, with aging:
+//                a task passed over for background_aging_s of other tasks'
+//                steps goes first, so utility orders without starving.
 //
 // Policies, for the ablation (LOCAL Figure 8):
 //   foreground-first  (default) background runs only when no foreground task
@@ -202,6 +205,14 @@ struct SchedulerOptions {
   // never). Without it a task whose step is longer than W_bg − δ (a
   // training phase on a slow device) would never run on an idle engine.
   double window_starvation_s = 5.0;
+  // Aging of the utility order: among admissible background tasks of equal
+  // priority, one passed over (admissible, not picked) while others ran
+  // this many seconds of background steps since its own last step goes
+  // before those not yet aged, whatever their utility; the most passed
+  // over first. Without it a stream of high-utility tasks (cross-agent
+  // pre-prefill, stale-coverage prefill) starves the utility-0 ones
+  // (training, judge calls) for as long as it lasts. 0: utility alone.
+  double background_aging_s = 2.0;
   double ema_alpha = 0.2;
   // M_free. Default: the system's available memory (MemAvailable), bounded
   // by the process's cgroup limit less its usage.
@@ -251,6 +262,7 @@ struct SchedulerMetrics {
   int64_t bg_waiting = 0, bg_steps = 0;
   int64_t bg_deferred_memory = 0, bg_deferred_window = 0;  // times a task was held back by each rule
   int64_t bg_over_window = 0;  // steps admitted past the window rule after window_starvation_s
+  int64_t bg_aged = 0;         // steps picked ahead of higher utility by background_aging_s
   double bg_busy_s = 0;
   // Waiting background tasks held back, at their last check, by each rule
   // (the reasons /metrics shows as ebb_background_pending{reason=...}).

@@ -109,6 +109,9 @@ std::string Server::Impl::metrics() const {
   metric(o, "ebb_background_over_window_total", "counter",
          "Background steps run past the window rule after waiting on an idle engine (window_starvation_s)");
   sample(o, "ebb_background_over_window_total", static_cast<double>(m.bg_over_window));
+  metric(o, "ebb_background_aged_total", "counter",
+         "Background steps picked ahead of higher-utility tasks after being passed over (background_aging_s)");
+  sample(o, "ebb_background_aged_total", static_cast<double>(m.bg_aged));
   metric(o, "ebb_background_pending", "gauge",
          "Waiting background tasks held back at their last check, by reason (memory: m + reserve > free; window)");
   sample(o, "ebb_background_pending" + label("reason", "memory"), static_cast<double>(m.bg_pending_memory));
