@@ -33,7 +33,9 @@ if ! command -v npm >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq npm >/dev/null
 fi
-if [ ! -f "$build_dir/npm/node_modules/openai/package.json" ]; then
-  echo "setup: npm install --prefix $build_dir/npm openai" >&2
-  npm install --silent --no-audit --no-fund --prefix "$build_dir/npm" openai >/dev/null
+# And ajv, a JSON Schema validator, which the tool-call and structured-output
+# tests check the server's output with.
+if [ ! -f "$build_dir/npm/node_modules/openai/package.json" ] || [ ! -f "$build_dir/npm/node_modules/ajv/package.json" ]; then
+  echo "setup: npm install --prefix $build_dir/npm openai ajv" >&2
+  npm install --silent --no-audit --no-fund --prefix "$build_dir/npm" openai ajv >/dev/null
 fi

@@ -22,7 +22,25 @@ export function connect(script) {
   }
   const OpenAI = mod.OpenAI ?? mod.default ?? mod;
   const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 15000 });
-  return { baseURL, apiKey, model, mod, OpenAI, client };
+  return { baseURL, apiKey, model, mod, OpenAI, client, prefix };
+}
+
+// A JSON Schema validator (ajv, installed beside the client by
+// scripts/setup.sh): validate(schema, value) throws naming what failed.
+export function schemaValidator(prefix) {
+  let Ajv;
+  try {
+    const m = createRequire(join(prefix, 'package.json'))('ajv');
+    Ajv = m.default ?? m.Ajv ?? m;
+  } catch (e) {
+    console.error(`the ajv package is not installed under ${prefix} (run scripts/setup.sh): ${e.message}`);
+    process.exit(1);
+  }
+  const ajv = new Ajv({ allErrors: true, strict: false });
+  return (schema, value) => {
+    const ok = ajv.validate(schema, value);
+    if (!ok) throw new Error(`${JSON.stringify(value)} does not match its schema: ${ajv.errorsText(ajv.errors)}`);
+  };
 }
 
 export async function check(name, fn) {

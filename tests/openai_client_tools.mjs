@@ -8,9 +8,10 @@
 // Prints one line per check and "openai client tools: all checks passed";
 // any failure exits 1 with its reason.
 import assert from 'node:assert/strict';
-import { connect, check } from './openai_client_common.mjs';
+import { connect, check, schemaValidator } from './openai_client_common.mjs';
 
-const { model, client } = connect('openai_client_tools.mjs');
+const { model, client, prefix } = connect('openai_client_tools.mjs');
+const validate = schemaValidator(prefix);
 
 const tools = [
   {
@@ -29,11 +30,28 @@ const tools = [
 ];
 
 function checkArguments(text) {
-  const a = JSON.parse(text);
-  assert.equal(typeof a.city, 'string');
-  assert.ok(a.city.length <= 8, text);
-  assert.ok(Number.isInteger(a.days) && a.days >= 1 && a.days <= 7, text);
+  validate(tools[0].function.parameters, JSON.parse(text));
 }
+
+// Every feature of the JSON Schema compiler at once, bounded so that even
+// random weights finish: nested objects, $defs/$ref, enum, const, integer
+// and number bounds, arrays with minItems/maxItems, anyOf, a simple
+// pattern, optional properties.
+const richSchema = {
+  type: 'object',
+  $defs: { item: { type: 'object', properties: { sku: { type: 'string', pattern: '^[A-Z]{2}[0-9]{2}$' },
+    qty: { type: 'integer', minimum: 1, maximum: 9 } }, required: ['sku', 'qty'], additionalProperties: false } },
+  properties: {
+    kind: { enum: ['order', 'refund'] },
+    version: { const: 2 },
+    items: { type: 'array', items: { $ref: '#/$defs/item' }, minItems: 1, maxItems: 2 },
+    note: { anyOf: [{ type: 'string', maxLength: 6 }, { type: 'null' }] },
+    score: { type: 'number', minimum: 0 },
+    flag: { type: 'boolean' },
+  },
+  required: ['kind', 'version', 'items', 'note'],
+  additionalProperties: false,
+};
 
 async function main() {
   const req = {
@@ -99,6 +117,23 @@ async function main() {
     });
     const a = JSON.parse(r.choices[0].message.content);
     assert.equal(typeof a.answer, 'string');
+    validate({ type: 'object', properties: { answer: { type: 'string', maxLength: 10 } }, required: ['answer'],
+      additionalProperties: false }, a);
+  });
+
+  await check('json_schema output validates against a schema with every compiled feature (3 seeds)', async () => {
+    for (const seed of [1, 2, 3]) {
+      const r = await client.chat.completions.create({
+        model,
+        messages: [{ role: 'user', content: 'An order, as JSON.' }],
+        response_format: { type: 'json_schema', json_schema: { name: 'order', strict: true, schema: richSchema } },
+        max_tokens: 400,
+        temperature: 1,
+        seed,
+      });
+      assert.equal(r.choices[0].finish_reason, 'stop', JSON.stringify(r.choices[0]));
+      validate(richSchema, JSON.parse(r.choices[0].message.content));
+    }
   });
 }
 
