@@ -24,12 +24,6 @@ namespace {
 
 using Tokens = std::vector<TokenId>;
 
-Tokens random_tokens(std::mt19937_64& rng, int64_t n, int64_t n_vocab) {
-  Tokens t(static_cast<size_t>(n));
-  for (TokenId& x : t) x = static_cast<TokenId>(1 + rng() % static_cast<uint64_t>(n_vocab - 1));
-  return t;
-}
-
 Tokens cat(Tokens a, const Tokens& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;

@@ -16,23 +16,6 @@
 #include "train/train_job.h"
 
 namespace ebb::cli {
-namespace {
-
-std::vector<TokenId> random_tokens(std::mt19937_64& rng, int64_t n, int64_t n_vocab) {
-  std::vector<TokenId> t(static_cast<size_t>(n));
-  for (TokenId& x : t) x = static_cast<TokenId>(1 + rng() % static_cast<uint64_t>(n_vocab - 1));
-  return t;
-}
-
-GenerateOptions greedy(int64_t n) {
-  GenerateOptions go;
-  go.max_tokens = n;
-  go.sampling.temperature = 0;
-  go.stop_at_eog = false;
-  return go;
-}
-
-}  // namespace
 
 LearningLoop::LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload& w, TrainGranularity g,
                            bool stale_prefill, double window_gap_s, std::function<void(uint64_t)> on_publish,

@@ -19,7 +19,6 @@
 #include "runtime/session.h"
 
 namespace ebb::cli {
-namespace {
 
 std::vector<TokenId> random_tokens(std::mt19937_64& rng, int64_t n, int64_t n_vocab) {
   std::vector<TokenId> t(static_cast<size_t>(n));
@@ -34,8 +33,6 @@ GenerateOptions greedy(int64_t n) {
   go.stop_at_eog = false;
   return go;
 }
-
-}  // namespace
 
 void validate(const SchedWorkload& w) {
   if (w.agents < 1 || w.turns < 1) throw UsageError("bench sched: --agents and --turns must be at least 1");

@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/generate.h"
 
 namespace ebb::cli {
 
@@ -56,5 +58,11 @@ struct SchedRun {
 // Runs the workload to its end on `engine` (fresh: nothing cached, no
 // adapter) under `system`; the engine is owned by a scheduler meanwhile.
 SchedRun run_sched_workload(Engine& engine, const SchedWorkload& w, const std::string& system);
+
+// What the synthetic workloads (sched, agents, their learning loop) share:
+// n random token ids in [1, n_vocab), and greedy decoding of n tokens that
+// does not stop at end of generation.
+std::vector<TokenId> random_tokens(std::mt19937_64& rng, int64_t n, int64_t n_vocab);
+GenerateOptions greedy(int64_t n);
 
 }  // namespace ebb::cli
