@@ -11,7 +11,7 @@
 
 #include "platform/error.h"
 #include "platform/membw.h"
-#include "runtime/bench_speed.h"
+#include "bench/bench_speed.h"
 #include "runtime/engine.h"
 #include "support.h"
 

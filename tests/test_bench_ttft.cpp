@@ -8,7 +8,7 @@
 #include <set>
 
 #include "platform/error.h"
-#include "runtime/bench_ttft.h"
+#include "bench/bench_ttft.h"
 #include "support.h"
 
 namespace ebb {

@@ -670,5 +670,41 @@ TEST_F(ElasticTest, FailedStreamedReadIsReadAgainNotUsedUnread) {
   for (int64_t i = 0; i < n_vocab; ++i) ASSERT_EQ(logits[i], ref_logits[i]) << i;
 }
 
+// The OS-paging baseline (EngineOptions::os_paging, what `ebb bench ttft`
+// compares with): the layers come from a mapping of the GGUF, which after its
+// pages were dropped faults back in and gives the resident engine's logits;
+// it cannot be combined with elastic memory.
+TEST(OsPaging, MappedWeightsGiveTheResidentLogitsAndExcludeElasticMemory) {
+  EngineOptions o;
+  o.model_path = model_path("tiny-qwen3-f16.gguf");
+  o.n_threads = 2;
+  o.elastic = false;
+  Engine resident(o);
+  EXPECT_EQ(resident.mmap_weights(), nullptr);
+  o.os_paging = true;
+  Engine paged(o);
+  ASSERT_NE(paged.mmap_weights(), nullptr);
+  EXPECT_EQ(paged.weight_source(), paged.mmap_weights());
+  EXPECT_EQ(paged.mmap_weights()->mapped_bytes(), std::filesystem::file_size(o.model_path));
+  std::vector<TokenId> tokens;
+  for (int i = 0; i < 20; ++i) tokens.push_back(static_cast<TokenId>(1 + (i * 37) % (resident.config().n_vocab - 1)));
+  Session a(resident), b(paged);
+  // Twice each: the second feed after the mapping's pages were dropped.
+  for (int round = 0; round < 2; ++round) {
+    const std::span<const float> want = a.feed(tokens);
+    const std::span<const float> got = b.feed(tokens);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "round " << round << ", logit " << i;
+    paged.mmap_weights()->drop_pages();
+  }
+  o.elastic = true;
+  try {
+    Engine both(o);
+    FAIL() << "os_paging with elastic memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("os_paging"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace ebb

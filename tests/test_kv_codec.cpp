@@ -15,7 +15,7 @@
 #include "platform/error.h"
 #include "platform/fp16.h"
 #include "platform/thread_pool.h"
-#include "runtime/bench_kvcodec.h"
+#include "bench/bench_kvcodec.h"
 #include "support.h"
 
 namespace ebb {

@@ -163,6 +163,49 @@ INSTANTIATE_TEST_SUITE_P(Models, TrainGradients,
 
 // On a quantized base (gradients through frozen Q4_K / Q6_K weights as
 // Wᵀ dy from dequantized tiles) training still lowers the loss.
+// Inference and training run the same layer blocks (runtime/layer_blocks.h)
+// and differ only in their products and attention: the training loss of a
+// sample equals the cross-entropy of the logits a session gives for it with
+// the same adapter bound (F32 KV, so only summation order differs), on a
+// model with Q/K norms (qwen3), one with q/k/v biases (qwen2) and a llama.
+TEST(Train, LossMatchesTheInferenceLogitsWithTheAdapterBound) {
+  for (const char* model : {"tiny-qwen3-f16", "tiny-qwen2-f16", "stories260K"}) {
+    SCOPED_TRACE(model);
+    auto engine = make_engine(model);
+    const TrainSample s = sample_of(*engine, 24, 5);
+    LoraInitOptions io;
+    io.rank = 4;
+    io.b_std = 0.05f;  // B != 0: every projection's adapter changes the result
+    io.seed = 9;
+    auto ad = init_lora(engine->config(), io, engine->allocator());
+    TrainPass pass(engine->model(), engine->isa(), engine->pool(), engine->allocator());
+    const double train_loss = loss_of(pass, s, *ad);
+
+    test::TempDir dir;
+    write_lora_gguf(*ad, dir.file("a.gguf"));
+    const std::string name = engine->adapters().load(dir.file("a.gguf")).name;
+    SessionOptions so;
+    so.kv_type = DType::kF32;
+    Session sess(*engine, so);
+    sess.set_adapters({{name, 1.0f}});
+    std::vector<float> logits;  // [T, n_vocab]
+    sess.feed(s.tokens, &logits);
+    const int64_t V = engine->config().n_vocab;
+    ASSERT_EQ(logits.size(), s.tokens.size() * static_cast<size_t>(V));
+    double infer_loss = 0;
+    for (size_t i = 1; i < s.tokens.size(); ++i) {
+      const float* z = logits.data() + (i - 1) * static_cast<size_t>(V);  // predicts token i
+      double mx = z[0];
+      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, double(z[j]));
+      double sum = 0;
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(double(z[j]) - mx);
+      infer_loss += s.weights[i] * (mx + std::log(sum) - z[s.tokens[i]]);
+    }
+    EXPECT_GT(infer_loss, 0.0);
+    EXPECT_NEAR(train_loss, infer_loss, 1e-4 * infer_loss) << "training " << train_loss << ", inference " << infer_loss;
+  }
+}
+
 TEST(Train, LearnsOnAQuantizedBase) {
   auto engine = make_engine("tiny-qwen3-q4_k_m");
   TrainerOptions o;

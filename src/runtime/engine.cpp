@@ -106,6 +106,14 @@ Engine::Engine(const EngineOptions& opts)
     kv_pool_->set_listener(elastic_.get());
     weight_source_ = elastic_.get();
   }
+  if (opts_.os_paging) {
+    if (budget_mode || opts_.elastic) {
+      throw Error("os_paging serves the weights from a mapping of the GGUF: it needs elastic memory off and "
+                  "no weight budget");
+    }
+    mmap_weights_ = std::make_unique<MmapWeights>(*model_, alloc_);
+    weight_source_ = mmap_weights_.get();
+  }
   if (!opts_.cache_dir.empty() && !opts_.prefix_cache) {
     throw Error("a KV cache directory needs the prefix cache (it is the cache's persistent tier)");
   }

@@ -14,6 +14,7 @@
 #include "memory/budget_plan.h"
 #include "memory/elastic.h"
 #include "memory/kv_pool.h"
+#include "memory/mmap_weights.h"
 #include "memory/cache_store.h"
 #include "memory/prefix_cache.h"
 #include "model/model.h"
@@ -44,6 +45,11 @@ struct EngineOptions {
   int64_t kv_chunk_size = 0;
   BudgetOptions budget;         // budget mode (FlexInfer) when budget.budget > 0
   bool elastic = true;          // elastic memory (evict/restore); off in budget mode
+  // The OS-paging baseline (DESIGN.md, "Eviction and restoration"): layer
+  // weights are served from a read-only mapping of the GGUF (MmapWeights),
+  // whose pages the kernel reclaims and faults back in. Needs elastic off and
+  // no budget; `ebb bench ttft` compares elastic memory with it.
+  bool os_paging = false;
   ElasticOptions elastic_opts;  // its isa is set to the engine's target
   // The prefix cache: sessions reuse the KV of cached prefixes (same
   // namespace, adapters and tokens) instead of recomputing it.
@@ -113,7 +119,8 @@ class Engine {
   // Where forward passes take their weights: nullptr while every unit is
   // resident, else elastic restore's latches or budget mode's streamer.
   WeightSource* weight_source() const { return weight_source_; }
-  void set_weight_source(WeightSource* s) { weight_source_ = s; }
+  // The OS-paging baseline's mapping (nullptr unless options().os_paging).
+  MmapWeights* mmap_weights() { return mmap_weights_.get(); }
 
   // Budget mode: the source that streams weights (nullptr when off).
   WeightSource* budget_source() const { return budget_source_.get(); }
@@ -161,6 +168,7 @@ class Engine {
   uint64_t fingerprint_ = 0;
   WeightSource* weight_source_ = nullptr;
   std::unique_ptr<WeightSource> budget_source_;  // budget mode
+  std::unique_ptr<MmapWeights> mmap_weights_;    // the OS-paging baseline
   uint64_t kv_spare_wanted_ = 0;
   std::unique_ptr<KvPool> kv_pool_;               // outlives every holder of its chunks
   std::unique_ptr<ElasticMemory> elastic_;        // declared after model_ and kv_pool_: destroyed first

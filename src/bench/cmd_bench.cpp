@@ -9,7 +9,7 @@
 
 #include "cli/options.h"
 #include "platform/error.h"
-#include "runtime/bench_speed.h"
+#include "bench/bench_speed.h"
 
 namespace ebb::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/bench_ttft.h"
+#include "bench/bench_ttft.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -17,7 +17,7 @@
 #include "memory/mmap_weights.h"
 #include "platform/error.h"
 #include "platform/timer.h"
-#include "runtime/bench_budget.h"
+#include "bench/bench_budget.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "runtime/stats.h"
@@ -110,14 +110,14 @@ class SystemRun {
     eo.prefill_batch = o.prefill_batch;
     eo.kv_chunk_size = o.kv_chunk_size;
     eo.elastic = sys != TtftSystem::kOsPaging;
+    eo.os_paging = sys == TtftSystem::kOsPaging;
     eo.elastic_opts.swap_dir = o.swap_dir;
     eo.elastic_opts.profile = o.profile;
     eo.elastic_opts.policy =
         sys == TtftSystem::kPartialOffload ? EvictPolicyKind::kPartialOffload : EvictPolicyKind::kHybrid;
     e_ = std::make_unique<Engine>(eo);
     if (sys == TtftSystem::kOsPaging) {
-      mm_ = std::make_unique<MmapWeights>(e_->model(), e_->allocator());
-      e_->set_weight_source(mm_.get());
+      mm_ = e_->mmap_weights();
       fd_ = ::open(o.model.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd_ < 0) throw Error("bench ttft: cannot open " + o.model + " for the os_paging baseline");
       ::fdatasync(fd_);  // a freshly written file's dirty pages cannot be dropped
@@ -275,7 +275,7 @@ class SystemRun {
   std::vector<int> levels_;
   std::string name_;
   std::unique_ptr<Engine> e_;
-  std::unique_ptr<MmapWeights> mm_;
+  MmapWeights* mm_ = nullptr;  // the engine's mapping (os_paging only)
   int fd_ = -1;
   std::unique_ptr<Session> s_;
   std::vector<TokenId> query_;

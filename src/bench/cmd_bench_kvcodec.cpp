@@ -8,7 +8,7 @@
 
 #include "cli/options.h"
 #include "platform/error.h"
-#include "runtime/bench_kvcodec.h"
+#include "bench/bench_kvcodec.h"
 
 namespace ebb::cli {
 namespace {

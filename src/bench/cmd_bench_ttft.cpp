@@ -8,7 +8,7 @@
 #include "cli/options.h"
 #include "platform/error.h"
 #include "platform/page_reporting.h"
-#include "runtime/bench_ttft.h"
+#include "bench/bench_ttft.h"
 
 namespace ebb::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/bench_budget.h"
+#include "bench/bench_budget.h"
 
 #include <algorithm>
 #include <cstdio>

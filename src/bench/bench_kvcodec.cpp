@@ -1,4 +1,4 @@
-#include "runtime/bench_kvcodec.h"
+#include "bench/bench_kvcodec.h"
 
 #include <lz4.h>
 #include <zstd.h>

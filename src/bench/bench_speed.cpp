@@ -1,4 +1,4 @@
-#include "runtime/bench_speed.h"
+#include "bench/bench_speed.h"
 
 #include <algorithm>
 #include <cmath>

@@ -11,7 +11,7 @@
 #include "cli/options.h"
 #include "model/gguf.h"
 #include "platform/error.h"
-#include "runtime/bench_budget.h"
+#include "bench/bench_budget.h"
 
 namespace ebb::cli {
 namespace {
