@@ -14,7 +14,8 @@
 //   retention  at most max_rows rows and max_bytes of token and text bytes;
 //              beyond, the oldest rows that already have their feedback or
 //              are older than expire_s go first, then the oldest of all
-//   the file   WAL journal; schema version in `PRAGMA user_version`, ebb's
+//   the file   WAL journal; schema version in `PRAGMA user_version` (2; a
+//              version-1 file gains version 2's tables in place), ebb's
 //              mark in `PRAGMA application_id`. A file that is not a SQLite
 //              database, is another program's (another application id, or
 //              tables without the mark) or has a newer schema is renamed
@@ -99,7 +100,7 @@ class TraceStore {
   TraceCounts counts();
   // Waits until everything queued so far is committed.
   void flush();
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;  // 2: the learning state's tables (learn_store.h); 1 is migrated
   static constexpr int32_t kApplicationId = 0x45424254;  // "EBBT"
 
  private:

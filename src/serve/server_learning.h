@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "runtime/agents.h"
+#include "runtime/judge.h"
+#include "runtime/learn_store.h"
 #include "runtime/learner.h"
 #include "runtime/trace_store.h"
 #include "serve/server_impl.h"
@@ -65,6 +67,27 @@ struct Server::Impl::LearnState {
   std::set<std::string> ungated_first;
   std::map<std::string, int> gates_pending;  // gate tasks queued or running, by adapter
   std::vector<std::string> notes;  // what start-up had to say (a state file moved aside)
+  // Judge calls (server_learn_state.cpp): submitted, ended (answers parsed
+  // or not), failed (unparseable, or the call could not run).
+  struct Judged {
+    std::string response_id, agent, correction;
+    JudgeResult result;
+    double at = 0;
+  };
+  int64_t judge_calls = 0, judge_failures = 0, judge_pending = 0;
+  std::deque<Judged> judged;        // ended, not yet applied (the learner thread applies them)
+  std::deque<nlohmann::json> judge_log;  // the latest kMaxJudgeLog ended calls, for /v1/learning
+  // Persistence (runtime/learn_store.h): the state is saved by the learner
+  // thread when `dirty`, at most every kSaveInterval seconds.
+  std::unique_ptr<LearnStore> store;  // null without --learn
+  bool dirty = false;
+  double last_save = 0;
+  int64_t saves = 0, save_failures = 0;
+  std::deque<std::pair<std::string, uint64_t>> weights_pending;  // published versions to write
+  std::map<std::pair<std::string, uint64_t>, std::string> weight_files;  // written, relative to the state dir
+  nlohmann::json restored;          // what start-up brought back
+  static constexpr size_t kMaxJudgeLog = 16;
+  static constexpr double kSaveInterval = 0.5;
   // The learner thread: starts rounds.
   std::thread thread;
   std::condition_variable cv;
