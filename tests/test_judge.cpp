@@ -152,7 +152,7 @@ TEST(LearnStore, SavesAndLoadsTheState) {
   std::string note;
   auto traces = TraceStore::open(db, {}, &note);
   ASSERT_TRUE(note.empty()) << note;
-  LearnStore store(db);
+  LearnStore store(*traces);
   LearnSnapshot s;
   s.versions.push_back({"teller", "names", 1, 0, "passed", 0.5, 1.5, true, 8, 100.0, ""});
   s.versions.push_back({"teller", "names", 2, 1, "rejected", 0.9, 0.5, false, 16, 101.0, ""});
@@ -171,7 +171,7 @@ TEST(LearnStore, SavesAndLoadsTheState) {
   store.save(s);
   store.save(s);  // a second save replaces, never duplicates
   int64_t skipped = -1;
-  const LearnSnapshot b = LearnStore(db).load(&skipped);
+  const LearnSnapshot b = LearnStore(*traces).load(&skipped);
   EXPECT_EQ(skipped, 0);
   ASSERT_EQ(b.versions.size(), 2u);
   EXPECT_EQ(b.versions[1].version, 2u);

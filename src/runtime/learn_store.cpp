@@ -63,32 +63,22 @@ void bind_blob(sqlite3_stmt* s, int col, const std::vector<T>& v) {
 
 }  // namespace
 
-LearnStore::LearnStore(const std::string& db_path) : dir_(fs::path(db_path).parent_path().string()) {
+LearnStore::LearnStore(TraceStore& traces)
+    : traces_(traces), dir_(fs::path(traces.path()).parent_path().string()) {
   if (dir_.empty()) dir_ = ".";
-  if (sqlite3_open_v2(db_path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr) != SQLITE_OK) {
-    const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
-    sqlite3_close(db_);
-    db_ = nullptr;
-    throw Error("cannot open the learning state in '" + db_path + "': " + msg);
-  }
-  sqlite3_busy_timeout(db_, 5000);  // the trace writer's transactions are short
-  try {
-    Stmt st(db_, "SELECT count(*) FROM sqlite_master WHERE name LIKE 'learn_%' AND type = 'table'");
+  traces_.with_db([&](sqlite3* db) {
+    Stmt st(db, "SELECT count(*) FROM sqlite_master WHERE name LIKE 'learn_%' AND type = 'table'");
     if (sqlite3_step(st.s) != SQLITE_ROW || sqlite3_column_int64(st.s, 0) < 5)
-      throw Error("'" + db_path + "' lacks the learning state's tables (schema version 2)");
-  } catch (...) {
-    sqlite3_close(db_);
-    throw;
-  }
+      throw Error("'" + traces_.path() + "' lacks the learning state's tables (schema version 2)");
+  });
 }
-
-LearnStore::~LearnStore() { sqlite3_close(db_); }
 
 LearnSnapshot LearnStore::load(int64_t* skipped) {
   LearnSnapshot out;
   int64_t bad = 0;
+  traces_.with_db([&](sqlite3* db) {
   {
-    Stmt st(db_,
+    Stmt st(db,
             "SELECT agent, adapter, version, against, gate, loss, loss_published, published, step, at, file "
             "FROM learn_versions ORDER BY seq");
     while (sqlite3_step(st.s) == SQLITE_ROW) {
@@ -108,17 +98,17 @@ LearnSnapshot LearnStore::load(int64_t* skipped) {
     }
   }
   {
-    Stmt st(db_, "SELECT adapter, version FROM learn_published");
+    Stmt st(db, "SELECT adapter, version FROM learn_published");
     while (sqlite3_step(st.s) == SQLITE_ROW)
       out.published[text(st.s, 0)] = static_cast<uint64_t>(sqlite3_column_int64(st.s, 1));
   }
   {
-    Stmt st(db_, "SELECT name, value FROM learn_counters");
+    Stmt st(db, "SELECT name, value FROM learn_counters");
     while (sqlite3_step(st.s) == SQLITE_ROW) out.counters[text(st.s, 0)] = sqlite3_column_double(st.s, 1);
   }
   std::map<std::string, size_t> at;
   {
-    Stmt st(db_, "SELECT agent, baseline_mean, baseline_n, positives, fresh, rounds FROM learn_agents ORDER BY agent");
+    Stmt st(db, "SELECT agent, baseline_mean, baseline_n, positives, fresh, rounds FROM learn_agents ORDER BY agent");
     while (sqlite3_step(st.s) == SQLITE_ROW) {
       LearnLoopRow l;
       l.agent = text(st.s, 0);
@@ -132,7 +122,7 @@ LearnSnapshot LearnStore::load(int64_t* skipped) {
     }
   }
   {
-    Stmt st(db_, "SELECT agent, heldout, response_id, weight, tokens, weights FROM learn_samples ORDER BY agent, heldout, seq");
+    Stmt st(db, "SELECT agent, heldout, response_id, weight, tokens, weights FROM learn_samples ORDER BY agent, heldout, seq");
     while (sqlite3_step(st.s) == SQLITE_ROW) {
       const auto it = at.find(text(st.s, 0));
       LearnSample s;
@@ -148,17 +138,23 @@ LearnSnapshot LearnStore::load(int64_t* skipped) {
       else l.replay.push_back(std::move(s));
     }
   }
+  });
   if (skipped) *skipped = bad;
   return out;
 }
 
 void LearnStore::save(const LearnSnapshot& s) {
-  exec(db_, "BEGIN IMMEDIATE");
+  traces_.with_db([&](sqlite3* db) { save_on(db, s); });
+  remove_unnamed(s);
+}
+
+void LearnStore::save_on(sqlite3* db, const LearnSnapshot& s) {
+  exec(db, "BEGIN IMMEDIATE");
   try {
     for (const char* t : {"learn_versions", "learn_published", "learn_counters", "learn_agents", "learn_samples"})
-      exec(db_, (std::string("DELETE FROM ") + t).c_str());
+      exec(db, (std::string("DELETE FROM ") + t).c_str());
     {
-      Stmt st(db_,
+      Stmt st(db,
               "INSERT OR REPLACE INTO learn_versions (adapter, version, agent, against, gate, loss, loss_published, "
               "published, step, at, file, seq) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
       int64_t seq = 0;
@@ -175,29 +171,29 @@ void LearnStore::save(const LearnSnapshot& s) {
         sqlite3_bind_double(st.s, 10, v.at);
         sqlite3_bind_text(st.s, 11, v.file.c_str(), -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(st.s, 12, seq++);
-        st.step_done(db_);
+        st.step_done(db);
       }
     }
     {
-      Stmt st(db_, "INSERT INTO learn_published (adapter, version) VALUES (?,?)");
+      Stmt st(db, "INSERT INTO learn_published (adapter, version) VALUES (?,?)");
       for (const auto& [a, v] : s.published) {
         sqlite3_bind_text(st.s, 1, a.c_str(), -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(st.s, 2, static_cast<int64_t>(v));
-        st.step_done(db_);
+        st.step_done(db);
       }
     }
     {
-      Stmt st(db_, "INSERT INTO learn_counters (name, value) VALUES (?,?)");
+      Stmt st(db, "INSERT INTO learn_counters (name, value) VALUES (?,?)");
       for (const auto& [n, v] : s.counters) {
         sqlite3_bind_text(st.s, 1, n.c_str(), -1, SQLITE_TRANSIENT);
         sqlite3_bind_double(st.s, 2, v);
-        st.step_done(db_);
+        st.step_done(db);
       }
     }
     {
-      Stmt ag(db_,
+      Stmt ag(db,
               "INSERT INTO learn_agents (agent, baseline_mean, baseline_n, positives, fresh, rounds) VALUES (?,?,?,?,?,?)");
-      Stmt sm(db_,
+      Stmt sm(db,
               "INSERT INTO learn_samples (agent, heldout, seq, response_id, weight, tokens, weights) "
               "VALUES (?,?,?,?,?,?,?)");
       for (const LearnLoopRow& l : s.loops) {
@@ -207,7 +203,7 @@ void LearnStore::save(const LearnSnapshot& s) {
         sqlite3_bind_int64(ag.s, 4, l.positives);
         sqlite3_bind_int64(ag.s, 5, l.fresh);
         sqlite3_bind_int64(ag.s, 6, l.rounds);
-        ag.step_done(db_);
+        ag.step_done(db);
         int64_t seq = 0;
         const auto put = [&](bool heldout, const std::string& id, double weight, const TrainSample& t) {
           sqlite3_bind_text(sm.s, 1, l.agent.c_str(), -1, SQLITE_TRANSIENT);
@@ -217,17 +213,20 @@ void LearnStore::save(const LearnSnapshot& s) {
           sqlite3_bind_double(sm.s, 5, weight);
           bind_blob(sm.s, 6, t.tokens);
           bind_blob(sm.s, 7, t.weights);
-          sm.step_done(db_);
+          sm.step_done(db);
         };
         for (const LearnSample& x : l.replay) put(false, x.response_id, x.weight, x.sample);
         for (const TrainSample& h : l.heldout) put(true, "", 1.0, h);
       }
     }
-    exec(db_, "COMMIT");
+    exec(db, "COMMIT");
   } catch (...) {
-    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
     throw;
   }
+}
+
+void LearnStore::remove_unnamed(const LearnSnapshot& s) const {
   // Weight files no record names any more (rejected versions' never are:
   // only published ones are written).
   std::set<std::string> named;

@@ -19,9 +19,10 @@
 // synced and renamed (write_weights), and files no saved record names are
 // removed by save().
 //
-// Opened on a database TraceStore::open has checked (and migrated): a file
-// that is not one is moved aside there, and the state starts empty.
-// Thread-compatible: one thread saves (the server's learner thread).
+// It works through the TraceStore's connection (TraceStore::with_db), which
+// has checked (and migrated) the file: a file that is not one is moved
+// aside there, and the state starts empty. Thread-compatible: one thread
+// saves (the server's learner thread).
 #pragma once
 
 #include <cstdint>
@@ -30,10 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/learner.h"
 #include "model/lora.h"
-
-struct sqlite3;
+#include "runtime/learner.h"
+#include "runtime/trace_store.h"
 
 namespace ebb {
 
@@ -65,10 +65,9 @@ struct LearnSnapshot {
 
 class LearnStore {
  public:
-  // db_path: the trace database (already opened by TraceStore). Throws
-  // ebb::Error when it cannot be opened or lacks the tables.
-  explicit LearnStore(const std::string& db_path);
-  ~LearnStore();
+  // traces: the open trace database (it outlives the LearnStore). Throws
+  // ebb::Error when the database lacks the tables.
+  explicit LearnStore(TraceStore& traces);
   LearnStore(const LearnStore&) = delete;
   LearnStore& operator=(const LearnStore&) = delete;
 
@@ -89,7 +88,10 @@ class LearnStore {
   const std::string& dir() const { return dir_; }
 
  private:
-  sqlite3* db_ = nullptr;
+  void save_on(sqlite3* db, const LearnSnapshot& s);
+  void remove_unnamed(const LearnSnapshot& s) const;
+
+  TraceStore& traces_;
   std::string dir_;  // the database's directory
 };
 

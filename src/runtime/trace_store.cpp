@@ -377,6 +377,11 @@ std::optional<Trace> TraceStore::find(const std::string& response_id) {
   return t;
 }
 
+void TraceStore::with_db(const std::function<void(sqlite3*)>& fn) {
+  std::lock_guard dblock(db_mu_);
+  fn(db_);
+}
+
 TraceCounts TraceStore::counts() {
   flush();
   std::lock_guard lock(mu_);

@@ -28,6 +28,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -100,6 +101,11 @@ class TraceStore {
   TraceCounts counts();
   // Waits until everything queued so far is committed.
   void flush();
+  // Runs fn on the database's connection, between the writer's batches
+  // (the learning state, learn_store.h, is saved in the same file through
+  // the same connection, so the two never contend for SQLite's write lock).
+  void with_db(const std::function<void(sqlite3*)>& fn);
+  const std::string& path() const { return path_; }
   static constexpr int kSchemaVersion = 2;  // 2: the learning state's tables (learn_store.h); 1 is migrated
   static constexpr int32_t kApplicationId = 0x45424254;  // "EBBT"
 

@@ -249,7 +249,7 @@ struct Server::Impl {
   // feedback becomes samples; the state is saved when it changed.
   void learner_chores(std::unique_lock<std::mutex>& lock, bool force_save);
   // Start-up (learning_routes): the saved state back, versions reloaded.
-  void restore_learning(const std::string& db_path);
+  void restore_learning();
   void learning_state_json(nlohmann::json& out) const;  // LearnState::mu held
   // After an agent's turn (choice 0): its trace (learning agents, with --learn).
   void turn_done(const AgentTurn& t, const std::string& id, const GenerateStats& st, const std::string& tool_calls);

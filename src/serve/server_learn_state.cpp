@@ -148,6 +148,7 @@ void Server::Impl::learner_chores(std::unique_lock<std::mutex>& lock, bool force
   std::deque<std::pair<std::string, uint64_t>> pending;
   pending.swap(s.weights_pending);
   s.dirty = false;
+  s.saving = true;  // not "saved" until the transaction is in
   lock.unlock();
   std::map<std::pair<std::string, uint64_t>, std::string> written;
   std::string error;
@@ -210,6 +211,7 @@ void Server::Impl::learner_chores(std::unique_lock<std::mutex>& lock, bool force
     error = e.what();
   }
   lock.lock();
+  s.saving = false;
   s.last_save = now;
   ++s.saves;
   if (!error.empty()) {
@@ -219,11 +221,11 @@ void Server::Impl::learner_chores(std::unique_lock<std::mutex>& lock, bool force
   }
 }
 
-void Server::Impl::restore_learning(const std::string& db_path) {
+void Server::Impl::restore_learning() {
   LearnState& s = *learn_state;
   std::vector<std::string> notes;
   try {
-    s.store = std::make_unique<LearnStore>(db_path);
+    s.store = std::make_unique<LearnStore>(*s.traces);
   } catch (const Error& e) {
     notes.push_back(std::string("the learning state cannot be kept: ") + e.what());
   }
@@ -333,7 +335,7 @@ void Server::Impl::learning_state_json(json& out) const {
   for (const json& j : s.judge_log) judges.push_back(j);
   out["judges"] = judges;
   out["state"] = {{"kept", s.store != nullptr},
-                  {"saved", s.store != nullptr && !s.dirty && s.weights_pending.empty()},
+                  {"saved", s.store != nullptr && !s.dirty && !s.saving && s.weights_pending.empty()},
                   {"saves", s.saves},
                   {"save_failures", s.save_failures},
                   {"restored", s.restored.is_null() ? json(nullptr) : s.restored}};

@@ -154,7 +154,7 @@ void Server::Impl::learning_routes() {
       std::fprintf(stderr, "ebb serve: %s\n", note.c_str());
       ls.notes.push_back(note);
     }
-    restore_learning((std::filesystem::path(lo.state_dir) / "traces.sqlite").string());
+    restore_learning();
     ls.thread = std::thread([this] {
       set_current_thread_name("ebb-learner");
       LearnState& s = *learn_state;

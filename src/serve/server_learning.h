@@ -81,6 +81,7 @@ struct Server::Impl::LearnState {
   // thread when `dirty`, at most every kSaveInterval seconds.
   std::unique_ptr<LearnStore> store;  // null without --learn
   bool dirty = false;
+  bool saving = false;              // a save is being written
   double last_save = 0;
   int64_t saves = 0, save_failures = 0;
   std::deque<std::pair<std::string, uint64_t>> weights_pending;  // published versions to write
