@@ -7,6 +7,8 @@
 // written and read back as the same version number.
 #include <gtest/gtest.h>
 
+#include <sqlite3.h>
+
 #include <future>
 #include <string>
 
@@ -209,6 +211,49 @@ TEST(LearnStore, SavesAndLoadsTheState) {
   // A save whose records name no file removes the file.
   store.save(s);
   EXPECT_FALSE(std::filesystem::exists(dir.file(rel)));
+}
+
+// A version-1 trace database (before the learning state's tables) is
+// migrated in place: its traces stay, no note, the state can be kept.
+TEST(LearnStore, MigratesAVersion1Database) {
+  test::TempDir dir("ebb-learn-migrate");
+  const std::string db = dir.file("traces.sqlite");
+  std::string note;
+  {
+    auto traces = TraceStore::open(db, {}, &note);
+    Trace t;
+    t.response_id = "cmpl-old-1";
+    t.agent = "teller";
+    t.prompt = {1, 2};
+    t.output = {5, 6};
+    t.text = "old";
+    traces->record(t);
+  }
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h,
+                         "DROP TABLE learn_versions; DROP TABLE learn_published; DROP TABLE learn_counters;"
+                         "DROP TABLE learn_agents; DROP TABLE learn_samples; PRAGMA user_version=1;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(h);
+  auto traces = TraceStore::open(db, {}, &note);
+  EXPECT_TRUE(note.empty()) << note;
+  ASSERT_TRUE(traces->find("cmpl-old-1"));
+  EXPECT_EQ(traces->find("cmpl-old-1")->text, "old");
+  LearnStore store(*traces);
+  LearnSnapshot s;
+  s.counters["feedback"] = 3;
+  store.save(s);
+  EXPECT_EQ(store.load().counters.at("feedback"), 3);
+  int64_t version = 0;
+  traces->with_db([&](sqlite3* d) {
+    sqlite3_stmt* st = nullptr;
+    sqlite3_prepare_v2(d, "PRAGMA user_version", -1, &st, nullptr);
+    if (sqlite3_step(st) == SQLITE_ROW) version = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+  });
+  EXPECT_EQ(version, 2);
 }
 
 }  // namespace
