@@ -35,6 +35,16 @@ double wall_now() {
 
 }  // namespace
 
+void Server::Impl::LearnState::trim_versions(const std::vector<AdapterInfo>& registry) {
+  const auto published = [&](const VersionRecord& v) {
+    for (const AdapterInfo& i : registry)
+      if (i.published && i.name == v.adapter && i.version == v.version) return true;
+    return false;
+  };
+  for (auto it = versions.begin(); versions.size() > kMaxVersions && it != versions.end();)
+    it = published(*it) ? std::next(it) : versions.erase(it);
+}
+
 bool Server::Impl::submit_judge(const AgentSpec& a, const std::string& response_id, const std::string& prompt_text,
                                 const std::string& response_text, const std::string& feedback, std::string* why_not) {
   LearnState& s = *learn_state;
@@ -42,6 +52,7 @@ bool Server::Impl::submit_judge(const AgentSpec& a, const std::string& response_
     std::lock_guard lock(s.mu);
     ++s.judge_calls;
     ++s.judge_failures;
+    s.dirty = true;
     s.last_error = "judge of agent '" + a.name + "': " + why;
     s.judge_log.push_back(json{{"id", response_id}, {"agent", a.name}, {"answer", nullptr}, {"reward", nullptr},
                                {"ok", false}, {"error", why}, {"at", wall_now()}});
@@ -305,7 +316,7 @@ void Server::Impl::restore_learning() {
     r.at = v.at;
     s.versions.push_back(std::move(r));
   }
-  while (s.versions.size() > LearnState::kMaxVersions) s.versions.pop_front();
+  s.trim_versions(engine.adapters().list());
   s.weight_files = std::move(kept);
   int64_t samples = 0;
   for (LearnLoopRow& l : snap.loops) {

@@ -446,7 +446,7 @@ void Server::Impl::finish_gate(VersionRecord v, bool first, uint64_t dropped) {
   learn_state->versions.push_back(v);
   learn_state->dirty = true;
   if (v.published) learn_state->weights_pending.emplace_back(v.adapter, v.version);  // kept across a restart
-  while (learn_state->versions.size() > LearnState::kMaxVersions) learn_state->versions.pop_front();
+  learn_state->trim_versions(engine.adapters().list());
 }
 
 bool Server::Impl::give_feedback(const std::string& id, const TraceFeedback& fb, json* out) {

@@ -53,7 +53,7 @@ struct Server::Impl::LearnState {
   std::unique_ptr<TraceStore> traces;  // null without --learn
   mutable std::mutex mu;               // everything below
   std::map<std::string, AgentLoop> loops;  // by agent
-  std::deque<VersionRecord> versions;      // the most recent kMaxVersions
+  std::deque<VersionRecord> versions;      // the most recent kMaxVersions (and the published ones: trim_versions)
   int64_t feedback = 0;            // feedback attached (client, rule, tool)
   int64_t feedback_unapplied = 0;  // ... that gave no training target (a rename with nothing to rename)
   int64_t samples = 0;             // judged samples made
@@ -94,6 +94,10 @@ struct Server::Impl::LearnState {
   std::condition_variable cv;
   bool stop = false;
   static constexpr size_t kMaxVersions = 64;
+  // Drops the oldest version records beyond kMaxVersions, but never the
+  // record of a version its adapter publishes now (`registry`: the adapter
+  // registry's list), whose weights the saved state keeps. mu held.
+  void trim_versions(const std::vector<AdapterInfo>& registry);
 };
 
 }  // namespace ebb::serve
