@@ -146,6 +146,30 @@ TEST(JudgeCall, AnAnswerWithoutAScoreIsNoReward) {
   sched.shutdown();
 }
 
+// A judge with an adapter runs under the adapter's published version,
+// pinned when the call starts.
+TEST(JudgeCall, RunsUnderItsAdaptersPublishedVersion) {
+  auto e = tiny_engine();
+  LoraInitOptions init;
+  init.rank = 2;
+  init.b_std = 0.05f;
+  e->adapters().add("judge", init_lora(e->config(), init, e->allocator()), true);
+  init.seed = 2;
+  e->adapters().add("judge", init_lora(e->config(), init, e->allocator()), true);  // v2 published
+  Scheduler sched(e.get());
+  std::promise<JudgeResult> judged;
+  JudgeCall c = call_of(*e, "root ::= [0-9]");
+  c.adapter = "judge";
+  sched.submit_background(judge_task(*e, std::move(c), [&](JudgeResult r) { judged.set_value(r); }));
+  std::future<JudgeResult> f = judged.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const JudgeResult r = f.get();
+  ASSERT_TRUE(r.ran) << r.error;
+  EXPECT_EQ(r.adapter_version, 2u);
+  EXPECT_TRUE(r.reward);
+  sched.shutdown();
+}
+
 // The learning state saved and loaded back whole; a version's weights
 // written and read back as that version number.
 TEST(LearnStore, SavesAndLoadsTheState) {
