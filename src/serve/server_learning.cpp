@@ -591,35 +591,35 @@ json Server::Impl::learning_json() const {
   json versions = json::array();
   for (const VersionRecord& v : s.versions) versions.push_back(version_json(v));
   json out = {{"object", "learning"},
-          {"enabled", s.traces != nullptr},
-          {"gate", opts.learn.gate},
-          {"traces", tc.rows},
-          {"traces_recorded", tc.recorded},
-          {"traces_dropped", tc.dropped},
-          {"traces_retired", tc.retired},
-          {"trace_bytes", tc.bytes},
-          {"feedback", s.feedback},
-          {"feedback_unapplied", s.feedback_unapplied},
-          {"samples", s.samples},
-          {"train_steps", steps},
-          {"committed_versions", s.committed},
-          {"published_versions", s.published},
-          {"rejected_versions", s.rejected},
-          {"rollbacks", s.rollbacks},
-          {"gates_pending", [&] {
-             int64_t n = 0;
-             for (const auto& [a, k] : s.gates_pending) n += k;
-             return n;
-           }()},
-          {"rounds_failed", s.rounds_failed},
-          {"judge_calls", s.judge_calls},
-          {"judge_failures", s.judge_failures},
-          {"judge_pending", s.judge_pending},
-          {"last_error", s.last_error.empty() ? json(nullptr) : json(s.last_error)},
-          {"published", published},
-          {"versions", versions},
-          {"agents", agents},
-          {"notes", s.notes}};
+              {"enabled", s.traces != nullptr},
+              {"gate", opts.learn.gate},
+              {"traces", tc.rows},
+              {"traces_recorded", tc.recorded},
+              {"traces_dropped", tc.dropped},
+              {"traces_retired", tc.retired},
+              {"trace_bytes", tc.bytes},
+              {"feedback", s.feedback},
+              {"feedback_unapplied", s.feedback_unapplied},
+              {"samples", s.samples},
+              {"train_steps", steps},
+              {"committed_versions", s.committed},
+              {"published_versions", s.published},
+              {"rejected_versions", s.rejected},
+              {"rollbacks", s.rollbacks},
+              {"gates_pending", [&] {
+                 int64_t n = 0;
+                 for (const auto& [a, k] : s.gates_pending) n += k;
+                 return n;
+               }()},
+              {"rounds_failed", s.rounds_failed},
+              {"judge_calls", s.judge_calls},
+              {"judge_failures", s.judge_failures},
+              {"judge_pending", s.judge_pending},
+              {"last_error", s.last_error.empty() ? json(nullptr) : json(s.last_error)},
+              {"published", published},
+              {"versions", versions},
+              {"agents", agents},
+              {"notes", s.notes}};
   learning_state_json(out);
   return out;
 }
