@@ -232,6 +232,17 @@ TEST(LearnStore, SavesAndLoadsTheState) {
   // The next version a training commit makes counts on from it.
   init.seed = 2;  // other bytes: a new version, not the same one again
   EXPECT_EQ(e->adapters().add("names", init_lora(e->config(), init, e->allocator()), false).version, 4u);
+  // A sample whose blobs are not whole ids and weights is left out, counted.
+  traces->with_db([](sqlite3* d) {
+    ASSERT_EQ(sqlite3_exec(d,
+                           "INSERT INTO learn_samples (agent, heldout, seq, response_id, weight, tokens, weights) "
+                           "VALUES ('teller', 0, 99, 'bad', 1.0, x'010203', x'00000000')",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+  });
+  const LearnSnapshot c = store.load(&skipped);
+  EXPECT_EQ(skipped, 1);
+  EXPECT_EQ(c.loops[0].replay.size(), 1u);
   // A save whose records name no file removes the file.
   store.save(s);
   EXPECT_FALSE(std::filesystem::exists(dir.file(rel)));

@@ -19,6 +19,7 @@
 #include <filesystem>
 
 #include "platform/error.h"
+#include "platform/timer.h"
 #include "serve/server_learning.h"
 
 namespace ebb::serve {
@@ -158,6 +159,7 @@ void Server::Impl::learner_chores(std::unique_lock<std::mutex>& lock, bool force
   if (!force_save && now - s.last_save < LearnState::kSaveInterval) return;
   std::deque<std::pair<std::string, uint64_t>> pending;
   pending.swap(s.weights_pending);
+  const double t0 = now_seconds();
   s.dirty = false;
   s.saving = true;  // not "saved" until the transaction is in
   lock.unlock();
@@ -224,6 +226,7 @@ void Server::Impl::learner_chores(std::unique_lock<std::mutex>& lock, bool force
   lock.lock();
   s.saving = false;
   s.last_save = now;
+  s.last_save_s = now_seconds() - t0;
   ++s.saves;
   if (!error.empty()) {
     ++s.save_failures;
@@ -349,6 +352,7 @@ void Server::Impl::learning_state_json(json& out) const {
                   {"saved", s.store != nullptr && !s.dirty && !s.saving && s.weights_pending.empty()},
                   {"saves", s.saves},
                   {"save_failures", s.save_failures},
+                  {"last_save_s", s.last_save_s},
                   {"restored", s.restored.is_null() ? json(nullptr) : s.restored}};
 }
 

@@ -84,6 +84,7 @@ struct Server::Impl::LearnState {
   bool saving = false;              // a save is being written
   double last_save = 0;
   int64_t saves = 0, save_failures = 0;
+  double last_save_s = 0;           // how long the last save took (weights, then the transaction)
   std::deque<std::pair<std::string, uint64_t>> weights_pending;  // published versions to write
   std::map<std::pair<std::string, uint64_t>, std::string> weight_files;  // written, relative to the state dir
   nlohmann::json restored;          // what start-up brought back
