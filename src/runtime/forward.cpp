@@ -37,7 +37,9 @@ void Forward::ensure_chunk_size(int64_t chunk_size) {
 void Forward::ensure_lora_rank(int64_t rank) {
   if (rank <= lora_rank_) return;
   lora_scratch_.reset();
-  lora_scratch_ = alloc_.allocate(static_cast<size_t>(opts_.max_batch * rank) * sizeof(float), MemCategory::kScratch);
+  // Rows of a batch's A x, or the A x of every term of a fused product group.
+  const int64_t rows = std::max<int64_t>(opts_.max_batch, kMaxSharedInput * kMaxFusedAdapters);
+  lora_scratch_ = alloc_.allocate(static_cast<size_t>(rows * rank) * sizeof(float), MemCategory::kScratch);
   lora_rank_ = rank;
 }
 
@@ -73,7 +75,8 @@ void Forward::plan_scratch() {
   mm_scratch_ = p;
 }
 
-void Forward::matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride) {
+void Forward::matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride,
+                     std::span<const LowRankTerm> terms) {
   MatmulArgs a;
   a.w = &w;
   a.x = x;
@@ -82,6 +85,7 @@ void Forward::matmul(const WeightView& w, const float* x, int64_t n, float* y, i
   a.y = y;
   a.y_stride = y_stride;
   a.scratch = mm_scratch_;
+  a.terms = terms;
   ebb::matmul(ks_, a, pool_);
 }
 
@@ -97,6 +101,7 @@ void Forward::matmul_shared_input(std::initializer_list<MatmulOut> outs, const f
     a[i].y = o.y;
     a[i].y_stride = o.y_stride;
     a[i].scratch = mm_scratch_;
+    a[i].terms = o.terms;
     ++i;
   }
   ebb::matmul_multi(ks_, a, static_cast<int>(outs.size()), pool_);
@@ -166,6 +171,8 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
       any_lora_ = true;
     }
   }
+  fused_lora_ = any_lora_ && seqs.size() == 1 && n == 1 &&
+                seqs[0].adapters->size() <= static_cast<size_t>(kMaxFusedAdapters);
   // Several sequences: logits land in a planned block, then go to each
   // sequence's own buffer. One sequence writes straight into its buffer.
   float* head_out = seqs[0].logits;
@@ -257,10 +264,15 @@ void Forward::attention_block(const LayerWeights& w, int l, std::span<const Step
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
   for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.attn_norm, xn_ + t * d, d, c.rms_eps);
-  matmul_shared_input({{&w.q, q_, qd}, {&w.k, k_, kvd}, {&w.v, v_, kvd}}, xn_, n);
-  apply_lora(seqs, l, LoraTarget::kQ, xn_, d, q_, qd);
-  apply_lora(seqs, l, LoraTarget::kK, xn_, d, k_, kvd);
-  apply_lora(seqs, l, LoraTarget::kV, xn_, d, v_, kvd);
+  matmul_shared_input({{&w.q, q_, qd, lora_terms(seqs, l, LoraTarget::kQ, w.q, 0)},
+                       {&w.k, k_, kvd, lora_terms(seqs, l, LoraTarget::kK, w.k, 1)},
+                       {&w.v, v_, kvd, lora_terms(seqs, l, LoraTarget::kV, w.v, 2)}},
+                      xn_, n);
+  if (!fused_lora_) {
+    apply_lora(seqs, l, LoraTarget::kQ, xn_, d, q_, qd);
+    apply_lora(seqs, l, LoraTarget::kK, xn_, d, k_, kvd);
+    apply_lora(seqs, l, LoraTarget::kV, xn_, d, v_, kvd);
+  }
   add_bias(q_, w.q_bias, n, qd, ops_);
   add_bias(k_, w.k_bias, n, kvd, ops_);
   add_bias(v_, w.v_bias, n, kvd, ops_);
@@ -306,8 +318,8 @@ void Forward::attention_block(const LayerWeights& w, int l, std::span<const Step
   // whole context on one thread, so its result does not depend on the other
   // rows (alone, it may differ from that by rounding; attention_batch).
   attention_batch(isa_, attn_args_, pool_);
-  matmul(w.o, att_, n, xn_, d);
-  apply_lora(seqs, l, LoraTarget::kO, att_, qd, xn_, d);
+  matmul(w.o, att_, n, xn_, d, lora_terms(seqs, l, LoraTarget::kO, w.o, 0));
+  if (!fused_lora_) apply_lora(seqs, l, LoraTarget::kO, att_, qd, xn_, d);
   for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
 }
 
@@ -317,12 +329,16 @@ void Forward::ffn_block(const LayerWeights& w, int l, std::span<const StepSeq> s
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd;
   for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.ffn_norm, xn_ + t * d, d, c.rms_eps);
-  matmul_shared_input({{&w.gate, gate_, c.n_ff}, {&w.up, up_, c.n_ff}}, xn_, n);
-  apply_lora(seqs, l, LoraTarget::kGate, xn_, d, gate_, c.n_ff);
-  apply_lora(seqs, l, LoraTarget::kUp, xn_, d, up_, c.n_ff);
+  matmul_shared_input({{&w.gate, gate_, c.n_ff, lora_terms(seqs, l, LoraTarget::kGate, w.gate, 0)},
+                       {&w.up, up_, c.n_ff, lora_terms(seqs, l, LoraTarget::kUp, w.up, 1)}},
+                      xn_, n);
+  if (!fused_lora_) {
+    apply_lora(seqs, l, LoraTarget::kGate, xn_, d, gate_, c.n_ff);
+    apply_lora(seqs, l, LoraTarget::kUp, xn_, d, up_, c.n_ff);
+  }
   for (int64_t t = 0; t < n; ++t) ops_.swiglu(gate_ + t * c.n_ff, up_ + t * c.n_ff, gate_ + t * c.n_ff, c.n_ff);
-  matmul(w.down, gate_, n, xn_, d);
-  apply_lora(seqs, l, LoraTarget::kDown, gate_, c.n_ff, xn_, d);
+  matmul(w.down, gate_, n, xn_, d, lora_terms(seqs, l, LoraTarget::kDown, w.down, 0));
+  if (!fused_lora_) apply_lora(seqs, l, LoraTarget::kDown, gate_, c.n_ff, xn_, d);
   for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
 }
 
@@ -349,6 +365,27 @@ void lora_up(const LoraKernels& k, const LoraPair& p, const float* t, float s, i
 }
 
 }  // namespace
+
+std::span<const LowRankTerm> Forward::lora_terms(std::span<const StepSeq> seqs, int layer, LoraTarget target,
+                                                 const WeightView& w, int slot) {
+  if (!fused_lora_) return {};
+  int k = 0;
+  for (const ActiveAdapter& a : *seqs[0].adapters) {
+    const LoraPair* p = a.v->lora->find(layer, target);
+    if (!p || a.scale == 0.0f) continue;
+    EBB_CHECK(p->n_in == w.cols && p->n_out == w.rows && k < kMaxFusedAdapters);
+    LowRankTerm& t = terms_[slot][k];
+    const bool f16 = p->dtype == DType::kF16;
+    t.a = f16 ? static_cast<const void*>(p->a_f16()) : p->a_data();
+    t.bt = f16 ? static_cast<const void*>(p->bt_f16()) : p->bt_data();
+    t.f16 = f16;
+    t.rank = p->rank;
+    t.scale = a.scale * p->scale;
+    t.t = lora_scratch_.as<float>() + (slot * kMaxFusedAdapters + k) * lora_rank_;  // [rank]
+    ++k;
+  }
+  return {terms_[slot], static_cast<size_t>(k)};
+}
 
 void Forward::apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget target, const float* x,
                          int64_t x_stride, float* y, int64_t y_stride, bool out_rows) {
