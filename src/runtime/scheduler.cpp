@@ -672,7 +672,12 @@ void Scheduler::loop() {
           // Woken by a submission, a cancellation or shutdown; the timeout
           // rechecks what changes without notice (free memory, streams that
           // were cancelled while waiting).
+          const bool bg_waiting = !bg_queue_.empty();
+          const double idle0 = now_seconds();
           cv_.wait_for(lock, std::chrono::milliseconds(100));
+          const double idle = now_seconds() - idle0;
+          m_.idle_s += idle;
+          if (bg_waiting) m_.idle_bg_waiting_s += idle;
           continue;
         }
       }
@@ -1009,6 +1014,7 @@ void Scheduler::run_background_step(BgItem& b) {
     std::lock_guard lock(mu_);
     ++m_.bg_steps;
     m_.bg_busy_s += dt;
+    m_.bg_busy_by_kind_s[b.task.desc.kind] += dt;
     attribute_wait_locked(b.task.desc.kind, dt);
     KindCost& k = kind_cost_locked(b.task.desc.kind);
     k.step_s.add(dt);

@@ -264,6 +264,10 @@ struct SchedulerMetrics {
   int64_t bg_over_window = 0;  // steps admitted past the window rule after window_starvation_s
   int64_t bg_aged = 0;         // steps picked ahead of higher utility by background_aging_s
   double bg_busy_s = 0;
+  std::map<std::string, double> bg_busy_by_kind_s;  // background step seconds, by kind
+  // The scheduler thread idle (nothing admissible, no control call), in
+  // all and while background tasks waited (held back by the rules above).
+  double idle_s = 0, idle_bg_waiting_s = 0;
   // Waiting background tasks held back, at their last check, by each rule
   // (the reasons /metrics shows as ebb_background_pending{reason=...}).
   int64_t bg_pending_memory = 0, bg_pending_window = 0;
