@@ -288,6 +288,7 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
   run.bg_deferred_window = m.bg_deferred_window;
   run.bg_over_window = m.bg_over_window;
   run.bg_aged = m.bg_aged;
+  run.bg_share = m.bg_share;
   run.cached_tokens = m.cached_tokens;
   run.prompt_tokens = m.prompt_tokens;
   run.offload_requests = m.offload_requests;

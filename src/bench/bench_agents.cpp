@@ -119,6 +119,7 @@ json result_json(const AgentsRun& r) {
           {"bg_deferred_window", r.bg_deferred_window},
           {"bg_over_window", r.bg_over_window},
           {"bg_aged", r.bg_aged},
+          {"bg_share", r.bg_share},
           {"peak_rss_bytes", r.peak_rss_bytes}};
 }
 
