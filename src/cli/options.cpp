@@ -609,15 +609,24 @@ std::string summary_line(const Engine& e, const GenerateStats& st, double load_s
   if (load_seconds >= 0) std::snprintf(load, sizeof load, "load %.2f s | ", load_seconds);
   char adapters[64] = "";
   if (m.adapters > 0) std::snprintf(adapters, sizeof adapters, ", adapters %s", format_bytes(m.adapters).c_str());
-  char buf[704];
+  // Where it ran: the CPU target and threads, or the device and what it holds.
+  char where[256];
+  if (const DeviceForward* d = e.device()) {
+    const DeviceFootprint f = d->footprint();
+    std::snprintf(where, sizeof where, "%s holds %s (weights %s, kv %s)", f.id.c_str(), format_bytes(f.total()).c_str(),
+                  format_bytes(f.weights() + f.globals).c_str(), format_bytes(f.kv).c_str());
+  } else {
+    std::snprintf(where, sizeof where, "%s x%d", std::string(isa_name(e.isa())).c_str(),
+                  const_cast<Engine&>(e).pool().size());
+  }
+  char buf[960];
   std::snprintf(buf, sizeof buf,
                 "%sprompt %lld tok %.1f tok/s | gen %lld tok %.1f tok/s | ttft %.1f ms | mem %s (weights %s, kv %s, "
-                "scratch %s%s) | %s x%d | stop %s | hash %016llx",
+                "scratch %s%s) | %s | stop %s | hash %016llx",
                 load, static_cast<long long>(st.prompt_tokens), st.prefill_tok_s(),
                 static_cast<long long>(st.generated_tokens), st.decode_tok_s(), st.ttft_seconds * 1e3,
                 format_bytes(m.total).c_str(), format_bytes(m.weights).c_str(), format_bytes(m.kv).c_str(),
-                format_bytes(m.scratch).c_str(), adapters, std::string(isa_name(e.isa())).c_str(),
-                const_cast<Engine&>(e).pool().size(), std::string(stop_reason_name(st.stop)).c_str(),
+                format_bytes(m.scratch).c_str(), adapters, where, std::string(stop_reason_name(st.stop)).c_str(),
                 static_cast<unsigned long long>(h));
   return buf;
 }
