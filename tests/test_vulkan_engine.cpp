@@ -167,9 +167,9 @@ TEST(VulkanEngineSession, ContinuedAcrossCallsAndTruncated) {
 // the logits it gets alone.
 TEST(VulkanEngineSession, TwoSessionsInOneStep) {
   EBB_REQUIRE_VULKAN(be);
-  const std::vector<test::GoldenCase> golden = test::load_golden("tiny-qwen2-f16");
+  const std::vector<test::GoldenCase> golden = test::load_golden("stories260K-f16");
   ASSERT_GE(golden.size(), 2u);
-  Engine gpu(device_options("tiny-qwen2-f16", be));
+  Engine gpu(device_options("stories260K-f16", be));
   std::vector<std::vector<float>> alone;
   for (int i = 0; i < 2; ++i) {
     Session s(gpu);
