@@ -7,6 +7,7 @@
 
 #include "kernels/attention.h"
 #include "memory/kv_cache.h"
+#include "runtime/device_forward.h"
 #include "platform/error.h"
 
 namespace ebb {
@@ -141,6 +142,10 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
 }
 
 void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
+  if (device_) {  // the engine runs on a device: weights there, no weight source
+    device_->run_batch(seqs);
+    return;
+  }
   WeightSource& src = source ? *source : resident_;
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd;

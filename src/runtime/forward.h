@@ -22,6 +22,7 @@
 namespace ebb {
 
 class KvCache;
+class DeviceForward;
 
 struct ForwardOptions {
   int64_t max_batch = 64;   // tokens per step (all sequences together)
@@ -70,6 +71,11 @@ class Forward {
   // Re-plans the adapters' rank-r intermediate for a larger rank (called
   // when a session binds adapters, never during generation).
   void ensure_lora_rank(int64_t rank);
+
+  // Steps run on a compute device from now on (runtime/device_forward.h;
+  // nullptr: on the CPU, here). Set once by the engine, before any session.
+  void set_device(DeviceForward* device) { device_ = device; }
+  DeviceForward* device() const { return device_; }
 
   int64_t max_batch() const { return opts_.max_batch; }
   uint64_t scratch_bytes() const { return scratch_.size() + head_scratch_.size() + lora_scratch_.size(); }
@@ -143,6 +149,7 @@ class Forward {
   static constexpr int kMaxFusedAdapters = 8;
   // [slot][adapter] the terms lora_terms hands out, their A x in lora_scratch_.
   LowRankTerm terms_[kMaxSharedInput][kMaxFusedAdapters];
+  DeviceForward* device_ = nullptr;  // the engine's, when it runs on a device
 };
 
 }  // namespace ebb
