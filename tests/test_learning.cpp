@@ -118,6 +118,28 @@ TEST(TraceStore, BytesBoundAndReopen) {
   EXPECT_EQ(t->adapter_version, 2u);
 }
 
+// A turn with no prompt tokens (a completion of "") or no output (stopped at
+// once) is still a trace: empty id lists are empty blobs, not NULLs the
+// schema's NOT NULL would refuse.
+TEST(TraceStore, EmptyPromptOrOutputIsKept) {
+  test::TempDir dir("ebb-traces");
+  auto st = TraceStore::open(dir.file("t.sqlite"), {}, nullptr);
+  Trace a = trace("no-prompt", 3);
+  a.prompt = std::vector<int32_t>();  // no storage: data() is null, as for a fresh list
+  Trace b = trace("no-output", 0);
+  ASSERT_TRUE(st->record(a));
+  ASSERT_TRUE(st->record(b));
+  const std::optional<Trace> ra = st->find("no-prompt");
+  const std::optional<Trace> rb = st->find("no-output");
+  ASSERT_TRUE(ra);
+  ASSERT_TRUE(rb);
+  EXPECT_TRUE(ra->prompt.empty());
+  EXPECT_EQ(ra->output, (std::vector<int32_t>{9, 9, 9}));
+  EXPECT_EQ(rb->prompt, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(rb->output.empty());
+  EXPECT_EQ(st->counts().rows, 2);
+}
+
 TEST(TraceStore, NewerSchemaIsMovedAside) {
   test::TempDir dir("ebb-traces");
   const std::string path = dir.file("t.sqlite");

@@ -64,6 +64,14 @@ double unix_now() {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
+// Binds token ids as an int32 blob. An empty list is a zero-length blob, not
+// NULL (sqlite3_bind_blob binds NULL for a null pointer, which the NOT NULL
+// columns refuse, and the trace would be dropped).
+void bind_ids(sqlite3_stmt* s, int col, const std::vector<int32_t>& ids) {
+  if (ids.empty()) sqlite3_bind_zeroblob(s, col, 0);
+  else sqlite3_bind_blob(s, col, ids.data(), static_cast<int>(ids.size() * sizeof(int32_t)), SQLITE_TRANSIENT);
+}
+
 // A prepared statement, finalized at the end of its scope.
 struct Stmt {
   sqlite3_stmt* s = nullptr;
@@ -246,8 +254,8 @@ void TraceStore::write_batch(std::deque<Trace>& batch) {
       sqlite3_bind_text(st.s, 2, t.agent.c_str(), -1, SQLITE_TRANSIENT);
       sqlite3_bind_text(st.s, 3, t.adapter.c_str(), -1, SQLITE_TRANSIENT);
       sqlite3_bind_int64(st.s, 4, static_cast<int64_t>(t.adapter_version));
-      sqlite3_bind_blob(st.s, 5, t.prompt.data(), static_cast<int>(t.prompt.size() * sizeof(int32_t)), SQLITE_TRANSIENT);
-      sqlite3_bind_blob(st.s, 6, t.output.data(), static_cast<int>(t.output.size() * sizeof(int32_t)), SQLITE_TRANSIENT);
+      bind_ids(st.s, 5, t.prompt);
+      bind_ids(st.s, 6, t.output);
       sqlite3_bind_text(st.s, 7, t.text.c_str(), -1, SQLITE_TRANSIENT);
       sqlite3_bind_text(st.s, 8, t.tool_calls.c_str(), -1, SQLITE_TRANSIENT);
       sqlite3_bind_double(st.s, 9, t.created_s > 0 ? t.created_s : unix_now());
