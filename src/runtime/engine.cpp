@@ -75,7 +75,14 @@ Engine::Engine(const EngineOptions& opts)
       throw Error("the prefix cache runs on the CPU only for now, not with --device " + opts_.device);
     if (opts_.n_gpu_layers == 0)
       throw Error("-ngl 0 puts no layer on the device, but --device " + opts_.device + " asks for it");
-    if (!opts_.backend) backend_ = open_backend(opts_.device);  // throws saying why there is no such device
+    if (!opts_.backend) {
+      std::string why;
+      if (list_gpu_devices(&why).empty()) {
+        throw Error("--device " + opts_.device + ": no Vulkan device here (" + why +
+                    "); install a Vulkan driver (the GPU vendor's, or mesa-vulkan-drivers) or run on the CPU");
+      }
+      backend_ = open_backend(opts_.device);  // throws naming the id and what was found instead
+    }
   }
   const KernelSet& ks = kernel_set(isa_);
   // Packed units when the target has packed kernels for every format that
