@@ -226,6 +226,60 @@ TEST(VulkanEngineMemory, LedgerReturnsToWhereItWas) {
   EXPECT_EQ(after.n_slabs, before.n_slabs);
 }
 
+// Elastic memory on the device, weights: evict() gives back whole layers'
+// device buffers (the ledger's delta is what it reports), a step after it
+// uploads them again and computes the same logits, and restore() brings the
+// ledger back to exactly where it was.
+TEST(VulkanEngineMemory, EvictRestoreGenerate) {
+  EBB_REQUIRE_VULKAN(be);
+  Engine gpu(device_options("tiny-llama-f16", be));
+  const int64_t nl = gpu.config().n_layer;
+  const std::vector<int32_t> prompt = test::load_golden("tiny-llama-f16")[0].prompt_tokens;
+  Session s(gpu);
+  const std::span<const float> l0 = s.feed(prompt);
+  const std::vector<float> first(l0.begin(), l0.end());
+  const int32_t next = argmax(first);
+  const MemoryLedger held = be->ledger(MemoryPlace::kDevice);
+  const Footprint f = gpu.footprint();
+  const int64_t host_before = gpu.ledger().total();
+  // One byte: the last layer goes.
+  EvictReport r = gpu.evict(1);
+  EXPECT_EQ(r.weights_dropped, 1);
+  EXPECT_EQ(r.freed, held.buffer_bytes - be->ledger(MemoryPlace::kDevice).buffer_bytes);
+  EXPECT_GE(r.freed, f.device->weights_per_layer.back());
+  EXPECT_EQ(gpu.footprint().device->weights_per_layer.back(), 0u);
+  // All of them; the KV stays.
+  r = gpu.evict(UINT64_MAX);
+  EXPECT_EQ(r.weights_dropped, nl - 1);
+  EXPECT_EQ(gpu.footprint().device->weights(), 0u);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, held.n_buffers - nl);
+  EXPECT_GE(held.buffer_bytes - be->ledger(MemoryPlace::kDevice).buffer_bytes, f.device->weights());
+  EXPECT_EQ(gpu.footprint().device->kv, f.device->kv);
+  // restore(): the device ledger exactly as it was, the host's too (its
+  // transient copies of the layers are freed).
+  const RestoreReport rr = gpu.restore();
+  EXPECT_EQ(rr.weights_loaded, nl);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).buffer_bytes, held.buffer_bytes);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, held.n_buffers);
+  EXPECT_EQ(gpu.footprint().device->weights(), f.device->weights());
+  EXPECT_EQ(gpu.ledger().total(), host_before);
+  // Evicted again, a step uploads the layers first and computes what it did.
+  gpu.evict(UINT64_MAX);
+  {
+    Session t(gpu);
+    EXPECT_LE(nmse(t.feed(prompt), first), 0.0);
+    EXPECT_EQ(gpu.footprint().device->weights(), f.device->weights());
+    // The first session continues on them as a fresh one runs it all.
+    const std::span<const float> l1 = s.feed({&next, 1});
+    std::vector<int32_t> longer = prompt;
+    longer.push_back(next);
+    Session u(gpu);
+    EXPECT_LE(nmse(l1, u.feed(longer)), 1e-10);
+  }
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, held.n_buffers);
+  EXPECT_EQ(gpu.ledger().total(), host_before);
+}
+
 template <typename F>
 std::string error_of(F&& f) {
   try {
@@ -260,8 +314,8 @@ TEST(VulkanEngineErrors, WhatIsNotSupportedYetIsRefused) {
   EngineOptions eo = device_options("stories260K", be);
   eo.n_gpu_layers = 99;  // more than the model's layers: all
   Engine gpu(eo);
-  EXPECT_EQ(gpu.elastic(), nullptr);
-  EXPECT_NE(error_of([&] { gpu.evict(1 << 20); }).find("elastic memory is off"), std::string::npos);
+  EXPECT_EQ(gpu.elastic(), nullptr);  // the host's elastic memory; the device evicts its own layers
+  EXPECT_NE(error_of([&] { gpu.set_memory_limit(1 << 20); }).find("elastic memory is off"), std::string::npos);
   SessionOptions f32;
   f32.kv_type = DType::kF32;
   EXPECT_NE(error_of([&] { Session s(gpu, f32); }).find("F16 only"), std::string::npos);

@@ -105,8 +105,8 @@ std::unique_ptr<BackendBuffer> DeviceForward::upload(Staged& st) {
   return buf;
 }
 
-DeviceForward::DeviceForward(Backend& be, const Model& model, DeviceForwardOptions opts)
-    : be_(be), model_(model), cfg_(model.config()), opts_(opts), ks_(kernel_set(opts.isa)) {
+DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, DeviceForwardOptions opts)
+    : be_(be), model_(model), alloc_(alloc), cfg_(model.config()), opts_(opts), ks_(kernel_set(opts.isa)) {
   const ModelConfig& c = cfg_;
   const std::string dev = be_.info().id;
   if (c.head_dim > 256 || c.head_dim % 2 != 0)
@@ -117,25 +117,7 @@ DeviceForward::DeviceForward(Backend& be, const Model& model, DeviceForwardOptio
   layers_.resize(static_cast<size_t>(model.n_layers()));
   for (int l = 0; l < model.n_layers(); ++l) {
     if (!model.layer_unit(l).resident()) throw Error("layer " + std::to_string(l) + " is not resident: nothing to upload");
-    const LayerWeights w = model.layer(l);
-    LayerBuf& lb = layers_[l];
-    Staged st;
-    lb.q = stage_matrix(st, w.q);
-    lb.k = stage_matrix(st, w.k);
-    lb.v = stage_matrix(st, w.v);
-    lb.o = stage_matrix(st, w.o);
-    lb.gate = stage_matrix(st, w.gate);
-    lb.up = stage_matrix(st, w.up);
-    lb.down = stage_matrix(st, w.down);
-    lb.attn_norm = stage_vector(st, w.attn_norm, c.n_embd);
-    lb.ffn_norm = stage_vector(st, w.ffn_norm, c.n_embd);
-    lb.q_norm = stage_vector(st, w.q_norm, c.head_dim);
-    lb.k_norm = stage_vector(st, w.k_norm, c.head_dim);
-    // Biases replicated over the batch: one add over all rows of a step.
-    lb.q_bias = stage_vector(st, w.q_bias, c.q_dim(), B);
-    lb.k_bias = stage_vector(st, w.k_bias, c.kv_dim(), B);
-    lb.v_bias = stage_vector(st, w.v_bias, c.kv_dim(), B);
-    lb.buf = upload(st);
+    upload_layer(l);
   }
   {
     const GlobalWeights g = model.globals();
@@ -158,6 +140,73 @@ DeviceForward::DeviceForward(Backend& be, const Model& model, DeviceForwardOptio
   x_host_.resize(static_cast<size_t>(B * c.n_embd));
   rope_host_.resize(static_cast<size_t>(B * c.rope_dim));
   stream_ = be_.new_stream();
+}
+
+void DeviceForward::upload_layer(int l) {
+  const ModelConfig& c = cfg_;
+  const int64_t B = opts_.max_batch;
+  {
+    const LayerWeights w = model_.layer(l);
+    LayerBuf& lb = layers_[l];
+    Staged st;
+    lb.q = stage_matrix(st, w.q);
+    lb.k = stage_matrix(st, w.k);
+    lb.v = stage_matrix(st, w.v);
+    lb.o = stage_matrix(st, w.o);
+    lb.gate = stage_matrix(st, w.gate);
+    lb.up = stage_matrix(st, w.up);
+    lb.down = stage_matrix(st, w.down);
+    lb.attn_norm = stage_vector(st, w.attn_norm, c.n_embd);
+    lb.ffn_norm = stage_vector(st, w.ffn_norm, c.n_embd);
+    lb.q_norm = stage_vector(st, w.q_norm, c.head_dim);
+    lb.k_norm = stage_vector(st, w.k_norm, c.head_dim);
+    // Biases replicated over the batch: one add over all rows of a step.
+    lb.q_bias = stage_vector(st, w.q_bias, c.q_dim(), B);
+    lb.k_bias = stage_vector(st, w.k_bias, c.kv_dim(), B);
+    lb.v_bias = stage_vector(st, w.v_bias, c.kv_dim(), B);
+    lb.buf = upload(st);
+  }
+}
+
+DeviceForward::Evicted DeviceForward::evict(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  const uint64_t before = be_.ledger(MemoryPlace::kDevice).buffer_bytes;
+  Evicted e;
+  for (int l = model_.n_layers() - 1; l >= 0 && before - be_.ledger(MemoryPlace::kDevice).buffer_bytes < bytes; --l) {
+    if (!layers_[l].buf) continue;
+    layers_[l].buf.reset();
+    ++e.layers;
+  }
+  e.freed = before - be_.ledger(MemoryPlace::kDevice).buffer_bytes;
+  return e;
+}
+
+int64_t DeviceForward::restore() {
+  std::lock_guard lock(mu_);
+  return restore_locked();
+}
+
+int64_t DeviceForward::restore_locked() {
+  int64_t n = 0;
+  for (int l = 0; l < model_.n_layers(); ++l) {
+    if (layers_[l].buf) continue;
+    WeightUnit& u = model_.layer_unit(l);
+    u.load(model_.file(), alloc_);  // throws naming the file on an I/O error (the layer stays dropped)
+    struct Release {
+      WeightUnit& u;
+      ~Release() { u.release(); }  // the device holds it again; the host copy goes
+    } release{u};
+    upload_layer(l);
+    ++n;
+  }
+  return n;
+}
+
+int64_t DeviceForward::n_dropped() const {
+  std::lock_guard lock(mu_);
+  int64_t n = 0;
+  for (const LayerBuf& l : layers_) n += l.buf ? 0 : 1;
+  return n;
 }
 
 DeviceForward::~DeviceForward() {
@@ -294,6 +343,7 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs) {
     n_out += s.all_logits ? ns : 1;
   }
   EBB_CHECK(n <= opts_.max_batch);
+  restore_locked();  // layers evict() dropped come back first
   for (const StepSeq& s : seqs) kv_for(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
   // Inputs: embeddings and each row's (cos, sin) table, computed here.
   const GlobalWeights g = model_.globals();
@@ -348,7 +398,7 @@ DeviceFootprint DeviceForward::footprint() const {
   DeviceFootprint f;
   f.id = be_.info().id;
   f.name = be_.info().name;
-  for (const LayerBuf& l : layers_) f.weights_per_layer.push_back(l.buf->size());
+  for (const LayerBuf& l : layers_) f.weights_per_layer.push_back(l.buf ? l.buf->size() : 0);
   f.globals = head_.buf->size();
   for (const auto& [k, s] : kv_) f.kv += s.bytes();
   for (const auto* b : {&x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &rope_, &logits_}) f.scratch += (*b)->size();

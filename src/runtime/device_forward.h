@@ -14,7 +14,8 @@
 //
 // Not yet on the device: LoRA adapters (a step that binds one is refused),
 // a split of the layers between device and CPU (all or nothing), eviction
-// and restoration of device memory.
+// of the KV and restoration overlapped with the step (evict() and restore()
+// below move whole layers' weights, synchronously).
 #pragma once
 
 #include <cstdint>
@@ -59,7 +60,7 @@ class DeviceForward {
   // has no matmul for are dequantised to F16 on the way (`converted` lists
   // those formats, so the caller can say so once). Throws ebb::Error naming
   // the device and the limit when the model's shapes or memory do not fit.
-  DeviceForward(Backend& be, const Model& model, DeviceForwardOptions opts);
+  DeviceForward(Backend& be, Model& model, Allocator& alloc, DeviceForwardOptions opts);
   ~DeviceForward();
   DeviceForward(const DeviceForward&) = delete;
   DeviceForward& operator=(const DeviceForward&) = delete;
@@ -72,6 +73,20 @@ class DeviceForward {
 
   // Frees the device KV of a cache (its session is going away).
   void release(const KvCache* kv);
+
+  // Elastic memory on the device, weights only for now (the sessions' KV
+  // stays): evict() frees whole layers' device buffers, the last layer
+  // first, until at least `bytes` are given back (the device ledger's delta
+  // is returned); restore() uploads every dropped layer again from the model
+  // file (through a transient host copy). A step that finds a layer dropped
+  // restores it first. Between steps only.
+  struct Evicted {
+    uint64_t freed = 0;  // device ledger bytes given back
+    int64_t layers = 0;
+  };
+  Evicted evict(uint64_t bytes);
+  int64_t restore();  // layers uploaded
+  int64_t n_dropped() const;
 
   DeviceFootprint footprint() const;
   // The weight formats dequantised to F16 at load ("Q4_K", ...), each once.
@@ -112,6 +127,8 @@ class DeviceForward {
   Vec stage_vector(Staged& st, const float* v, int64_t n, int64_t copies = 1);
   std::unique_ptr<BackendBuffer> upload(Staged& st);
 
+  void upload_layer(int l);  // layer l's unit must be resident on the host
+  int64_t restore_locked();
   // Grows kv's device KV to hold n positions (copying what it held).
   SeqKv& kv_for(KvCache& kv, int64_t n);
   void record_layer(BackendStream& s, const LayerBuf& w, int l, std::span<const StepSeq> seqs, int64_t n);
@@ -119,7 +136,8 @@ class DeviceForward {
               BackendBuffer* y, uint64_t y_off, int64_t n_tokens);
 
   Backend& be_;
-  const Model& model_;
+  Model& model_;
+  Allocator& alloc_;  // the host's, for a layer's transient copy while it is uploaded again
   const ModelConfig& cfg_;
   DeviceForwardOptions opts_;
   const KernelSet& ks_;

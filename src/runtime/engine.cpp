@@ -6,6 +6,7 @@
 #include "kernels/matmul.h"
 #include "platform/error.h"
 #include "platform/hash.h"
+#include "platform/timer.h"
 #include "runtime/budget_mode.h"
 #include "runtime/session.h"
 
@@ -74,7 +75,14 @@ Engine::Engine(const EngineOptions& opts)
       throw Error("the prefix cache runs on the CPU only for now, not with --device " + opts_.device);
     if (opts_.n_gpu_layers == 0)
       throw Error("-ngl 0 puts no layer on the device, but --device " + opts_.device + " asks for it");
-    if (!opts_.backend) backend_ = open_backend(opts_.device);  // throws saying why there is no such device
+    if (!opts_.backend) {
+      std::string why;
+      if (list_gpu_devices(&why).empty()) {
+        throw Error("--device " + opts_.device + ": no Vulkan device here (" + why +
+                    "); install a Vulkan driver (the GPU vendor's, or mesa-vulkan-drivers) or run on the CPU");
+      }
+      backend_ = open_backend(opts_.device);  // throws naming the id and what was found instead
+    }
   }
   const KernelSet& ks = kernel_set(isa_);
   // Packed units when the target has packed kernels for every format that
@@ -112,13 +120,13 @@ Engine::Engine(const EngineOptions& opts)
                   " layers between " + opts_.device +
                   " and the CPU is not supported yet; use -ngl " + std::to_string(nl) + " (or 99: all) or -ngl 0 (CPU)");
     }
-    device_ = std::make_unique<DeviceForward>(opts_.backend ? *opts_.backend : *backend_, *model_,
+    device_ = std::make_unique<DeviceForward>(opts_.backend ? *opts_.backend : *backend_, *model_, alloc_,
                                               DeviceForwardOptions{.max_batch = fo.max_batch, .isa = isa_});
     forward_->set_device(device_.get());
     // The device holds the layers now; the host keeps the globals (the
     // embedding lookup runs here).
     for (int l = 0; l < nl; ++l) model_->layer_unit(l).release();
-    opts_.elastic = false;  // eviction of device memory: not yet
+    opts_.elastic = false;  // the host's elastic memory: the device evicts its own layers (evict())
   }
   adapters_ = std::make_unique<AdapterRegistry>(model_->config(), alloc_);
   kv_pool_ = std::make_unique<KvPool>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, &alloc_);
@@ -156,10 +164,20 @@ Engine::Engine(const EngineOptions& opts)
 }
 
 EvictReport Engine::evict(uint64_t bytes) {
-  if (!elastic_) {
-    throw Error(device_ ? "elastic memory is off (the engine runs on " + device_->device().id + "); nothing can be evicted"
-                        : std::string("elastic memory is off (budget mode); nothing can be evicted"));
+  if (device_) {
+    // On a device: whole layers' weights leave device memory (the sessions'
+    // KV stays there for now); the next step or restore() uploads them again.
+    const Stopwatch sw;
+    const DeviceForward::Evicted d = device_->evict(bytes);
+    EvictReport r;
+    r.requested = bytes;
+    r.freed = d.freed;
+    r.weights_dropped = d.layers;
+    r.seconds = sw.seconds();
+    r.note = device_->device().id + ": weight layers only (the KV stays on the device)";
+    return r;
   }
+  if (!elastic_) throw Error("elastic memory is off (budget mode); nothing can be evicted");
   {
     std::lock_guard lock(sessions_mu_);
     for (Session* s : sessions_) s->release_adapters();
@@ -193,6 +211,13 @@ void Engine::set_kv_spare_limit(uint64_t bytes) {
 }
 
 RestoreReport Engine::restore() {
+  if (device_) {
+    const Stopwatch sw;
+    RestoreReport r;
+    r.weights_loaded = device_->restore();
+    r.seconds = sw.seconds();
+    return r;
+  }
   if (!elastic_) return {};
   RestoreReport r = elastic_->restore();
   return r;

@@ -40,7 +40,8 @@ struct EngineOptions {
   int n_threads = 0;            // 0: all hardware threads
   // Where the forward pass runs: "cpu", "vulkan" (the first Vulkan device)
   // or "vulkan:N". On a device, the weights and every session's KV live in
-  // its memory (runtime/device_forward.h); elastic memory, budget mode, the
+  // its memory (runtime/device_forward.h); evict()/restore() move its weight
+  // layers; the host's elastic memory (a memory limit), budget mode, the
   // prefix cache and LoRA adapters stay CPU-only for now (refused with a
   // message). "" is "cpu".
   std::string device = "cpu";

@@ -140,6 +140,12 @@ json restore_json(const RestoreReport& r) {
 
 ElasticMemory& elastic_or_throw(Engine& e) {
   if (ElasticMemory* em = e.elastic()) return *em;
+  if (e.device()) {
+    throw ApiException(error_of(409,
+                                "the memory routes drive the host's elastic memory, which is off while the engine runs "
+                                "on " + e.device_id() + " (its layers are evicted by Engine::evict, not over HTTP yet)",
+                                "invalid_request_error", "elastic_memory_off"));
+  }
   ApiError err = error_of(409,
                           "elastic memory is off (budget mode: --memory-budget streams the weights instead); "
                           "nothing can be evicted, restored or limited here",
