@@ -209,6 +209,37 @@ TEST(KvPool, SpareBuffersAreReusedWhateverTheyHeldAndCountedUntilReleased) {
   EXPECT_EQ(e->footprint().kv_spare, 0u);
 }
 
+// The peak is the most KV resident at any moment since reset_peak(): it
+// stays after the sessions that made it are gone.
+TEST(KvPool, PeakBytesFollowTheMostResidentSinceAReset) {
+  auto e = engine_for("stories260K.gguf");
+  const int64_t nv = e->config().n_vocab;
+  KvPool& pool = e->kv_pool();
+  pool.reset_peak();
+  EXPECT_EQ(pool.peak_bytes(), 0u);
+  uint64_t both = 0, one_after_reset = 0;
+  {
+    Session a(*e);
+    a.feed(random_tokens(40, nv, 31));  // 3 chunks per layer
+    const uint64_t one = pool.total_bytes();
+    EXPECT_EQ(pool.peak_bytes(), one);
+    {
+      Session b(*e);
+      b.feed(random_tokens(20, nv, 32));  // 2 more
+      both = pool.total_bytes();
+      EXPECT_GT(both, one);
+      EXPECT_EQ(pool.peak_bytes(), both);
+    }
+    EXPECT_EQ(pool.total_bytes(), one);
+    EXPECT_EQ(pool.peak_bytes(), both) << "the peak stays after b's chunks went";
+    pool.reset_peak();
+    EXPECT_EQ(pool.peak_bytes(), one) << "a reset starts from what is resident";
+    one_after_reset = one;
+  }
+  EXPECT_EQ(pool.total_bytes(), 0u);
+  EXPECT_EQ(pool.peak_bytes(), one_after_reset);
+}
+
 TEST(KvPool, SpareBuffersStayWithinTheirLimitAndGoFirstOnEviction) {
   auto e = engine_for("stories260K.gguf");
   const int64_t nv = e->config().n_vocab, nl = e->config().n_layer;

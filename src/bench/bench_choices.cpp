@@ -3,8 +3,8 @@
 // and decoded together, as ebb serve runs `n`), against the same request of
 // one choice, interleaved in one run. Aggregate decode tok/s: the tokens
 // sampled after the first, over the time from the first token to the last
-// choice's end. The prompt's KV is read from the pool while the choices run:
-// bytes held with N choices against one, beside what N copies would take.
+// choice's end. KV: the pool's peak resident bytes during the request, with
+// N choices against one, beside what N copies of one would take.
 // The bound is bench batch's: a step reads the weights once (one choice's
 // step time t1) and computes each row at about the prefill rate, so N
 // choices take at least max(t1, N / prefill tok/s) per step.
@@ -27,7 +27,7 @@ namespace {
 
 struct ChoicesRep {
   double decode_tok_s = 0, prefill_tok_s = 0;
-  uint64_t kv_bytes = 0;  // the pool's resident KV while every choice runs
+  uint64_t kv_bytes = 0;  // the pool's peak resident KV during the request
 };
 
 ChoicesRep run_rep(Engine& e, Scheduler& sched, int n, int64_t prompt, int64_t gen, int64_t kv_chunk, uint32_t seed) {
@@ -42,10 +42,15 @@ ChoicesRep run_rep(Engine& e, Scheduler& sched, int n, int64_t prompt, int64_t g
   r.session.kv_chunk_size = kv_chunk;
   r.session.use_prefix_cache = false;
   r.n_choices = n;
+  // The peak, not a census taken when the client sees every choice running:
+  // a short generation may have ended (and freed its KV) by then.
+  sched.call([](Engine& en) {
+         en.kv_pool().reset_peak();
+         return 0;
+       })
+      .get();
   auto stream = sched.submit_generation(std::move(r));
-  std::vector<int64_t> sampled(static_cast<size_t>(n), 0);
   int done = 0;
-  bool census = false;
   int64_t tokens = 0;
   double prefill_tok_s = 0;
   ChoicesRep out;
@@ -53,17 +58,13 @@ ChoicesRep run_rep(Engine& e, Scheduler& sched, int n, int64_t prompt, int64_t g
     std::optional<GenerationEvent> ev = stream->next(60.0);
     if (!ev) throw Error("bench batch --choices: no event within 60 s");
     if (ev->kind == GenerationEvent::Kind::kError) throw Error("bench batch --choices: " + ev->error);
-    sampled[static_cast<size_t>(ev->choice)] += static_cast<int64_t>(ev->tokens.size());
-    if (!census && std::all_of(sampled.begin(), sampled.end(), [](int64_t s) { return s >= 2; })) {
-      census = true;  // every choice runs its own tokens now
-      out.kv_bytes = sched.call([](Engine& en) { return en.kv_pool().total_bytes(); }).get();
-    }
     if (ev->kind != GenerationEvent::Kind::kDone) continue;
     ++done;
     tokens += ev->stats.generated_tokens;
     if (ev->choice == 0) prefill_tok_s = ev->stats.prefill_tok_s();
   }
   const double end = now_seconds();
+  out.kv_bytes = sched.call([](Engine& en) { return en.kv_pool().peak_bytes(); }).get();
   out.decode_tok_s = static_cast<double>(tokens - 1) / (end - stream->first_token_at());
   out.prefill_tok_s = prefill_tok_s;
   return out;

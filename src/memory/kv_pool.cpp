@@ -60,7 +60,7 @@ std::vector<KvChunkHandle> KvPool::create(const std::vector<int32_t>& layers, in
     c->row_bytes = row_bytes;
     c->seq = next_seq_++;
     c->storage = std::move(bufs[i]);
-    resident_bytes_[static_cast<size_t>(c->layer)] += c->storage.size();
+    add_resident(c->layer, static_cast<int64_t>(c->storage.size()));
     by_layer_[static_cast<size_t>(c->layer)].push_back(c);
     out.emplace_back(c);
   }
@@ -83,13 +83,13 @@ KvChunkHandle KvPool::copy(const KvChunk& src) {
 Buffer KvPool::take(KvChunk& c) {
   EBB_CHECK(c.resident());
   Buffer b = std::move(c.storage);
-  resident_bytes_[static_cast<size_t>(c.layer)] -= b.size();
+  add_resident(c.layer, -static_cast<int64_t>(b.size()));
   return b;
 }
 
 void KvPool::put(KvChunk& c, Buffer b) {
   EBB_CHECK(!c.resident() && b.size() >= c.chunk_bytes());
-  resident_bytes_[static_cast<size_t>(c.layer)] += b.size();
+  add_resident(c.layer, static_cast<int64_t>(b.size()));
   c.storage = std::move(b);
   c.meta.state = UnitState::kResident;
 }
@@ -123,11 +123,22 @@ uint64_t KvPool::total_bytes() const {
   return t;
 }
 
+void KvPool::add_resident(int64_t layer, int64_t delta) {
+  resident_bytes_[static_cast<size_t>(layer)] += static_cast<uint64_t>(delta);
+  const uint64_t t = total_resident_.fetch_add(static_cast<uint64_t>(delta)) + static_cast<uint64_t>(delta);
+  if (delta <= 0) return;
+  uint64_t p = peak_resident_.load(std::memory_order_relaxed);
+  while (t > p && !peak_resident_.compare_exchange_weak(p, t, std::memory_order_relaxed)) {
+  }
+}
+
+void KvPool::reset_peak() { peak_resident_.store(total_resident_.load()); }
+
 void KvPool::release(KvChunk* c) {
   // Swap space first; the listener also waits for a restore in flight,
   // which may still be reading into this entry.
   if (listener_) listener_->on_release(*c);
-  if (c->resident()) resident_bytes_[static_cast<size_t>(c->layer)] -= c->storage.size();
+  if (c->resident()) add_resident(c->layer, -static_cast<int64_t>(c->storage.size()));
   {
     std::lock_guard lock(mu_);
     auto& l = by_layer_[static_cast<size_t>(c->layer)];

@@ -146,6 +146,10 @@ class KvPool {
   // Resident chunk bytes (whole pages), per layer and in all.
   uint64_t layer_bytes(int64_t layer) const { return resident_bytes_[static_cast<size_t>(layer)].load(); }
   uint64_t total_bytes() const;
+  // The most resident chunk bytes at any moment since reset_peak() (or the
+  // pool's creation), and resetting it to what is resident now.
+  uint64_t peak_bytes() const { return peak_resident_.load(); }
+  void reset_peak();
 
   // Spare chunk buffers. With a limit above zero, the storage of a resident
   // entry that leaves the pool is kept (up to the limit in all) and handed
@@ -169,6 +173,7 @@ class KvPool {
  private:
   friend class KvChunkHandle;
   void release(KvChunk* c);
+  void add_resident(int64_t layer, int64_t delta);  // the per-layer, total and peak counts
 
   KvShape shape_;
   Allocator* alloc_;
@@ -177,6 +182,7 @@ class KvPool {
   std::vector<std::vector<KvChunk*>> by_layer_;  // [layer] live entries, creation order
   std::unique_ptr<std::atomic<uint64_t>[]> resident_bytes_;  // [layer]
   std::atomic<int64_t> capacity_bytes_{0};
+  std::atomic<uint64_t> total_resident_{0}, peak_resident_{0};
   uint64_t next_seq_ = 0;
   std::vector<Buffer> spare_;  // guarded by mu_; released entries' storage
   std::atomic<uint64_t> spare_limit_{0}, spare_bytes_{0};
