@@ -3,16 +3,19 @@
 // evicted; the process really gives the memory back; faults lose nothing.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
+#include <thread>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/matmul.h"
+#include "memory/weight_verify.h"
 #include "platform/direct_io.h"
 #include "platform/error.h"
 #include "runtime/engine.h"
@@ -583,6 +586,26 @@ TEST_F(ElasticTest, RestoredLayerRewrittenInPlaceWithIdentityKeptIsRefused) {
   rewrite_in_place_keeping_identity(copy, eng->model().layer_unit(l).slots()[ls.ffn_up]);
   ASSERT_TRUE(eng->model().file().unchanged_on_disk());  // the identity check cannot see it
   expect_changed_error(s, query, l);
+}
+
+// A restore skips the layers' CRC only while the descriptor shows the ctime
+// of the open: an in-place rewrite that keeps size, inode and mtime still
+// moves it, so the check runs then (and refuses the layer, above).
+TEST_F(ElasticTest, CtimeTellsWhetherTheBytesMayHaveChangedSinceLoad) {
+  const std::string copy = dir + "/model.gguf";
+  std::filesystem::copy_file(model, copy);
+  auto eng = make_engine(copy, dir);
+  const int fd = ::open(copy.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(descriptor_unchanged(fd, eng->model().file()));
+  EXPECT_TRUE(bytes_unchanged(fd, eng->model().file()));
+  const LayerLayout& ls = eng->model().layout().layer_slots[0];
+  // Past the filesystem clock's tick (a few ms), which ctimes are taken from.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  rewrite_in_place_keeping_identity(copy, eng->model().layer_unit(0).slots()[ls.ffn_up]);
+  EXPECT_TRUE(descriptor_unchanged(fd, eng->model().file()));
+  EXPECT_FALSE(bytes_unchanged(fd, eng->model().file()));
+  ::close(fd);
 }
 
 TEST_F(ElasticTest, StreamedLayerRewrittenInPlaceWithIdentityKeptIsRefused) {

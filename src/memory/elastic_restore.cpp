@@ -4,10 +4,14 @@
 // stack) — each opening its half of a per-layer latch. The forward pass waits
 // on layer i's latch only (acquire_layer), so prefill overlaps restoration.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
+#include <system_error>
+#include <thread>
 
 #include "memory/elastic.h"
+#include "platform/checksum.h"
 #include "platform/error.h"
 #include "platform/thread_name.h"
 #include "platform/timer.h"
@@ -32,6 +36,12 @@ struct ElasticMemory::LayerPlan {
 
 
 namespace {
+
+// A restored layer's checks are split into tasks over the restore thread and
+// a helper: weight images in pieces of this size, and a helper only for a
+// layer with at least kVerifySplit bytes to check.
+constexpr uint64_t kVerifyPiece = uint64_t{1} << 20;
+constexpr uint64_t kVerifySplit = uint64_t{4} << 20;
 
 // Buffers for `chunks` (in that order), one mapping per allocation size
 // among them, so a layer's chunks fault in by huge pages and neighbouring
@@ -182,8 +192,11 @@ void ElasticMemory::run_restore(std::vector<LayerPlan> plan) {
 void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
   // Weights are read through the descriptor opened at load: a file renamed
   // over or deleted since is still the original there. Each layer read is
-  // then checked against its checksum at load (weight_crc_).
+  // then checked against its checksum at load (weight_crc_), unless the
+  // inode's ctime shows it was not written since (bytes_unchanged).
   const bool file_ok = descriptor_unchanged(gguf_.fd(), model_.file());
+  // The layers' CRC only when the inode may have been written since load.
+  const bool check_bytes = !bytes_unchanged(gguf_.fd(), model_.file());
   const std::string file_error = model_.file().path() +
                                  ": the model file changed on disk since it was loaded; its weights cannot be "
                                  "restored (reload the model; the session's tokens are kept)";
@@ -238,6 +251,7 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
   auto complete = [&](LayerPlan& p) {
     Stopwatch sw;
     std::string err;
+    WeightUnit* read_weights = nullptr;  // read and converted, not yet checked
     if (p.weights) {
       WeightUnit& u = model_.layer_unit(p.layer);
       if (!file_ok) {
@@ -246,8 +260,7 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
         try {
           io_->wait(p.weights_ticket);
           u.finish_load();
-          weight_crc_.verify(p.layer, u, u.base(), model_.file().path());
-          ++last_restore_.weights_loaded;
+          read_weights = &u;
         } catch (const Error& e) {
           u.release();
           err = e.what();
@@ -262,29 +275,96 @@ void ElasticMemory::io_path(std::vector<LayerPlan>& plan, bool open_latches) {
         swap_ok = false;  // every chunk of this read is recomputed
       }
     }
+    // The checks (CRC-32C of the weight image against its checksum at load,
+    // of every swap slot) and the decompression of compressed slots, as
+    // independent tasks: the weight image in pieces of kVerifyPiece, joined
+    // by crc32c_combine, then one task per chunk.
+    const bool check_weights = read_weights && check_bytes && weight_crc_.has(p.layer);
+    struct Piece {
+      const uint8_t* data;
+      uint64_t len;
+    };
+    std::vector<Piece> pieces;
+    uint64_t work_bytes = 0;
+    if (check_weights) {
+      for (const TensorSlot& s : read_weights->slots())
+        for (uint64_t at = 0; at < s.unit_bytes; at += kVerifyPiece)
+          pieces.push_back({read_weights->base() + s.unit_offset + at, std::min(kVerifyPiece, s.unit_bytes - at)});
+      work_bytes += read_weights->bytes();
+    }
+    std::vector<uint32_t> piece_crc(pieces.size());
+    std::vector<char> ok_raw(p.stored.size()), ok_comp(p.stored_comp.size());
+    std::vector<Buffer> out = chunk_buffers(*kv_, p.stored_comp);
+    for (const ChunkId& c : p.stored) work_bytes += c->meta.slot.stored;
+    for (const ChunkId& c : p.stored_comp) work_bytes += c->alloc_bytes();
+    const size_t n_tasks = pieces.size() + p.stored.size() + p.stored_comp.size();
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n_tasks;) {
+        if (i < pieces.size()) {
+          piece_crc[i] = crc32c(pieces[i].data, pieces[i].len);
+          continue;
+        }
+        i -= pieces.size();
+        if (i < p.stored.size()) {
+          ok_raw[i] = swap_ok && swap_->verify(p.stored[i]->meta.slot, p.chunk_bufs[i].data());
+          continue;
+        }
+        i -= p.stored.size();
+        const ChunkId& c = p.stored_comp[i];
+        const KvChunkMeta& m = c->meta;
+        const uint8_t* src = p.staging.as<uint8_t>() + p.staging_at[i];
+        bool ok = swap_ok && swap_->verify(m.slot, src);
+        if (ok) {
+          try {
+            kv_codec(opts_.codec, opts_.isa).decompress(chunk_shape_n(*c, m.n_tokens), src, m.compressed_bytes,
+                                                        out[i].data());
+          } catch (const Error&) {
+            ok = false;
+          }
+        }
+        ok_comp[i] = ok;
+      }
+    };
+    // A helper thread takes half of a layer's tasks. While the prefill keeps
+    // the cores busy, a restore thread checking alone gets a third of the CPU
+    // (two compute threads beside it on two cores), and the checks, not the
+    // disk, pace the restore; two threads get twice that share, and on idle
+    // cores half the latency.
+    std::thread helper;
+    if (n_tasks > 1 && work_bytes >= kVerifySplit) {
+      try {
+        helper = std::thread([&] {
+          set_current_thread_name("ebb-verify");
+          work();
+        });
+      } catch (const std::system_error&) {
+        // No thread to be had: this one does all of it.
+      }
+    }
+    work();
+    if (helper.joinable()) helper.join();
+    if (check_weights) {
+      uint32_t crc = 0;
+      for (size_t i = 0; i < pieces.size(); ++i) crc = crc32c_combine(crc, piece_crc[i], pieces[i].len);
+      if (crc != weight_crc_.crc(p.layer)) {
+        read_weights->release();
+        read_weights = nullptr;
+        err = weights_changed_message(model_.file().path(), "layer " + std::to_string(p.layer), crc,
+                                      weight_crc_.crc(p.layer));
+      }
+    }
+    if (read_weights) ++last_restore_.weights_loaded;
     for (size_t i = 0; i < p.stored.size(); ++i) {
       const ChunkId& c = p.stored[i];
-      KvChunkMeta& m = c->meta;
-      const bool ok = swap_ok && swap_->verify(m.slot, p.chunk_bufs[i].data());
-      swap_->free(m.slot);
-      ++(put_restored(c, std::move(p.chunk_bufs[i]), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
+      swap_->free(c->meta.slot);
+      ++(put_restored(c, std::move(p.chunk_bufs[i]), ok_raw[i]) ? last_restore_.chunks_read
+                                                                   : last_restore_.chunks_lost);
     }
-    std::vector<Buffer> out = chunk_buffers(*kv_, p.stored_comp);
     for (size_t i = 0; i < p.stored_comp.size(); ++i) {
       const ChunkId& c = p.stored_comp[i];
-      KvChunkMeta& m = c->meta;
-      const uint8_t* src = p.staging.as<uint8_t>() + p.staging_at[i];
-      bool ok = swap_ok && swap_->verify(m.slot, src);
-      if (ok) {
-        try {
-          kv_codec(opts_.codec, opts_.isa).decompress(chunk_shape_n(*c, m.n_tokens), src, m.compressed_bytes,
-                                                      out[i].data());
-        } catch (const Error&) {
-          ok = false;
-        }
-      }
-      swap_->free(m.slot);
-      ++(put_restored(c, std::move(out[i]), ok) ? last_restore_.chunks_read : last_restore_.chunks_lost);
+      swap_->free(c->meta.slot);
+      ++(put_restored(c, std::move(out[i]), ok_comp[i]) ? last_restore_.chunks_read : last_restore_.chunks_lost);
     }
     p.chunk_bufs.clear();
     p.staging.reset();

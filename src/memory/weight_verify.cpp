@@ -18,6 +18,13 @@ bool descriptor_unchanged(int fd, const GgufFile& file) {
   return gguf_identity(st) == file.identity();
 }
 
+bool bytes_unchanged(int fd, const GgufFile& file) {
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0) return false;
+  const int64_t ctime = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  return gguf_identity(st) == file.identity() && ctime == file.ctime_ns();
+}
+
 uint32_t unit_image_crc(const WeightUnit& u, const uint8_t* base) {
   uint32_t c = 0;
   for (const TensorSlot& s : u.slots()) c = crc32c(base + s.unit_offset, s.unit_bytes, c);

@@ -92,6 +92,10 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t file_size() const { return identity_.size; }
   const FileIdentity& identity() const { return identity_; }
+  // The file's status change time (ctime, ns) when it was opened. Every
+  // write, truncate or utimensat moves it, and user space cannot set it back,
+  // so a descriptor that still shows it holds the bytes as they were then.
+  int64_t ctime_ns() const { return ctime_ns_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
 
@@ -130,6 +134,7 @@ class GgufFile {
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
   FileIdentity identity_;
+  int64_t ctime_ns_ = 0;
   std::vector<std::pair<std::string, GgufValue>> metadata_;
   std::vector<GgufTensorInfo> tensors_;
   // Name -> index into metadata_ / tensors_; built while parsing, which is

@@ -397,6 +397,7 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   if (::fstat(f->fd_, &st) != 0) throw Error(path + ": cannot stat: " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file");
   f->identity_ = gguf_identity(st);
+  f->ctime_ns_ = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
   GgufParser(*f).parse();
   return f;
 }

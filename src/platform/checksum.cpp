@@ -48,6 +48,15 @@ constexpr uint32_t mul_mod_p(uint32_t a, uint32_t b) {
   return p;
 }
 
+// kBytePowers[k] = x^(8 * 2^k) mod P: the shift of 2^k zero bytes.
+constexpr std::array<uint32_t, 64> make_byte_powers() {
+  std::array<uint32_t, 64> t{};
+  t[0] = shift_zeros(1u << 31, 1);
+  for (size_t k = 1; k < t.size(); ++k) t[k] = mul_mod_p(t[k - 1], t[k - 1]);
+  return t;
+}
+constexpr auto kBytePowers = make_byte_powers();
+
 #if defined(__x86_64__)
 // x^(8 * lane) mod P: moves a lane's register past the lanes that follow it.
 template <size_t kLane>
@@ -90,6 +99,15 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t
 #endif
 
 }  // namespace
+
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  // crc(A || B) = crc(A) * x^(8|B|) ^ crc(B): the inverted start and end
+  // values cancel out (crc(B, seed) = crc(B, 0) ^ seed * x^(8|B|)).
+  uint32_t shift = 1u << 31;  // x^0
+  for (size_t k = 0; len_b != 0; ++k, len_b >>= 1)
+    if (len_b & 1) shift = mul_mod_p(shift, kBytePowers[k]);
+  return mul_mod_p(crc_a, shift) ^ crc_b;
+}
 
 uint32_t crc32c_scalar(const void* data, size_t n, uint32_t seed) {
   const auto* p = static_cast<const uint8_t*>(data);
