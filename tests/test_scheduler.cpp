@@ -233,6 +233,47 @@ TEST(Scheduler, AStarvingBackgroundTaskRunsPastTheWindowOnAnIdleEngine) {
   EXPECT_EQ(s.metrics().bg_over_window, over);
 }
 
+// Training submitted one task per optimizer step, each step past the
+// window: on an idle engine the first waits window_starvation_s, and the
+// ones after it continue its episode instead of waiting again; foreground
+// work ends the episode.
+TEST(Scheduler, TheNextTaskOfAKindPastTheWindowContinuesItsStarvationEpisode) {
+  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+  o.background_window_s = 0.1;
+  o.margin_s = 0.05;
+  o.window_starvation_s = 0.3;
+  Recorder rec;
+  Scheduler s(nullptr, o);
+  std::atomic<int> done{0};
+  std::function<void()> next;
+  next = [&] {
+    Task t = fake(kBg, "train", "T", 1, rec);
+    t.desc.next_yield_s = 1.0;  // far past the window
+    t.on_done = [&](TaskOutcome, const std::string&) {
+      if (++done < 10) next();
+    };
+    s.submit_background(std::move(t));
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  next();
+  ASSERT_TRUE(wait_until([&] { return done.load() >= 10; }));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, 300ms);   // the first waited
+  EXPECT_LT(took, 1500ms);  // ... the other nine did not (0.3 s each: 3 s)
+  EXPECT_EQ(s.metrics().bg_over_window, 10);
+  // Foreground work ends the episode: the next task waits again.
+  s.submit(fake(TaskClass::kForeground, "fg", "F", 1, rec));
+  ASSERT_TRUE(wait_until([&] { return rec.size() == 11; }));
+  std::atomic<bool> ran{false};
+  Task t = fake(kBg, "train", "T2", 1, rec);
+  t.desc.next_yield_s = 1.0;
+  t.on_done = [&](TaskOutcome, const std::string&) { ran = true; };
+  s.submit_background(std::move(t));
+  std::this_thread::sleep_for(150ms);
+  EXPECT_FALSE(ran.load());
+  ASSERT_TRUE(wait_until([&] { return ran.load(); }));
+}
+
 TEST(Scheduler, WithoutStarvationTimeATaskPastTheWindowNeverRuns) {
   SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
   o.background_window_s = 0.1;

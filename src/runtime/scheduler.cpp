@@ -428,14 +428,21 @@ bool Scheduler::admissible_locked(BgItem& b, uint64_t free_mem, bool count) {
   // Starvation: held back by the window alone on an idle engine for
   // window_starvation_s, it runs past the window until foreground work
   // comes (the episode ends then, and the window rule holds again).
+  // The episode is the kind's: a new task of the kind continues it.
   b.over_window = false;
-  if (win_ok || !no_foreground_locked()) {
+  if (!no_foreground_locked()) {
     b.window_since = 0;
-  } else if (b.window_since == 0) {
-    b.window_since = now_seconds();
-  } else if (mem_ok && opts_.window_starvation_s > 0 && now_seconds() - b.window_since >= opts_.window_starvation_s) {
-    win_ok = true;
-    b.over_window = true;
+  } else if (win_ok) {
+    b.window_since = 0;
+  } else {
+    if (b.window_since == 0) {
+      const auto k = window_since_kind_.try_emplace(d.kind, now_seconds()).first;
+      b.window_since = k->second;
+    }
+    if (mem_ok && opts_.window_starvation_s > 0 && now_seconds() - b.window_since >= opts_.window_starvation_s) {
+      win_ok = true;
+      b.over_window = true;
+    }
   }
   return mem_ok && win_ok;
 }
@@ -480,6 +487,7 @@ void Scheduler::reap_cancelled_locked(std::vector<std::function<void()>>& after)
 Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
   Unit u;
   const bool fg_ready = !fg_queue_.empty() || !running_.empty();
+  if (fg_ready) window_since_kind_.clear();  // foreground work ends every starvation episode
   // Admissible background tasks (counting deferrals only when background
   // work could run now, so a task held back while foreground runs is not
   // counted as deferred by memory or window).

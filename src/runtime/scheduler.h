@@ -204,6 +204,10 @@ struct SchedulerOptions {
   // with no foreground work waiting or running, is admitted anyway (0:
   // never). Without it a task whose step is longer than W_bg − δ (a
   // training phase on a slow device) would never run on an idle engine.
+  // The episode belongs to the task's kind: the next task of a kind that
+  // ran past the window (training submitted one task per optimizer step)
+  // continues it while the engine stays free of foreground work, rather
+  // than waiting window_starvation_s again.
   double window_starvation_s = 5.0;
   // Aging of the utility order: among admissible background tasks of equal
   // priority, one passed over (admissible, not picked) while others ran
@@ -410,6 +414,9 @@ class Scheduler {
   // decayed over background_share_horizon_s of background time.
   std::map<std::string, double> bg_recent_s_;
   double bg_recent_total_s_ = 0;
+  // Kinds whose tasks were held back by the window on an idle engine: when
+  // the episode began (window_starvation_s). Cleared by foreground work.
+  std::map<std::string, double> window_since_kind_;
   uint64_t next_seq_ = 1;
   double window_s_;
   bool stopping_ = false;

@@ -160,7 +160,13 @@ void Server::Impl::learning_routes() {
       LearnState& s = *learn_state;
       std::unique_lock lock(s.mu);
       while (!s.stop) {
-        s.cv.wait_for(lock, std::chrono::milliseconds(50));
+        // Polls only while a round runs (its end is noticed here); else
+        // sleeps until feedback or stop() notifies, so a server whose
+        // agents only record traces has no thread waking beside decode.
+        bool polling = false;
+        for (const auto& [name, loop] : s.loops) polling = polling || loop.job != nullptr;
+        if (polling) s.cv.wait_for(lock, std::chrono::milliseconds(50));
+        else s.cv.wait(lock);
         if (s.stop) break;
         learner_chores(lock, false);
         for (auto& [name, loop] : s.loops) {

@@ -112,6 +112,15 @@ std::string Server::Impl::metrics() const {
   metric(o, "ebb_background_aged_total", "counter",
          "Background steps picked ahead of higher-utility tasks after being passed over (background_aging_s)");
   sample(o, "ebb_background_aged_total", static_cast<double>(m.bg_aged));
+  metric(o, "ebb_background_share_total", "counter",
+         "Background steps picked ahead of the others because their kind was below its guaranteed share");
+  sample(o, "ebb_background_share_total", static_cast<double>(m.bg_share));
+  metric(o, "ebb_background_seconds_total", "counter", "Seconds of background steps, by kind");
+  for (const auto& [kind, sec] : m.bg_busy_by_kind_s) sample(o, "ebb_background_seconds_total" + label("kind", kind), sec);
+  metric(o, "ebb_scheduler_idle_seconds_total", "counter",
+         "Seconds the scheduler had nothing it could run, in all and while background tasks were held back");
+  sample(o, "ebb_scheduler_idle_seconds_total" + label("background", "none"), m.idle_s - m.idle_bg_waiting_s);
+  sample(o, "ebb_scheduler_idle_seconds_total" + label("background", "held_back"), m.idle_bg_waiting_s);
   metric(o, "ebb_background_pending", "gauge",
          "Waiting background tasks held back at their last check, by reason (memory: m + reserve > free; window)");
   sample(o, "ebb_background_pending" + label("reason", "memory"), static_cast<double>(m.bg_pending_memory));
