@@ -18,6 +18,7 @@
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
 #include "runtime/adapters.h"
+#include "runtime/layer_blocks.h"
 
 namespace ebb {
 
@@ -77,9 +78,9 @@ class Forward {
 
  private:
   void plan_scratch();
-  // The named blocks of one layer over the step's n rows.
-  void attention_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n);
-  void ffn_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n);
+  // The step's part of the layer blocks (runtime/layer_blocks.h): its
+  // products with their adapters, and attention over each sequence's chunks.
+  class StepHooks;
   // The one place adapters attach: adds Σ_i s_i · B_i (A_i x) of (layer,
   // target) to the rows of every sequence that binds adapters.
   //   x: [rows, x_stride]  y: [rows, y_stride], rows in step order; for the
@@ -87,17 +88,10 @@ class Forward {
   void apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget target, const float* x, int64_t x_stride,
                   float* y, int64_t y_stride, bool out_rows = false);
   void matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride);
-  // Products sharing the input x (gate/up; q/k/v): one pool dispatch and one
-  // activation conversion for a single token (matmul_multi).
   // Several weights that read the same input (q/k/v, gate/up): the input is
-  // quantized once and all their rows run in one pool dispatch.
-  struct MatmulOut {
-    const WeightView* w;
-    float* y;  // [n, y_stride]
-    int64_t y_stride;
-  };
+  // quantized once and all their rows run in one pool dispatch (matmul_multi).
   static constexpr size_t kMaxSharedInput = 3;
-  void matmul_shared_input(std::initializer_list<MatmulOut> outs, const float* x, int64_t n);
+  void matmul_shared_input(std::initializer_list<LayerHooks::Out> outs, const float* x, int64_t n);
 
   const Model& model_;
   const ModelConfig& cfg_;
