@@ -12,10 +12,13 @@
 
   scripts/bench_learn.py decode -m qwen3-q4_0.gguf [-n 20]
       Decode tok/s of the same requests (ignore_eos, --max-tokens each) of
-      two agents of one `ebb serve --learn`: one learning (every turn a trace,
-      every answer a reward; no round starts: --learn-min-samples is out of
-      reach), one not, requests alternating between them one at a time.
-      Prints medians and the cost (target <= 2%, bound 0).
+      three agents of one `ebb serve --learn`: one not learning, one learning
+      without feedback (every turn a trace), one learning with feedback
+      (every turn a trace, every answer a reward); no round starts
+      (--learn-min-samples is out of reach). Requests go one at a time, the
+      three in a rotating order. Prints medians, the costs of traces and of
+      traces + feedback against the non-learning agent (target <= 2%,
+      bound 0), and the CPU seconds of the server's threads meanwhile.
 
 Both print a table and, with --json, one JSON object. One machine, one run:
 the ratios compare servers measured in the same run.
@@ -23,6 +26,7 @@ the ratios compare servers measured in the same run.
 import argparse
 import http.client
 import json
+import os
 import random
 import re
 import statistics
@@ -136,33 +140,75 @@ def ttft(a):
     return out
 
 
+def thread_cpu(pid):
+    """CPU seconds of each of the process's threads, by thread name (Linux /proc)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for t in tasks:
+        try:
+            st = open(f"/proc/{pid}/task/{t}/stat").read()
+        except FileNotFoundError:
+            continue
+        name = st[st.index("(") + 1:st.rindex(")")]
+        f = st[st.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / tick
+    return out
+
+
+ARMS = ("none", "traces", "feedback")
+
+
 def decode(a):
-    # One server, two agents on the base model: "w" learns (each turn a trace,
-    # each answer a reward), "q" does not. Requests alternate between them one
-    # at a time, so both see the same machine, memory and weights.
+    # One server, three agents on the base model: "q" does not learn; "t"
+    # learns without feedback (each turn a trace); "w" learns with feedback
+    # (each turn a trace, each answer a reward). Requests go one at a time,
+    # the three arms in a rotating order (ABC, BCA, CAB, ...), so all see
+    # the same machine, memory and weights. No round starts
+    # (--learn-min-samples out of reach): this measures recording and
+    # feedback, not training.
     state = tempfile.mkdtemp(prefix="ebb-bench-learn-")
     s = Server(a.ebb, a.model, ["--state-dir", state, "--learn", "--learn-min-samples", "1000000"], a.threads)
-    s.call("POST", "/v1/agents", {"name": "w", "adapter": "w-ad", "learn": True})
+    agent = {"none": "q", "traces": "t", "feedback": "w"}
     s.call("POST", "/v1/agents", {"name": "q"})
-    rates = {False: [], True: []}
+    s.call("POST", "/v1/agents", {"name": "t", "adapter": "t-ad", "learn": True})
+    s.call("POST", "/v1/agents", {"name": "w", "adapter": "w-ad", "learn": True})
+    rates = {k: [] for k in ARMS}
     body = {"prompt": "The quick brown fox", "max_tokens": a.max_tokens, "ignore_eos": True, "temperature": 0}
-    for learn in (False, True):  # warm-up
-        s.stream(dict(body, model="base:agent/" + ("w" if learn else "q")))
+    for arm in ARMS:  # warm-up
+        s.stream(dict(body, model="base:agent/" + agent[arm]))
+    cpu0 = thread_cpu(s.p.pid)
+    t0 = time.perf_counter()
     for i in range(a.n):
-        for learn in ((False, True) if i % 2 == 0 else (True, False)):
-            _, rate, rid, _ = s.stream(dict(body, model="base:agent/" + ("w" if learn else "q")))
-            rates[learn].append(rate)
-            if learn:
+        for k in range(len(ARMS)):
+            arm = ARMS[(i + k) % len(ARMS)]
+            _, rate, rid, _ = s.stream(dict(body, model="base:agent/" + agent[arm]))
+            rates[arm].append(rate)
+            if arm == "feedback":
                 s.call("POST", "/v1/feedback", {"id": rid, "reward": 1.0})
+    wall = time.perf_counter() - t0
+    cpu1 = thread_cpu(s.p.pid)
     l = s.call("GET", "/v1/learning")
     s.stop()
-    base, learn = statistics.median(rates[False]), statistics.median(rates[True])
-    out = {"decode_tok_s_untraced": base, "decode_tok_s_traced": learn, "cost": 1 - learn / base, "requests": a.n,
-           "max_tokens": a.max_tokens, "traces": l["traces"], "feedback": l["feedback"]}
-    print(f"{'agent':16} {'decode tok/s (median)':>22}")
-    print(f"{'not learning':16} {base:22.2f}\n{'learning':16} {learn:22.2f}")
-    print(f"cost of traces + feedback: {out['cost']*100:.2f}% (target <= 2%, bound 0); "
-          f"{l['traces']} traces, {l['feedback']} feedback")
+    cpu = {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1}
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    out = {"decode_tok_s": med, "cost_traces": 1 - med["traces"] / med["none"],
+           "cost_traces_feedback": 1 - med["feedback"] / med["none"],
+           "cost_feedback_alone": 1 - med["feedback"] / med["traces"], "requests_per_arm": a.n,
+           "max_tokens": a.max_tokens, "traces": l["traces"], "feedback": l["feedback"], "wall_s": wall,
+           "thread_cpu_s": cpu, "load_avg": os.getloadavg()[0]}
+    print(f"{'agent':28} {'decode tok/s (median)':>22} {'cost':>8}")
+    print(f"{'not learning':28} {med['none']:22.2f}")
+    print(f"{'learning, traces':28} {med['traces']:22.2f} {out['cost_traces']*100:7.2f}%")
+    print(f"{'learning, traces + feedback':28} {med['feedback']:22.2f} {out['cost_traces_feedback']*100:7.2f}%")
+    print(f"target <= 2% (bound 0); {l['traces']} traces, {l['feedback']} feedback; load average {out['load_avg']:.1f}")
+    side = {k: v for k, v in cpu.items() if not (k.startswith("ebb-sched") or k.startswith("ebb-compute"))}
+    print(f"CPU seconds over {wall:.1f} s: decode threads "
+          f"{sum(v for k, v in cpu.items() if k not in side):.2f}; others " +
+          ", ".join(f"{k} {v:.2f}" for k, v in sorted(side.items(), key=lambda x: -x[1]) if v > 0))
     return out
 
 
@@ -171,7 +217,7 @@ def main():
     p.add_argument("what", choices=["ttft", "decode"])
     p.add_argument("-m", "--model", required=True)
     p.add_argument("--ebb", default="build/ebb")
-    p.add_argument("-n", type=int, default=0, help="requests per server (ttft: 60, decode: 20)")
+    p.add_argument("-n", type=int, default=0, help="requests per server (ttft: 60) or per agent (decode: 20)")
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=1)

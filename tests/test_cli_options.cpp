@@ -170,6 +170,33 @@ TEST(CliOptions, LlamaCppSpellingsWorkOrAreNoted) {
   EXPECT_EQ(fa.status, 0) << fa.err;
 }
 
+// --device and -ngl: contradictions are usage errors before the load, an
+// absent device an error naming it (in every build: without Vulkan the
+// registry says the build has none), never a silent run on the CPU.
+TEST(CliOptions, DeviceAndNglAreChecked) {
+  const std::string m = "run -m " + stories() + " -p Lily --temp 0 -n 2 --threads 1 ";
+  struct Case {
+    std::string args;
+    int status;
+    std::string says;
+  } cases[] = {
+      {"--device cpu -ngl 4", 2, "--device cpu asks for none"},
+      {"--device vulkan -ngl 0", 2, "-ngl 0 puts no layer on the device"},
+      {"--device tpu", 2, "--device 'tpu' is not one of cpu, vulkan, vulkan:N"},
+      {"-ngl -2", 2, "must be >= 0"},
+      {"--device vulkan:7", 1, "vulkan:7"},
+  };
+  for (const Case& c : cases) {
+    const Result r = run_cli(m + c.args);
+    EXPECT_EQ(r.status, c.status) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.args;
+  }
+  const Result base = run_cli(m), cpu = run_cli(m + "--device cpu -ngl 0");
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  EXPECT_EQ(cpu.out, base.out);
+}
+
 TEST(CliOptions, ReversePromptStopsTheText) {
   const auto golden = test::load_golden("stories260K");
   const std::string text = golden[0].greedy_text;

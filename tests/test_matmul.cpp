@@ -8,12 +8,14 @@
 #include <thread>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "kernels/lora.h"
 #include "kernels/matmul.h"
 #include "kernels/packing.h"
 #include "kernels/quant_blocks.h"
@@ -773,6 +775,121 @@ TEST_P(MatmulPacked, MultiMatchesSeparateCalls) {
         expect_multi_matches_separate(ks, w.data(), rows_of, cols, n_tok,
                                       normal(n_tok * cols, 17 + static_cast<uint32_t>(n_tok)), test_pool(threads),
                                       first_plain ? "first plain" : "all packed");
+    }
+  }
+}
+
+// Low-rank terms (LoRA pairs) given to a one-token product: y is, bit for
+// bit, the product without them followed by the target's LoRA kernels (down
+// over the whole rank, then up over all columns, term after term), whatever
+// the pieces the threads claim. Three products of one input (67 + 32 + 19
+// rows: pieces cut through the products and through packed groups), the
+// first with two terms (F16 rank 5: a piece of A x shorter than four rows;
+// F32 rank 16), the second with none, the third with one (F16 rank 4);
+// matmul() alone with the first product's terms; 1 and 2 threads.
+TEST_P(MatmulPacked, LowRankTermsMatchTheLoraKernelsAfterTheProduct) {
+  const Isa isa = std::get<0>(GetParam());
+  const KernelSet& ks = kernel_set(isa);
+  const LoraKernels& lk = lora_kernels(isa);
+  const DType type = std::get<1>(GetParam());
+  const int64_t cols = 8 * type_info(type).block_size, rows_of[3] = {67, 32, 19};
+  std::vector<PackedMatrix> ms;
+  for (int i = 0; i < 3; ++i) ms.emplace_back(type, rows_of[i], cols, 500 + static_cast<uint32_t>(i));
+  // The terms' weights: F32 values that F16 holds exactly, as F32 and as F16 bits.
+  struct Pair {
+    int product;
+    int64_t rank;
+    bool f16;
+    float scale;
+    std::vector<float> a, bt;  // [rank, cols], [rank, rows]
+    std::vector<uint16_t> a16, bt16;
+  };
+  std::vector<Pair> pairs = {{0, 5, true, 0.75f, {}, {}, {}, {}},
+                             {0, 16, false, -1.5f, {}, {}, {}, {}},
+                             {2, 4, true, 2.0f, {}, {}, {}, {}}};
+  uint32_t seed = 700;
+  for (Pair& p : pairs) {
+    p.a = normal(p.rank * cols, seed++, 0.05f);
+    p.bt = normal(p.rank * rows_of[p.product], seed++, 0.05f);
+    for (auto* v : {&p.a, &p.bt}) {
+      std::vector<uint16_t>& h = v == &p.a ? p.a16 : p.bt16;
+      for (float& f : *v) {
+        h.push_back(fp32_to_fp16(f));
+        f = fp16_to_fp32(h.back());
+      }
+    }
+  }
+  const std::vector<float> x = normal(cols, 71);
+  AlignedBuf scratch(matmul_scratch_bytes(type, cols, 1));
+  // The expected outputs: the plain products, then each term with the LoRA kernels.
+  auto expected = [&](const std::vector<WeightView>& w, ThreadPool& pool, int n) {
+    std::vector<std::vector<float>> y(3);
+    for (int i = 0; i < n; ++i) {
+      y[i].assign(rows_of[i], -5.f);
+      MatmulArgs a{&w[i], x.data(), cols, 1, y[i].data(), rows_of[i], scratch.p};
+      matmul(ks, a, pool);
+      for (const Pair& p : pairs) {
+        if (p.product != i) continue;
+        std::vector<float> t(p.rank);
+        if (p.f16) {
+          lk.down_f16(p.a16.data(), x.data(), cols, 1, p.rank, cols, t.data());
+          lk.up_f16(p.bt16.data(), t.data(), p.scale, 1, p.rank, rows_of[i], 0, rows_of[i], y[i].data(), 0);
+        } else {
+          lk.down(p.a.data(), x.data(), cols, 1, p.rank, cols, t.data());
+          lk.up(p.bt.data(), t.data(), p.scale, 1, p.rank, rows_of[i], 0, rows_of[i], y[i].data(), 0);
+        }
+      }
+    }
+    return y;
+  };
+  std::vector<std::vector<float>> t_scratch(pairs.size());
+  std::vector<std::vector<LowRankTerm>> terms(3);
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const Pair& p = pairs[k];
+    t_scratch[k].assign(p.rank, std::numeric_limits<float>::quiet_NaN());
+    LowRankTerm lt;
+    lt.a = p.f16 ? static_cast<const void*>(p.a16.data()) : p.a.data();
+    lt.bt = p.f16 ? static_cast<const void*>(p.bt16.data()) : p.bt.data();
+    lt.f16 = p.f16;
+    lt.rank = p.rank;
+    lt.scale = p.scale;
+    lt.t = t_scratch[k].data();
+    terms[p.product].push_back(lt);
+  }
+  for (bool packed : {true, false}) {
+    std::vector<WeightView> w;
+    for (const auto& m : ms) w.push_back(packed ? m.packed_view() : m.plain_view());
+    for (int threads : {1, 2}) {
+      ThreadPool& pool = test_pool(threads);
+      const std::string where = std::string(packed ? "packed" : "plain") + " threads " + std::to_string(threads);
+      const auto want = expected(w, pool, 3);
+      std::vector<std::vector<float>> got(3);
+      MatmulArgs args[3];
+      for (int i = 0; i < 3; ++i) {
+        got[i].assign(rows_of[i], -5.f);
+        args[i] = MatmulArgs{&w[i], x.data(), cols, 1, got[i].data(), rows_of[i], scratch.p};
+        args[i].terms = terms[i];
+      }
+      matmul_multi(ks, args, 3, pool);
+      for (int i = 0; i < 3; ++i)
+        ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)), 0)
+            << "matmul_multi, product " << i << " " << where;
+      // The terms do change the outputs (a dropped term would show).
+      const auto base = [&] {
+        std::vector<float> y(rows_of[0], -5.f);
+        MatmulArgs a{&w[0], x.data(), cols, 1, y.data(), rows_of[0], scratch.p};
+        matmul(ks, a, pool);
+        return y;
+      }();
+      int changed = 0;
+      for (int64_t r = 0; r < rows_of[0]; ++r) changed += base[r] != want[0][r];
+      EXPECT_GT(changed, rows_of[0] / 2) << where;
+      // matmul() alone with terms.
+      std::vector<float> one(rows_of[0], -5.f);
+      MatmulArgs a{&w[0], x.data(), cols, 1, one.data(), rows_of[0], scratch.p};
+      a.terms = terms[0];
+      matmul(ks, a, pool);
+      ASSERT_EQ(std::memcmp(one.data(), want[0].data(), one.size() * sizeof(float)), 0) << "matmul, " << where;
     }
   }
 }

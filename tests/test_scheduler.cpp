@@ -98,6 +98,7 @@ SchedulerOptions fake_options(SchedPolicy p) {
   o.policy = p;
   o.free_memory = [] { return uint64_t{1} << 40; };
   o.used_memory = [] { return uint64_t{0}; };
+  o.background_shares.clear();  // order by priority, utility and aging alone (shares have their own test)
   return o;
 }
 
@@ -295,6 +296,68 @@ TEST(Scheduler, ATrainingTaskProgressesBesideAStreamOfHigherUtilityTasks) {
       }
       // After the stream, training runs on.
       ASSERT_TRUE(wait_until([&] { return train_steps.load() >= during.load() + 5; }));
+      s.shutdown(0);
+    }
+  }
+}
+
+// ebb bench agents' training is one task per optimizer step, the next
+// submitted when one ends, beside pre-prefill tasks of higher utility that
+// are always pending. Aging gives each new training task a step only after
+// it has been passed over for background_aging_s; a guaranteed share gives
+// training its share of the background time while the stream lasts, and
+// the stream keeps the rest.
+TEST(Scheduler, AGuaranteedShareGivesTrainingItsPartBesidePendingPrePrefill) {
+  for (const double share : {0.0, 0.5}) {
+    SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+    o.background_aging_s = 30.0;  // longer than the stream lasts
+    if (share > 0) o.background_shares = {{"train", share}};
+    o.background_share_horizon_s = 0.2;
+    Recorder rec;
+    Gate gate;
+    std::atomic<int> stream_steps{0}, train_steps{0}, during{-1};
+    {
+      Scheduler s(nullptr, o);
+      s.submit(gate.task(rec));
+      ASSERT_TRUE(wait_until([&] { return gate.entered.load(); }));
+      // Training: one task of 2 steps of 3 ms per optimizer step, the next
+      // submitted from the last one's completion.
+      std::function<void()> train;
+      train = [&] {
+        Task t = fake(kBg, "train", "T", 2, rec, 3ms, [&](int n) {
+          ++train_steps;
+          if (n == 2 && during.load() < 0) train();
+        });
+        t.desc.utility = 0;
+        s.submit_background(std::move(t));
+      };
+      train();
+      // Pre-prefill: tasks of 10 steps of 3 ms, the next submitted before
+      // the current one ends, so one always waits.
+      std::function<void()> next;
+      std::atomic<int> submitted{0};
+      next = [&] {
+        if (submitted.fetch_add(1) >= 20) return;
+        Task p = fake(kBg, "preprefill", "P", 10, rec, 3ms, [&](int n) {
+          if (++stream_steps == 200) during = train_steps.load();  // as the stream ends
+          if (n == 5) next();
+        });
+        p.desc.utility = 2.0;
+        s.submit_background(std::move(p));
+      };
+      next();
+      gate.open.set_value();
+      ASSERT_TRUE(wait_until([&] { return during.load() >= 0; }, 20000ms));
+      if (share == 0) {
+        // 200 stream steps of >= 3 ms: about 0.6 s, far less than the aging.
+        EXPECT_LE(during.load(), 2) << "without a share the stream takes all the background time";
+        EXPECT_EQ(s.metrics().bg_share, 0);
+      } else {
+        // Equal steps: a half share is about one training step per stream step.
+        EXPECT_GE(during.load(), 100) << "training gets about half of the steps";
+        EXPECT_LE(during.load(), 300) << "the stream keeps its part";
+        EXPECT_GE(s.metrics().bg_share, 50);
+      }
       s.shutdown(0);
     }
   }

@@ -420,6 +420,148 @@ TEST(ServeLearning, Rollback) {
   test::expect_openai_error(post(*c, "/v1/learning/rollback", json{{"adapter", "names"}}), 400, "", "version");
 }
 
+// A judge prompt (judge.kind "prompt") scores feedback that has no reward:
+// /v1/feedback answers at once (judging), the call runs in the background
+// on the scheduler, its answer forced to a digit by the judge's grammar,
+// and the score lands on the right trace as a reward (source "judge").
+// An answer with no score is a judge failure, in /v1/learning and
+// /metrics, and trains nothing. Bad judges are 400s naming the field.
+TEST(ServeLearning, JudgePromptScoresFeedbackInTheBackground) {
+  test::TempDir dir("ebb-serve-judge");
+  ServerProcess s(args(dir.path(), {"--learn", "--learn-min-samples", "1000"}));
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  const std::string tmpl = "Story: {response}\nThe reader said: {feedback}\nScore from 0 to 9: ";
+  Reply r = post(*c, "/v1/agents",
+                 json{{"name", "teller"}, {"adapter", "names"}, {"learn", true},
+                      {"judge", {{"kind", "prompt"}, {"prompt", tmpl}, {"grammar", "root ::= [0-9]"}, {"max_tokens", 2}}}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["judge"]["kind"], "prompt");
+  EXPECT_EQ(r.body["judge"]["grammar"], "root ::= [0-9]");
+  const auto t1 = story(*c, "teller", 1, 12), t2 = story(*c, "teller", 2, 12);
+  r = post(*c, "/v1/feedback", json{{"id", t2.first}, {"correction", "call her Zorba, not Lily"}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["judging"], true) << r.raw;
+  EXPECT_EQ(r.body["applied"], false);
+  json l = poll_learning(*c, [](const json& j) { return j["judge_calls"] == 1 && j["judge_pending"] == 0; });
+  EXPECT_EQ(l["judge_failures"], 0) << l.dump();
+  ASSERT_EQ(l["judges"].size(), 1u) << l.dump();
+  const json& jc = l["judges"][0];
+  EXPECT_EQ(jc["id"], t2.first);
+  EXPECT_EQ(jc["foreground_active_at_start"], 0);  // foreground-first
+  ASSERT_TRUE(jc["answer"].is_string()) << jc.dump();
+  const std::string answer = jc["answer"];
+  ASSERT_EQ(answer.size(), 1u) << answer;
+  ASSERT_TRUE(answer[0] >= '0' && answer[0] <= '9') << answer;
+  const double reward = (answer[0] - '0' - 5) / 5.0;
+  EXPECT_DOUBLE_EQ(jc["reward"].get<double>(), reward);
+  // The reward is on the trace the feedback named, the correction kept; the other has none.
+  const json fb = get(*c, "/v1/learning/traces/" + t2.first).body["feedback"];
+  EXPECT_DOUBLE_EQ(fb["reward"].get<double>(), reward) << fb.dump();
+  EXPECT_EQ(fb["source"], "judge");
+  EXPECT_EQ(fb["correction"], "call her Zorba, not Lily");
+  EXPECT_TRUE(get(*c, "/v1/learning/traces/" + t1.first).body["feedback"].is_null());
+  EXPECT_EQ(l["feedback"], 1);  // the judge's score is that feedback, not more
+  EXPECT_EQ(l["agents"]["teller"]["rewards"], 1);  // the baseline took the score
+  EXPECT_EQ(jc["applied"], reward != 0.0) << jc.dump();  // a first reward of 0 has advantage 0
+  EXPECT_EQ(test::metric_value(*c, "ebb_learning_judge_calls_total"), 1);
+
+  // A judge whose grammar forces letters: no score, a failure, no sample.
+  r = post(*c, "/v1/agents",
+           json{{"name", "odd"}, {"adapter", "odd"}, {"learn", true},
+                {"judge", {{"kind", "prompt"}, {"prompt", tmpl}, {"grammar", "root ::= [a-z] [a-z] [a-z]"}}}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const auto t3 = story(*c, "odd", 3, 12);
+  const int64_t samples = l["samples"];
+  ASSERT_EQ(post(*c, "/v1/feedback", json{{"id", t3.first}, {"correction", "better"}}).status, 200);
+  l = poll_learning(*c, [](const json& j) { return j["judge_calls"] == 2 && j["judge_pending"] == 0; });
+  EXPECT_EQ(l["judge_failures"], 1) << l.dump();
+  EXPECT_EQ(l["samples"], samples);
+  EXPECT_EQ(l["judges"][1]["ok"], false);
+  EXPECT_EQ(l["judges"][1]["answer"].get<std::string>().size(), 3u);
+  EXPECT_NE(l["last_error"].get<std::string>().find("no score"), std::string::npos) << l.dump();
+  EXPECT_TRUE(get(*c, "/v1/learning/traces/" + t3.first).body["feedback"]["reward"].is_null());
+  EXPECT_EQ(test::metric_value(*c, "ebb_learning_judge_failures_total"), 1);
+  // A rewarded feedback is not judged: the reward trains as given.
+  r = post(*c, "/v1/feedback", json{{"id", t1.first}, {"reward", 2.0}});
+  EXPECT_EQ(r.body["judging"], false) << r.raw;
+  EXPECT_EQ(r.body["applied"], true) << r.raw;
+
+  // Bad judges: 400 naming the field.
+  const auto bad = [&](const json& judge, const char* param) {
+    const Reply b = post(*c, "/v1/agents", json{{"name", "bad"}, {"judge", judge}});
+    test::expect_openai_error(b, 400, "", param);
+  };
+  bad({{"kind", "oracle"}}, "judge.kind");
+  bad({{"kind", "prompt"}}, "judge.prompt");
+  bad({{"kind", "prompt"}, {"prompt", "{story}"}}, "judge.prompt");
+  bad({{"kind", "prompt"}, {"prompt", "{response}"}, {"grammar", "root ::= ("}}, "judge.grammar");
+  bad({{"kind", "prompt"}, {"prompt", "{response}"}, {"max_tokens", 0}}, "judge.max_tokens");
+  bad({{"kind", "rule"}, {"temperature", 1}}, "judge.temperature");
+}
+
+// The learning state survives kill -9: the versions with their gates, the
+// published version per adapter (here one rolled back to), the counters,
+// the replay buffer and baseline; the published version's weights are
+// served again (the same greedy story). A weight file that is not one is
+// left out with a note, never a crash.
+TEST(ServeLearning, StateSurvivesKill9) {
+  test::TempDir dir("ebb-serve-state");
+  const std::vector<std::string> a = args(dir.path(), {"--learn", "--learn-gate", "off", "--learn-min-samples", "2",
+                                                       "--learn-steps", "2", "--commit-every", "1"});
+  json before;
+  std::string text;
+  {
+    ServerProcess s(a);
+    ASSERT_GT(s.port(), 0) << s.first_line();
+    auto c = client(s.port());
+    learning_agent(*c, "teller", "names");
+    for (int i = 0; i < 3; ++i) {
+      const auto t = story(*c, "teller", 20 + i, 16);
+      ASSERT_EQ(post(*c, "/v1/feedback", json{{"id", t.first}, {"reward", 1.0 + i}}).status, 200);
+    }
+    poll_learning(*c, [](const json& j) { return j["committed_versions"] == 2 && idle(j, "teller"); });
+    ASSERT_EQ(post(*c, "/v1/learning/rollback", json{{"adapter", "names"}, {"version", 1}}).status, 200);
+    const auto t = story(*c, "teller", 40, 24);
+    text = t.second;
+    EXPECT_EQ(get(*c, "/v1/learning/traces/" + t.first).body["adapter_version"], 1);
+    before = poll_learning(*c, [](const json& j) { return j["state"]["saved"] == true; });
+    EXPECT_EQ(s.stop(SIGKILL), 128 + SIGKILL);
+  }
+  ASSERT_EQ(before["published"]["names"], 1) << before.dump();
+  ASSERT_EQ(before["versions"].size(), 2u) << before.dump();
+  const auto same = [&](const json& after) {
+    for (const char* k : {"feedback", "samples", "train_steps", "committed_versions", "published_versions",
+                          "rejected_versions", "rollbacks", "published", "versions"})
+      EXPECT_EQ(after[k], before[k]) << k;
+    for (const char* k : {"replay", "heldout", "baseline", "rewards", "rounds"})
+      EXPECT_EQ(after["agents"]["teller"][k], before["agents"]["teller"][k]) << k;
+  };
+  {
+    ServerProcess s(a);
+    ASSERT_GT(s.port(), 0) << s.first_line();
+    auto c = client(s.port());
+    const json after = get(*c, "/v1/learning").body;
+    same(after);
+    EXPECT_EQ(after["state"]["restored"]["adapter_versions_loaded"], 2) << after.dump();
+    EXPECT_TRUE(after["notes"].empty()) << after.dump();
+    const auto t = story(*c, "teller", 40, 24);
+    EXPECT_EQ(t.second, text);  // the published version serves again
+    EXPECT_EQ(get(*c, "/v1/learning/traces/" + t.first).body["adapter_version"], 1);
+    EXPECT_EQ(s.stop(SIGKILL), 128 + SIGKILL);
+  }
+  // Version 2's weights damaged: it is left out, said so; version 1 serves.
+  std::ofstream(dir.file("learned/names/v2.gguf"), std::ios::trunc) << "not a gguf file";
+  ServerProcess s(a);
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  const json after = get(*c, "/v1/learning").body;
+  ASSERT_EQ(after["notes"].size(), 1u) << after.dump();
+  EXPECT_NE(after["notes"][0].get<std::string>().find("version 2 was not restored"), std::string::npos) << after.dump();
+  EXPECT_EQ(after["published"]["names"], 1);
+  EXPECT_EQ(story(*c, "teller", 40, 24).second, text);
+}
+
 // The whole loop learns something real, through the official openai client:
 // an agent whose user corrects the heroine's name in its stories ("call her
 // Zorba, not Lily") names Zorba in at least half of its stories after a

@@ -469,6 +469,10 @@ TEST_F(ServeMemory, ThePageRendersTheResidencyMapAndShowsAnEviction) {
   EXPECT_EQ(count(before, "\" data-state=\"stored\""), 0u);
   EXPECT_NE(before.find("id=\"s-ram\">"), std::string::npos);
   EXPECT_NE(before.find("<canvas id=\"chart\""), std::string::npos);
+  // Learning is off on this server: the panel says so and shows no numbers.
+  EXPECT_NE(before.find("<div id=\"learning\" data-enabled=\"false\""), std::string::npos) << before.substr(0, 4000);
+  EXPECT_NE(before.find("Learning is off: start ebb serve with --learn"), std::string::npos);
+  EXPECT_EQ(count(before, "class=\"version\""), 0u);
 
   const Reply e = post(*c_, "/v1/memory/evict", json{{"fraction", 1.0}});
   ASSERT_EQ(e.status, 200) << e.raw;
@@ -527,6 +531,73 @@ TEST_F(ServeMemory, ThePageChatsWithStreamedAnswers) {
     ASSERT_EQ(labels.size(), 5u) << l[1].str();
     EXPECT_EQ(std::set<std::string>(labels.begin(), labels.end()).size(), 5u) << chart << ": " << l[1].str();
   }
+}
+
+// The learning panel with --learn: after a few turns and their feedback
+// (through the HTTP API: two versions committed and published, the gate
+// off), the page shows the counts and versions GET /v1/learning reports;
+// clicking "Roll back to v1" (/?click=rollback-names-1) publishes v1 again,
+// and the panel shows it.
+TEST(ServeLearningPage, ShowsTheLoopAndRollsBack) {
+  const std::string chromium = find_chromium();
+  ASSERT_FALSE(chromium.empty()) << "chromium is not installed: run scripts/setup.sh (apt-get install chromium)";
+  ebb::test::TempDir dir("ebb-serve-learn-page");
+  ServerProcess server({"--api-key", kKey, "--ctx", "256", "--quiet", "--state-dir", dir.path(), "--learn",
+                        "--learn-gate", "off", "--learn-min-samples", "2", "--learn-steps", "2", "--commit-every", "1"});
+  ASSERT_GT(server.port(), 0) << server.first_line();
+  auto c = client(server.port());
+  ASSERT_EQ(post(*c, "/v1/agents", json{{"name", "teller"}, {"adapter", "names"}, {"learn", true}}).status, 200);
+  for (int i = 0; i < 3; ++i) {
+    const Reply r = post(*c, "/v1/completions", json{{"model", "stories260K:agent/teller"}, {"prompt", "Once upon a time"},
+                                                     {"max_tokens", 16}, {"seed", 20 + i}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    ASSERT_EQ(post(*c, "/v1/feedback", json{{"id", r.body["id"]}, {"reward", 1.0 + i}}).status, 200);
+  }
+  json l;
+  for (int i = 0; i < 1500; ++i) {  // 30 s at most
+    l = get(*c, "/v1/learning").body;
+    if (l["committed_versions"] == 2 && l["gates_pending"] == 0 && l["agents"]["teller"]["round"].value("state", "") != "running") break;
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(l["committed_versions"], 2) << l.dump();
+  ASSERT_EQ(l["published"]["names"], 2) << l.dump();
+
+  ebb::test::TempDir profile("ebb-chromium-learn");
+  const std::string url =
+      "http://127.0.0.1:" + std::to_string(server.port()) + "/?click=rollback-names-1#key=" + kKey;
+  const std::string dom = dump_dom(chromium, url, profile.path());
+  EXPECT_EQ(dom.find("class=\"err\""), std::string::npos) << "the page shows an error: " << dom.substr(0, 4000);
+  const json after = get(*c, "/v1/learning").body;
+  EXPECT_EQ(after["published"]["names"], 1) << after.dump();  // the click rolled back
+  EXPECT_EQ(after["rollbacks"], 1);
+  const size_t at = dom.find("<div id=\"learning\"");
+  ASSERT_NE(at, std::string::npos) << dom.substr(0, 4000);
+  const std::string panel = dom.substr(at, 12000);
+  EXPECT_NE(panel.find("data-enabled=\"true\""), std::string::npos) << panel;
+  const auto shown = [&](const std::string& id) {
+    std::smatch m;
+    if (!std::regex_search(panel, m, std::regex("id=\"" + id + "\">([^<]*)<"))) return std::string("(absent)");
+    return m[1].str();
+  };
+  EXPECT_EQ(shown("l-traces"), std::to_string(after["traces"].get<int64_t>()));
+  EXPECT_EQ(shown("l-feedback"), std::to_string(after["feedback"].get<int64_t>()));
+  EXPECT_EQ(shown("l-steps"), std::to_string(after["train_steps"].get<int64_t>()));
+  EXPECT_EQ(shown("l-versions"), "2 / 2 / 0");
+  EXPECT_EQ(shown("l-rollbacks"), "1");
+  EXPECT_EQ(shown("l-judge"), "0 / 0");
+  EXPECT_EQ(shown("l-rewards"), std::to_string(after["agents"]["teller"]["rewards"].get<int64_t>()) + " / " +
+                                    std::to_string(after["samples"].get<int64_t>()));
+  // A row per version with its gate, v1 now the published one, and a
+  // button to roll back to v2.
+  EXPECT_EQ(count(panel, "class=\"version\""), 2u) << panel;
+  EXPECT_NE(panel.find("data-adapter=\"names\" data-version=\"1\" data-gate=\"off\" data-current=\"1\""),
+            std::string::npos) << panel;
+  EXPECT_NE(panel.find("data-adapter=\"names\" data-version=\"2\" data-gate=\"off\" data-current=\"0\""),
+            std::string::npos) << panel;
+  EXPECT_NE(panel.find("id=\"rollback-names-2\""), std::string::npos) << panel;
+  EXPECT_EQ(panel.find("id=\"rollback-names-1\""), std::string::npos) << panel;
+  EXPECT_NE(panel.find("<td class=\"published-version\">1</td>"), std::string::npos) << panel;
+  EXPECT_NE(panel.find("names: v1 published again"), std::string::npos) << panel;
 }
 
 }  // namespace

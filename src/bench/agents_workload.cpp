@@ -281,6 +281,14 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
   run.wait_p99 = m.wait_p99_s;
   run.wait_max = m.wait_max_s;
   run.wait_behind_s = m.wait_behind_s;
+  run.fg_busy_s = m.fg_busy_s;
+  run.idle_s = m.idle_s;
+  run.idle_bg_waiting_s = m.idle_bg_waiting_s;
+  run.bg_busy_s = m.bg_busy_by_kind_s;
+  run.bg_deferred_window = m.bg_deferred_window;
+  run.bg_over_window = m.bg_over_window;
+  run.bg_aged = m.bg_aged;
+  run.bg_share = m.bg_share;
   run.cached_tokens = m.cached_tokens;
   run.prompt_tokens = m.prompt_tokens;
   run.offload_requests = m.offload_requests;

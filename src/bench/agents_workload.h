@@ -103,6 +103,13 @@ struct AgentsRun {
   uint64_t offload_freed = 0;
   uint64_t peak_rss_bytes = 0;  // the process's, over this run (VmHWM after a reset)
   std::map<std::string, double> wait_behind_s;
+  // Where the scheduler's time went: foreground rounds, background steps by
+  // kind, idle (and idle while background tasks were held back), and how
+  // often the window rule held a task back, let one past it, or aging
+  // picked one ahead of higher utility, or a guaranteed share did.
+  double fg_busy_s = 0, idle_s = 0, idle_bg_waiting_s = 0;
+  std::map<std::string, double> bg_busy_s;
+  int64_t bg_deferred_window = 0, bg_over_window = 0, bg_aged = 0, bg_share = 0;
 };
 
 // Runs the workload to its end on `engine` (fresh: nothing cached, no

@@ -108,6 +108,18 @@ json result_json(const AgentsRun& r) {
           {"offload_freed_bytes", r.offload_freed},
           {"background_pending_memory", r.bg_pending_memory},
           {"attribution", attr},
+          {"sched_fg_busy_s", r.fg_busy_s},
+          {"sched_bg_busy_s", [&] {
+             json b = json::object();
+             for (const auto& [k, v] : r.bg_busy_s) b[k] = v;
+             return b;
+           }()},
+          {"sched_idle_s", r.idle_s},
+          {"sched_idle_bg_waiting_s", r.idle_bg_waiting_s},
+          {"bg_deferred_window", r.bg_deferred_window},
+          {"bg_over_window", r.bg_over_window},
+          {"bg_aged", r.bg_aged},
+          {"bg_share", r.bg_share},
           {"peak_rss_bytes", r.peak_rss_bytes}};
 }
 
@@ -217,6 +229,12 @@ int run_agents_bench(AgentsBenchArgs& a) {
       for (const auto& [k, s] : r.wait_behind_s)
         std::printf(" %s %.1f%%", k.c_str(), total > 0 ? 100 * s / total : 0.0);
       std::printf("\n");
+    }
+    std::printf("scheduler time (s): foreground, background by kind, idle (of which with background waiting):\n");
+    for (const AgentsRun& r : runs) {
+      std::printf("  %-17s fg %.1f", r.system.c_str(), r.fg_busy_s);
+      for (const auto& [k, s] : r.bg_busy_s) std::printf(" %s %.1f", k.c_str(), s);
+      std::printf(" idle %.1f (%.1f)\n", r.idle_s, r.idle_bg_waiting_s);
     }
   }
   if (!sweep.empty()) {

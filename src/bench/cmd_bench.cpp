@@ -20,8 +20,41 @@ struct SpeedArgs {
   ModelArgs model;
   SpeedOptions speed;
   int64_t membw_mib = 256;
+  double device_gbps = 0;  // --device-gbps: the device's memory bandwidth, when known (0: unknown)
   bool json = false;
 };
+
+// Where decode's bandwidth bound comes from on a device: the host's memory
+// when the device shares it (the probe measured it), else --device-gbps,
+// else unknown (Vulkan does not report a bandwidth).
+struct DeviceBound {
+  std::string id, name;
+  double gbps = 0;
+  std::string source;  // "host memory (unified)", "--device-gbps", "unknown"
+  uint64_t bytes = 0;  // what a decoded token reads there: the layers' buffers and the output head (formats
+                       // without shaders were widened to F16, so this can exceed the file's model bytes)
+  double bound_tok_s() const { return gbps > 0 && bytes > 0 ? gbps * 1e9 / static_cast<double>(bytes) : 0.0; }
+};
+
+DeviceBound device_bound(const SpeedArgs& a, const Engine& e, const SpeedResult& r) {
+  DeviceBound b;
+  const DeviceForward* d = e.device();
+  if (!d) return b;
+  b.id = d->device().id;
+  b.name = d->device().name;
+  const DeviceFootprint f = d->footprint();
+  b.bytes = f.weights() + f.globals;
+  if (a.device_gbps > 0) {
+    b.gbps = a.device_gbps;
+    b.source = "--device-gbps";
+  } else if (d->device().caps.unified_memory && r.mem_bw_gbps > 0) {
+    b.gbps = r.mem_bw_gbps;
+    b.source = "host memory (unified with the device), probed";
+  } else {
+    b.source = "unknown (Vulkan reports no bandwidth; give it with --device-gbps)";
+  }
+  return b;
+}
 
 std::string format_mix(const SpeedResult& r) {
   uint64_t total = 0;
@@ -54,6 +87,8 @@ void print_table(const SpeedArgs& a, const Engine& e, const SpeedResult& r) {
   std::printf("  %-24s %s\n", "formats (streamed)", format_mix(r).c_str());
   std::printf("  %-24s %d\n", "threads", r.threads);
   std::printf("  %-24s %s\n", "isa", std::string(isa_name(r.isa)).c_str());
+  const DeviceBound dev = device_bound(a, e, r);
+  if (!dev.id.empty()) std::printf("  %-24s %s (%s)\n", "device", dev.id.c_str(), dev.name.c_str());
   std::printf("  %-24s prompt %lld tok, gen %lld tok, %lld reps (+1 warm-up), ctx %lld, batch %lld\n", "run",
               static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.gen_tokens),
               static_cast<long long>(r.reps), static_cast<long long>(r.n_ctx),
@@ -64,7 +99,19 @@ void print_table(const SpeedArgs& a, const Engine& e, const SpeedResult& r) {
   std::printf("  %-24s %12.3f   layers %.3f + output head %.3f\n", "model MB / token", r.model_bytes / mb,
               r.layer_bytes / mb, r.output_head_bytes / mb);
   std::printf("  %-24s %12.2f   = model MB/token x decode tok/s\n", "achieved GB/s", r.achieved_gbps);
-  if (r.mem_bw_gbps > 0) {
+  if (!dev.id.empty()) {
+    // On a device decode reads the weights from the device's memory.
+    if (dev.gbps > 0) {
+      std::printf("  %-24s %12.2f   %s\n", "device GB/s", dev.gbps, dev.source.c_str());
+      std::printf("  %-24s %11.1f%%\n", "decode / bound", 100.0 * r.decode_tok_s / dev.bound_tok_s());
+      std::printf("  %-24s %12.1f   = device GB/s / %.3f MB read on the device per token\n", "decode bound tok/s",
+                  dev.bound_tok_s(), dev.bytes / mb);
+    } else {
+      std::printf("  %-24s %12s   %s\n", "device GB/s", "unknown", dev.source.c_str());
+      std::printf("  %-24s %12s   = device GB/s / %.3f MB read on the device per token\n", "decode bound tok/s",
+                  "unknown", dev.bytes / mb);
+    }
+  } else if (r.mem_bw_gbps > 0) {
     std::printf("  %-24s %12.2f   %s  (%.0f MiB read, %d threads)\n", "machine read GB/s", r.mem_bw_gbps,
                 list(r.mem_bw_gbps_reps, "%.2f").c_str(), r.mem_bw_bytes / double(1 << 20), r.threads);
     std::printf("  %-24s %11.1f%%\n", "achieved / bound", 100.0 * r.achieved_fraction);
@@ -118,6 +165,15 @@ nlohmann::json to_json(const SpeedArgs& a, const Engine& e, const SpeedResult& r
   j["prefill_roofline_tok_s"] = r.prefill_roofline_tok_s;
   j["prefill_gflops"] = r.prefill_gflops;
   j["llc_bytes"] = r.llc_bytes;
+  const DeviceBound dev = device_bound(a, e, r);
+  j["device"] = dev.id.empty() ? "cpu" : dev.id;
+  if (!dev.id.empty()) {
+    j["device_name"] = dev.name;
+    j["device_gbps"] = dev.gbps;  // 0: unknown
+    j["device_gbps_source"] = dev.source;
+    j["device_bytes_per_token"] = dev.bytes;
+    j["device_decode_bound_tok_s"] = dev.bound_tok_s();
+  }
   return j;
 }
 
@@ -130,6 +186,9 @@ int run_speed(SpeedArgs& a) {
   o.kv_chunk_size = so.kv_chunk_size;
   o.kv_type = so.kv_type;
   o.membw_bytes = static_cast<size_t>(a.membw_mib) << 20;
+  // The host's bandwidth bounds a device only when the device shares its memory.
+  if (const DeviceForward* d = engine->device(); d && (!d->device().caps.unified_memory || a.device_gbps > 0))
+    o.membw_bytes = 0;
   if (o.membw_bytes > 0) std::fprintf(stderr, "bench speed: measuring memory read bandwidth...\n");
   o.progress = [](int64_t rep, int64_t reps) {
     if (rep == 0) {
@@ -243,6 +302,9 @@ void add_speed_command(CLI::App* bench, int* rc) {
   sub->add_option("--seed", a->speed.seed, "Seed of the pseudo-random prompt token ids")->capture_default_str();
   sub->add_option("--membw-mib", a->membw_mib, "Memory-bandwidth probe buffer in MiB (0: skip the probe)")
       ->capture_default_str();
+  sub->add_option("--device-gbps", a->device_gbps,
+                  "With --device: the device's memory bandwidth in GB/s, for decode's bound (default: the host's, "
+                  "probed, when the device shares its memory; else unknown)");
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
   sub->callback([a, rc] { *rc = run_speed(*a); });
 }

@@ -228,7 +228,11 @@ int serve(ServeArgs& a) {
   ::signal(SIGPIPE, SIG_IGN);  // a client that went away is an error on its socket, not the end of the server
 
   // Conversations reuse their KV across requests through the prefix cache.
-  a.model.prefix_cache = true;
+  // On a device the prefix cache is not there yet: each request runs its whole prompt.
+  a.model.prefix_cache = resolve_device(a.model) == "cpu";
+  if (!a.model.prefix_cache && !a.model.quiet && !a.quiet)
+    std::fprintf(stderr, "note: the prefix cache runs on the CPU only for now: off on %s (each request runs its "
+                         "whole prompt)\n", resolve_device(a.model).c_str());
   a.model.quiet = a.model.quiet || a.quiet;  // --quiet: no load progress or notes either
   std::unique_ptr<Engine> engine = make_engine(a.model);
   SessionOptions sopts = session_options(a.model);

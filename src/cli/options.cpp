@@ -45,8 +45,13 @@ void add_model_options(CLI::App* app, ModelArgs& a, const ModelOptionSet& set) {
   const char* g = kEngineGroup;
   app->add_option("--isa", a.isa, "Force a kernel target: scalar, avx2, avx512, neon, or ref-engine (scalar, rounding in the order of the engine the golden logits come from; slow, for validation) (default: best available)")
       ->group(g);
+  app->add_option("--device", a.device,
+                  "Where the model runs: cpu, vulkan (the first Vulkan device) or vulkan:N (the Nth, in the Vulkan loader's order); "
+                  "on a device its weights and KV live there (default: cpu, or vulkan with -ngl N > 0)")
+      ->group(g);
   app->add_option("--n-gpu-layers", a.n_gpu_layers,
-                  "Accepted for llama.cpp's -ngl and ignored: ebb computes on the CPU")
+                  "Layers on the device (llama.cpp's -ngl): 0 runs on the CPU; N >= the model's layers (99) puts all "
+                  "there (a split between device and CPU is not supported yet)")
       ->group(g);
   app->add_option("--flash-attn", a.flash_attn,
                   "Accepted for llama.cpp's -fa and ignored: ebb's attention always streams the KV in one fused pass")
@@ -300,8 +305,14 @@ void validate(const ModelArgs& a) {
   if (a.memory_budget.empty() && !a.budget_system.empty())
     throw UsageError("--budget-system only applies with --memory-budget SIZE");
   if (a.budget_window <= 0) throw UsageError("--budget-window " + std::to_string(a.budget_window) + ": must be >= 1");
+  if (a.n_gpu_layers < -1) throw UsageError("--n-gpu-layers " + std::to_string(a.n_gpu_layers) + ": must be >= 0");
+  if (!a.device.empty() && a.device != "cpu" && a.device != "vulkan" && a.device.rfind("vulkan:", 0) != 0)
+    throw UsageError("--device '" + a.device + "' is not one of cpu, vulkan, vulkan:N");
+  if (a.device == "cpu" && a.n_gpu_layers > 0)
+    throw UsageError("-ngl " + std::to_string(a.n_gpu_layers) + " puts layers on a GPU, but --device cpu asks for none");
+  if (!a.device.empty() && a.device != "cpu" && a.n_gpu_layers == 0)
+    throw UsageError("-ngl 0 puts no layer on the device, but --device " + a.device + " asks for it");
   if (a.quiet) return;
-  if (a.n_gpu_layers >= 0) std::fprintf(stderr, "note: -ngl/--n-gpu-layers is ignored: ebb computes on the CPU\n");
   if (!a.flash_attn.empty() && a.flash_attn != "off")
     std::fprintf(stderr, "note: -fa/--flash-attn is ignored: ebb's attention always streams the KV in one fused pass\n");
   if (a.mlock) std::fprintf(stderr, "note: --mlock is ignored: elastic memory decides what stays in RAM (--memory-limit)\n");
@@ -354,6 +365,11 @@ constexpr uint64_t kProcessAllowance = 8ull << 20;
 // instead of being killed.
 void apply_memory_limit(Engine& e, const ModelArgs& a, uint64_t weights) {
   if (a.memory_limit == "off") return;
+  if (e.device()) {  // elastic memory is off on a device (for now): device memory is not evicted
+    if (!a.memory_limit.empty())
+      throw UsageError("--memory-limit runs on the CPU only for now, not with --device " + e.device_id());
+    return;
+  }
   if (!a.memory_limit.empty()) {
     if (!e.elastic()) throw UsageError("--memory-limit needs elastic memory, which budget mode turns off; use --memory-budget alone");
     const uint64_t bytes = parse_size(a.memory_limit, weights);
@@ -397,6 +413,25 @@ uint64_t weight_bytes(const std::string& path) {
 
 }  // namespace
 
+void print_device(const Engine& e) {
+  const Footprint f = e.footprint();
+  if (!f.device) return;
+  const DeviceFootprint& d = *f.device;
+  std::fprintf(stderr,
+               "device: %s (%s) holds weights %s, output head %s, KV %s, scratch %s (ledger: %s in %llu buffers, "
+               "%llu slabs of %s) | RAM holds the embedding %s, scratch %s\n",
+               d.id.c_str(), d.name.c_str(), format_bytes(d.weights()).c_str(), format_bytes(d.globals).c_str(),
+               format_bytes(d.kv).c_str(), format_bytes(d.scratch).c_str(), format_bytes(d.ledger.buffer_bytes).c_str(),
+               static_cast<unsigned long long>(d.ledger.n_buffers), static_cast<unsigned long long>(d.ledger.n_slabs),
+               format_bytes(d.ledger.slab_bytes).c_str(), format_bytes(f.globals).c_str(),
+               format_bytes(f.scratch).c_str());
+}
+
+std::string resolve_device(const ModelArgs& a) {
+  if (!a.device.empty()) return a.device;
+  return a.n_gpu_layers > 0 ? "vulkan" : "cpu";  // llama.cpp's -ngl N alone: the first GPU
+}
+
 EngineOptions engine_options(const ModelArgs& a) {
   validate(a);
   EngineOptions o;
@@ -407,6 +442,8 @@ EngineOptions engine_options(const ModelArgs& a) {
     if (!isa) throw UsageError("--isa '" + a.isa + "' is not one of scalar, avx2, avx512, neon, ref-engine");
     o.isa = *isa;
   }
+  o.device = resolve_device(a);
+  o.n_gpu_layers = a.n_gpu_layers;
   o.prefill_batch = a.batch;
   o.kv_chunk_size = a.kv_chunk;
   if (!a.memory_budget.empty()) {
@@ -436,6 +473,8 @@ EngineOptions engine_options(const ModelArgs& a) {
 
 std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
   const EngineOptions o = engine_options(a);
+  if (o.device != "cpu" && (!a.lora.empty() || !a.lora_scaled.empty()))
+    throw UsageError("LoRA adapters run on the CPU only for now: --lora/--lora-scaled with --device " + o.device);
   const uint64_t weights = weight_bytes(a.model);
   const Stopwatch clock;
   std::unique_ptr<Engine> e;
@@ -451,6 +490,12 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
     throw Error("the system refused memory or threads while loading " + a.model + " (" + err.what() +
                 "): lower --threads, free memory, or use --memory-budget SIZE");
   }
+  if (const DeviceForward* d = e->device(); d && !a.quiet && !d->converted().empty()) {
+    std::string formats;
+    for (const std::string& f : d->converted()) formats += (formats.empty() ? "" : ", ") + f;
+    std::fprintf(stderr, "note: %s has no matrix kernels for %s: those weights were dequantised to F16 at load\n",
+                 d->device().id.c_str(), formats.c_str());
+  }
   for (const std::string& f : a.lora) e->adapters().load(f);
   for (size_t i = 0; i + 1 < a.lora_scaled.size(); i += 2) e->adapters().load(a.lora_scaled[i]);
   if (load_seconds) *load_seconds = clock.seconds();
@@ -462,6 +507,7 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
                  "answers degrade\n",
                  static_cast<long long>(a.ctx), static_cast<long long>(train_ctx), e->config().name.c_str());
   }
+  if (a.verbose && e->device()) print_device(*e);
   if (a.verbose) {
     std::fprintf(stderr,
                  "config: %s (%s, %lld layers, trained on %lld tokens) | %s x%d threads | context %lld | kv %s, chunks "
@@ -470,7 +516,7 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
                  static_cast<long long>(train_ctx), std::string(isa_name(e->isa())).c_str(), e->pool().size(),
                  static_cast<long long>(context_of(a, *e)), a.kv_type.c_str(),
                  static_cast<long long>(a.kv_chunk > 0 ? a.kv_chunk : e->session_chunk_size(context_of(a, *e))),
-                 static_cast<long long>(a.batch), e->elastic() ? "on" : "off (budget mode)",
+                 static_cast<long long>(a.batch), e->elastic() ? "on" : e->device() ? "off (on a device)" : "off (budget mode)",
                  o.prefix_cache ? "on" : "off", o.cache_dir.empty() ? "" : " in ", o.cache_dir.c_str(), clock.seconds());
   }
   return e;
@@ -563,15 +609,24 @@ std::string summary_line(const Engine& e, const GenerateStats& st, double load_s
   if (load_seconds >= 0) std::snprintf(load, sizeof load, "load %.2f s | ", load_seconds);
   char adapters[64] = "";
   if (m.adapters > 0) std::snprintf(adapters, sizeof adapters, ", adapters %s", format_bytes(m.adapters).c_str());
-  char buf[704];
+  // Where it ran: the CPU target and threads, or the device and what it holds.
+  char where[256];
+  if (const DeviceForward* d = e.device()) {
+    const DeviceFootprint f = d->footprint();
+    std::snprintf(where, sizeof where, "%s holds %s (weights %s, kv %s)", f.id.c_str(), format_bytes(f.total()).c_str(),
+                  format_bytes(f.weights() + f.globals).c_str(), format_bytes(f.kv).c_str());
+  } else {
+    std::snprintf(where, sizeof where, "%s x%d", std::string(isa_name(e.isa())).c_str(),
+                  const_cast<Engine&>(e).pool().size());
+  }
+  char buf[960];
   std::snprintf(buf, sizeof buf,
                 "%sprompt %lld tok %.1f tok/s | gen %lld tok %.1f tok/s | ttft %.1f ms | mem %s (weights %s, kv %s, "
-                "scratch %s%s) | %s x%d | stop %s | hash %016llx",
+                "scratch %s%s) | %s | stop %s | hash %016llx",
                 load, static_cast<long long>(st.prompt_tokens), st.prefill_tok_s(),
                 static_cast<long long>(st.generated_tokens), st.decode_tok_s(), st.ttft_seconds * 1e3,
                 format_bytes(m.total).c_str(), format_bytes(m.weights).c_str(), format_bytes(m.kv).c_str(),
-                format_bytes(m.scratch).c_str(), adapters, std::string(isa_name(e.isa())).c_str(),
-                const_cast<Engine&>(e).pool().size(), std::string(stop_reason_name(st.stop)).c_str(),
+                format_bytes(m.scratch).c_str(), adapters, where, std::string(stop_reason_name(st.stop)).c_str(),
                 static_cast<unsigned long long>(h));
   return buf;
 }

@@ -34,7 +34,8 @@ struct ModelArgs {
   int threads = 0;
   std::string isa;
   int64_t ctx = 0;
-  int n_gpu_layers = -1;              // llama.cpp's -ngl: accepted, ignored with a note (ebb runs on the CPU)
+  std::string device;                 // --device cpu|vulkan|vulkan:N ("": cpu, or vulkan when -ngl N > 0)
+  int n_gpu_layers = -1;              // llama.cpp's -ngl: layers on the device (-1: all when on a device; 0: CPU)
   int64_t kv_chunk = 0;               // 0: Engine::session_chunk_size (adapts to the context)
   std::string kv_type = "f16";
   bool f16_attention = false;
@@ -151,6 +152,11 @@ std::string closest_name(const std::string& unknown, const std::vector<std::stri
 std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds = nullptr);
 // The engine's options from the command line (validated; UsageError for
 // values that cannot work), for callers that build engines themselves.
+// One line on stderr: which device holds what (weights, KV, scratch; the
+// device's ledger), for --verbose.
+void print_device(const Engine& e);
+// "cpu", "vulkan" or "vulkan:N": --device, else vulkan when -ngl N > 0.
+std::string resolve_device(const ModelArgs& a);
 EngineOptions engine_options(const ModelArgs& a);
 SessionOptions session_options(const ModelArgs& a);
 // The adapter set --lora and --lora-scaled ask for (make_engine has loaded

@@ -1,8 +1,11 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 
+#include "kernels/lora.h"
 #include "kernels/packing.h"
 #include "kernels/quant_blocks.h"
 #include "platform/error.h"
@@ -261,6 +264,122 @@ void batch_rows(const FormatKernels& fk, const WeightView& w, const BatchAct& b,
   }
 }
 
+// Rank rows of A per claimed piece of a low-rank term's A x (the LoRA
+// kernels' down product runs four rows per pass over x).
+constexpr int64_t kDownRows = 4;
+
+// Piece d of the low-rank terms' A x products (terms of args[0], then of
+// args[1], ..., each term's rank in pieces of kDownRows rows): t[j] for its rows.
+void low_rank_down(const LoraKernels& lk, const MatmulArgs* args, int n, int64_t d) {
+  const int64_t cols = args[0].w->cols;
+  for (int i = 0; i < n; ++i) {
+    for (const LowRankTerm& lt : args[i].terms) {
+      const int64_t pieces = (lt.rank + kDownRows - 1) / kDownRows;
+      if (d >= pieces) {
+        d -= pieces;
+        continue;
+      }
+      const int64_t j0 = d * kDownRows, r = std::min(kDownRows, lt.rank - j0);
+      if (lt.f16) {
+        lk.down_f16(static_cast<const uint16_t*>(lt.a) + j0 * cols, args[0].x, cols, 1, r, cols, lt.t + j0);
+      } else {
+        lk.down(static_cast<const float*>(lt.a) + j0 * cols, args[0].x, cols, 1, r, cols, lt.t + j0);
+      }
+      return;
+    }
+  }
+}
+
+// y[r] += Σ_terms scale · (B t)[r] for r in [rb, re) of one product, the terms in order.
+void low_rank_up(const LoraKernels& lk, const MatmulArgs& a, int64_t rb, int64_t re) {
+  for (const LowRankTerm& lt : a.terms) {
+    if (lt.f16) {
+      lk.up_f16(static_cast<const uint16_t*>(lt.bt), lt.t, lt.scale, 1, lt.rank, a.w->rows, rb, re, a.y, 0);
+    } else {
+      lk.up(static_cast<const float*>(lt.bt), lt.t, lt.scale, 1, lt.rank, a.w->rows, rb, re, a.y, 0);
+    }
+  }
+}
+
+// One-token products args[0 .. n) of one input x whose kernels share an
+// activation format (fks[i]->act): x converted once on the calling thread
+// (a few microseconds at most; a fork-join would cost as much), the packed
+// matrices' block sums once, then ONE pool dispatch. In it the threads first
+// claim the low-rank terms' A x in pieces of kDownRows rows, then pieces of
+// output rows over the union of all products (in whole cache lines of y);
+// a piece gets W x of its rows and, for a product with terms, B (A x) of the
+// same rows right after. Every A x piece was claimed before any row piece,
+// so by the time a thread has finished a row piece they are done: the wait
+// for them is almost never taken, and the terms cost no barrier.
+void one_token(const KernelSet& ks, const FormatKernels* const* fks, const MatmulArgs* args, int n,
+               ThreadPool& pool) {
+  constexpr int kMax = 8;
+  EBB_CHECK(n >= 1 && n <= kMax);
+  const int64_t cols = args[0].w->cols;
+  const uint8_t* act = reinterpret_cast<const uint8_t*>(args[0].x);
+  if (fks[0]->act != DType::kF32) {
+    EBB_CHECK(args[0].scratch != nullptr);
+    fks[0]->quantize_act(args[0].x, args[0].scratch, cols);
+    act = static_cast<const uint8_t*>(args[0].scratch);
+  }
+  // Packed matrices: the activation sums once (the packed formats share Q8_0 activations).
+  Q8_0Sums* sums = nullptr;
+  for (int i = 0; i < n && !sums; ++i)
+    if (args[i].w->packing != Packing::kRows) {
+      sums = sums_area(args[0].scratch, act_row_stride(fks[0]->act, cols), 1);
+      packed_kernels(fks[i], *args[i].w).x8_sums(cols, act, sums);
+    }
+  int64_t first[kMax + 1];
+  first[0] = 0;
+  int64_t n_down = 0;
+  for (int i = 0; i < n; ++i) {
+    first[i + 1] = first[i] + args[i].w->rows;
+    for (const LowRankTerm& lt : args[i].terms) {
+      EBB_CHECK(lt.rank >= 1 && lt.a && lt.bt && lt.t);
+      n_down += (lt.rank + kDownRows - 1) / kDownRows;
+    }
+  }
+  const LoraKernels* lk = n_down > 0 ? &lora_kernels(ks.isa()) : nullptr;
+  const int64_t total = first[n], grain = piece_rows(total, pool.size());
+  struct alignas(kCacheLine) Counter {
+    std::atomic<int64_t> v{0};
+  };
+  Counter next_down, downs_done, next_rows;
+  auto body = [&](int, int) {
+    for (int64_t d; (d = next_down.v.fetch_add(1, std::memory_order_relaxed)) < n_down;) {
+      low_rank_down(*lk, args, n, d);
+      downs_done.v.fetch_add(1, std::memory_order_release);
+    }
+    bool downs_ready = n_down == 0;
+    for (int64_t g0; (g0 = next_rows.v.fetch_add(grain, std::memory_order_relaxed)) < total;) {
+      const int64_t g1 = std::min(total, g0 + grain);
+      for (int i = 0; i < n; ++i) {
+        const int64_t b = std::max(g0, first[i]) - first[i], e = std::min(g1, first[i + 1]) - first[i];
+        if (b >= e) continue;
+        const WeightView& w = *args[i].w;
+        if (w.packing != Packing::kRows) {
+          packed_rows_one(packed_kernels(fks[i], w), w, act, sums, b, e, args[i].y);
+        } else {
+          const auto vec_dot = fks[i]->vec_dot;
+          for (int64_t r = b; r < e; ++r) vec_dot(cols, w.row(r), act, args[i].y + r);
+        }
+        if (args[i].terms.empty()) continue;
+        while (!downs_ready) {
+          downs_ready = downs_done.v.load(std::memory_order_acquire) == n_down;
+          if (!downs_ready) std::this_thread::yield();
+        }
+        low_rank_up(*lk, args[i], b, e);
+      }
+    }
+  };
+  // A product of one piece (a small model) runs on the calling thread.
+  if (pool.size() == 1 || total <= grain) {
+    body(0, 1);
+  } else {
+    pool.run(body);
+  }
+}
+
 }  // namespace
 
 void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
@@ -270,7 +389,7 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   EBB_CHECK(w.cols % type_info(w.type).block_size == 0);
   EBB_CHECK(w.cols % type_info(fk->act).block_size == 0);
   EBB_CHECK(args.n_tokens >= 1 && args.x != nullptr && args.y != nullptr);
-  const int64_t n_tok = args.n_tokens, cols = w.cols, rows = w.rows;
+  const int64_t n_tok = args.n_tokens, rows = w.rows;
 
   // Several tokens: the activations converted once (with the packed
   // kernels' block sums), then output rows in runs the threads claim as
@@ -279,6 +398,7 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   // block of weight rows sized to stay in L2 and reused for every token
   // before moving on, so weights stream from memory once.
   if (n_tok > 1) {
+    EBB_CHECK_MSG(args.terms.empty(), "low-rank terms are for one-token products");
     const bool packed = w.packing != Packing::kRows;
     const FormatKernels& k = packed ? packed_kernels(fk, w) : *fk;
     EBB_CHECK_MSG(fk->quantize_batch_act == nullptr || fk->tile_dot, "batch activations need the batch's own dot");
@@ -291,30 +411,8 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
     return;
   }
 
-  // One token: the activation row in the format vec_dot wants (quantized or
-  // rounded on the calling thread: one row is a few microseconds at most; a
-  // fork-join would cost as much), or x itself for F32.
-  const uint8_t* act = reinterpret_cast<const uint8_t*>(args.x);
-  if (fk->act != DType::kF32) {
-    EBB_CHECK(args.scratch != nullptr);
-    fk->quantize_act(args.x, args.scratch, cols);
-    act = static_cast<const uint8_t*>(args.scratch);
-  }
-  // Packed weights: the group kernels, with the activation's block sums.
-  if (w.packing != Packing::kRows) {
-    const FormatKernels& pk = packed_kernels(fk, w);
-    Q8_0Sums* sums = sums_area(args.scratch, act_row_stride(fk->act, cols), 1);
-    pk.x8_sums(cols, act, sums);
-    pool.parallel_for_dynamic(rows, piece_rows(rows, pool.size()), [&](int64_t r0, int64_t r1, int) {
-      packed_rows_one(pk, w, act, sums, r0, r1, args.y);
-    });
-    return;
-  }
-  // Output rows in pieces the threads claim as they go, in whole cache lines of y.
-  const auto vec_dot = fk->vec_dot;
-  pool.parallel_for_dynamic(rows, piece_rows(rows, pool.size()), [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) vec_dot(cols, w.row(r), act, args.y + r);
-  });
+  const FormatKernels* one[1] = {fk};
+  one_token(ks, one, &args, 1, pool);
 }
 
 namespace {
@@ -372,6 +470,7 @@ void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool
     for (int i = 0; i < n; ++i) {
       EBB_CHECK(args[i].w->cols % type_info(args[i].w->type).block_size == 0);
       EBB_CHECK(args[i].w->cols % type_info(fks[i]->act).block_size == 0);
+      EBB_CHECK_MSG(args[i].terms.empty(), "low-rank terms are for one-token products");
     }
     EBB_CHECK_MSG(k.quantize_batch_act == nullptr || k.tile_dot, "batch activations need the batch's own dot");
     matmul_multi_batch(k, args, n, pool);
@@ -383,41 +482,11 @@ void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool
     for (int i = 0; i < n; ++i) matmul(ks, args[i], pool);
     return;
   }
-  const int64_t cols = args[0].w->cols;
   for (int i = 0; i < n; ++i) {
-    EBB_CHECK(cols % type_info(args[i].w->type).block_size == 0);
-    EBB_CHECK(cols % type_info(fks[i]->act).block_size == 0);
+    EBB_CHECK(args[i].w->cols % type_info(args[i].w->type).block_size == 0);
+    EBB_CHECK(args[i].w->cols % type_info(fks[i]->act).block_size == 0);
   }
-  const uint8_t* act = reinterpret_cast<const uint8_t*>(args[0].x);
-  if (fks[0]->act != DType::kF32) {
-    EBB_CHECK(args[0].scratch != nullptr);
-    fks[0]->quantize_act(args[0].x, args[0].scratch, cols);  // once, on the calling thread
-    act = static_cast<const uint8_t*>(args[0].scratch);
-  }
-  // Packed matrices: the activation sums once (the packed formats share Q8_0 activations).
-  Q8_0Sums* sums = nullptr;
-  for (int i = 0; i < n && !sums; ++i)
-    if (args[i].w->packing != Packing::kRows) {
-      sums = sums_area(args[0].scratch, act_row_stride(fks[0]->act, cols), 1);
-      packed_kernels(fks[i], *args[i].w).x8_sums(cols, act, sums);
-    }
-  int64_t first[kMax + 1];
-  first[0] = 0;
-  for (int i = 0; i < n; ++i) first[i + 1] = first[i] + args[i].w->rows;
-  pool.parallel_for_dynamic(first[n], piece_rows(first[n], pool.size()), [&](int64_t g0, int64_t g1, int) {
-    for (int i = 0; i < n; ++i) {
-      const int64_t b = std::max(g0, first[i]), e = std::min(g1, first[i + 1]);
-      if (b >= e) continue;
-      const WeightView& w = *args[i].w;
-      if (w.packing != Packing::kRows) {
-        packed_rows_one(packed_kernels(fks[i], w), w, act, sums, b - first[i], e - first[i], args[i].y);
-        continue;
-      }
-      const auto vec_dot = fks[i]->vec_dot;
-      float* y = args[i].y - first[i];
-      for (int64_t r = b; r < e; ++r) vec_dot(cols, w.row(r - first[i]), act, y + r);
-    }
-  });
+  one_token(ks, fks, args, n, pool);
 }
 
 void dequantize_row(const KernelSet& ks, const WeightView& w, int64_t r, float* dst) {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/cpu.h"
 #include "kernels/tensor.h"
@@ -92,6 +93,19 @@ const KernelSet& kernel_set(Isa isa);
 // Bytes of scratch matmul() needs for n_tokens activation rows of `cols`.
 size_t matmul_scratch_bytes(DType weight, int64_t cols, int64_t n_tokens);
 
+// A low-rank term added to a one-token product's output after W x (a LoRA
+// pair, kernels/lora.h): y[r] += scale · Σ_j bt[j, r] · t[j], t = A x, each
+// output in the LoRA kernels' arithmetic whatever the split over threads, so
+// the result is bit for bit the LoRA kernels' down then up after the product.
+struct LowRankTerm {
+  const void* a = nullptr;   // [rank, W.cols] F32, or IEEE half bits when f16
+  const void* bt = nullptr;  // [rank, W.rows] B transposed, the same type
+  bool f16 = false;
+  int64_t rank = 0;
+  float scale = 0.0f;
+  float* t = nullptr;  // [rank] scratch for A x, one per term
+};
+
 // y[t][r] = sum_c W[r][c] * x[t][c] for t < n_tokens, r < W.rows.
 //   x:       [n_tokens, W.cols] floats, rows x_stride floats apart
 //   y:       [n_tokens, W.rows] floats, rows y_stride floats apart
@@ -105,11 +119,16 @@ struct MatmulArgs {
   float* y = nullptr;
   int64_t y_stride = 0;
   void* scratch = nullptr;
+  // One token only (n_tokens == 1): low-rank terms added to y after W x, in
+  // order, inside the product's own pool dispatch: their A x products are
+  // claimed first, and each piece of output rows gets its rows of B (A x)
+  // right after its rows of W x, so they add no dispatch and no barrier.
+  std::span<const LowRankTerm> terms;
 };
 void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool);
 
 // Several products with the same input x (q/k/v, gate/up): args[i] differ
-// only in w, y and y_stride. For one token whose weights share an activation
+// only in w, y, y_stride and terms. For one token whose weights share an activation
 // format, x is converted once and the union of all rows is split over the
 // threads in ONE pool dispatch; otherwise each product runs as matmul().
 // Results are identical to calling matmul() for each. scratch must hold

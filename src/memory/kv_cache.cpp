@@ -36,7 +36,7 @@ KvCache::KvCache(KvPool& pool, KvCacheOptions opts) : pool_(pool), opts_(opts) {
                 std::to_string(table_bytes >> 20) + " MiB of KV chunk tables alone, more than this machine can hold");
   }
   const uint64_t full = max_chunks * static_cast<uint64_t>(s.n_layer) * chunk_alloc_bytes();
-  capacity_share_ = static_cast<int64_t>(std::min<uint64_t>(full, INT64_MAX / 4));
+  capacity_share_ = opts_.storage_elsewhere ? 0 : static_cast<int64_t>(std::min<uint64_t>(full, INT64_MAX / 4));
   pool_.add_capacity(capacity_share_);
   tables_.resize(static_cast<size_t>(s.n_layer));
   refs_.resize(static_cast<size_t>(s.n_layer));
@@ -49,6 +49,10 @@ KvCache::~KvCache() {
 
 void KvCache::set_n_tokens(int64_t n) {
   EBB_CHECK(n >= 0 && n <= opts_.max_tokens);
+  if (opts_.storage_elsewhere) {
+    n_tokens_ = n;
+    return;
+  }
   for (auto& t : tables_) EBB_CHECK(static_cast<int64_t>(t.size()) * opts_.chunk_size >= n);
   // Rows below n are written now (the forward pass wrote them).
   for (int64_t c = n_tokens_ / opts_.chunk_size; c * opts_.chunk_size < n; ++c) {
@@ -63,7 +67,7 @@ void KvCache::reserve(int64_t n) {
     throw Error("context full: " + std::to_string(n) + " tokens requested, the session's context holds " +
                 std::to_string(opts_.max_tokens));
   }
-  if (n <= n_tokens_) return;
+  if (n <= n_tokens_ || opts_.storage_elsewhere) return;
   const int64_t cs = opts_.chunk_size;
   const size_t need = static_cast<size_t>((n + cs - 1) / cs);
   // Copy-on-write: the chunk the next rows land in, when someone else holds
@@ -88,6 +92,7 @@ void KvCache::reserve(int64_t n) {
 void KvCache::truncate(int64_t n) {
   EBB_CHECK(n >= 0);
   if (n < n_tokens_) n_tokens_ = n;
+  if (opts_.storage_elsewhere) return;  // the device's rows past n are rewritten before they are read
   const int64_t cs = opts_.chunk_size;
   const size_t keep = static_cast<size_t>((n + cs - 1) / cs);
   for (auto& t : tables_) {
@@ -150,6 +155,7 @@ int64_t KvCache::lost_from() const {
 }
 
 void KvCache::share_from(const KvCache& other, int64_t n) {
+  EBB_CHECK_MSG(!opts_.storage_elsewhere && !other.opts_.storage_elsewhere, "KV on a device is not shared");
   EBB_CHECK(&other.pool_ == &pool_ && other.opts_.chunk_size == opts_.chunk_size && other.opts_.type == opts_.type);
   EBB_CHECK(n >= 0 && n <= other.n_tokens_ && n <= opts_.max_tokens);
   const size_t k = static_cast<size_t>((n + opts_.chunk_size - 1) / opts_.chunk_size);
@@ -159,6 +165,7 @@ void KvCache::share_from(const KvCache& other, int64_t n) {
 }
 
 void KvCache::adopt(std::span<const std::vector<KvChunkHandle>> chunks) {
+  EBB_CHECK_MSG(!opts_.storage_elsewhere, "KV on a device adopts no chunks");
   const int64_t n = static_cast<int64_t>(chunks.size()) * opts_.chunk_size;
   EBB_CHECK(n <= opts_.max_tokens);
   for (auto& t : tables_) t.clear();

@@ -25,6 +25,9 @@ struct KvCacheOptions {
   // kF16 only: attention over this cache in the reference engine's half
   // precision (AttentionArgs::f16_accumulator) instead of F32.
   bool f16_accumulator = false;
+  // The rows live on a compute device (runtime/device_forward.h): this cache
+  // keeps only the positions, no chunk is taken from the pool.
+  bool storage_elsewhere = false;
 };
 
 class KvCache {

@@ -1,7 +1,11 @@
 // A fork-join pool for the compute kernels. The calling thread is worker 0,
 // so a pool of N runs N threads in total. Workers spin briefly after each job
-// (decode issues a job every few microseconds) and then sleep on an atomic
-// wait, so an idle engine costs no CPU. run() allocates nothing.
+// (decode issues a job every few microseconds), offering their core to the
+// scheduler now and then, and then sleep on an atomic wait, so an idle
+// engine costs no CPU. A job's share that its worker has not started when
+// the caller is done with its own is run by the caller, so a worker without
+// a core (more threads than free cores) does not hold the job up for a time
+// slice. run() allocates nothing.
 #pragma once
 
 #include <algorithm>
@@ -59,8 +63,12 @@ class ThreadPool {
   int spin_iterations() const { return spin_iterations_.load(std::memory_order_relaxed); }
   int default_spin_iterations() const { return default_spin_; }
 
-  // Calls fn(thread_index, n_threads) once on every thread and returns when
-  // all have finished. Not reentrant.
+  // Calls fn(index, n_threads) once for every index in [0, n_threads) and
+  // returns when all have finished: index 0 on the calling thread, index i
+  // on worker i, or on the calling thread when worker i has not started it by
+  // the time the caller finished its own. So fn must not expect an index
+  // on a particular thread; indices that wait for one another still all run
+  // (the caller takes others' only after its own returned). Not reentrant.
   void run(FunctionRef<void(int, int)> fn);
 
   // Splits [0, n) into n_threads contiguous ranges aligned to `grain` and
@@ -127,6 +135,8 @@ class ThreadPool {
 
  private:
   void worker_loop(int index, uint32_t seen);
+  bool claim(int index, uint32_t gen);  // takes index of job gen; false when taken
+  void finish_one();                    // an index of the running job is done
 
   int n_threads_;
   int default_spin_;
@@ -136,6 +146,13 @@ class ThreadPool {
   alignas(64) std::atomic<uint32_t> generation_{0};
   alignas(64) std::atomic<int> pending_{0};
   alignas(64) std::atomic<bool> stop_{false};
+  // [n_threads] the generation of the last job whose index i was taken, one
+  // cache line each: a worker's claim of its own index touches no line the
+  // others write.
+  struct alignas(64) Claim {
+    std::atomic<uint32_t> gen{0};
+  };
+  std::vector<Claim> claimed_;
 };
 
 }  // namespace ebb

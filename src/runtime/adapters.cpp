@@ -106,6 +106,25 @@ AdapterInfo AdapterRegistry::load(const std::string& path, std::string name, boo
   return add_locked(name, std::move(lora), publish, /*from_file=*/true);
 }
 
+AdapterInfo AdapterRegistry::load_version(const std::string& path, const std::string& name, uint64_t version,
+                                          bool publish) {
+  check_adapter_name(name);
+  if (version == 0) throw Error("adapter '" + name + "': version 0 is not a version");
+  std::unique_ptr<LoraAdapter> lora = load_lora(path, config_, alloc_);
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = entries_[name];
+  if (e.versions.count(version))
+    throw Error("adapter '" + name + "' has a version " + std::to_string(version) + " already ('" + path + "')");
+  auto v = std::make_shared<AdapterVersion>();
+  v->name = name;
+  v->version = version;
+  v->lora = std::shared_ptr<const LoraAdapter>(std::move(lora));
+  e.versions.emplace(version, Slot{v, /*from_file=*/true, {}});
+  e.next = std::max(e.next, version + 1);
+  if (publish || e.published == 0) e.published = version;
+  return info(*v, e.published == version, 0);
+}
+
 AdapterInfo AdapterRegistry::add(const std::string& name, std::unique_ptr<LoraAdapter> lora, bool publish) {
   check_adapter_name(name);
   EBB_CHECK(lora != nullptr);

@@ -107,6 +107,12 @@ class AdapterRegistry {
   // publish: it becomes the default now; else it is staged.
   // Throws ebb::Error naming the file and what is wrong.
   AdapterInfo load(const std::string& path, std::string name = "", bool publish = true);
+  // Reads a file as version `version` of `name` (a server restoring the
+  // versions it made before a restart, under their numbers; later versions
+  // of the name count on from the highest). publish, or the name's first
+  // version: it becomes the default. Throws ebb::Error naming the file, or
+  // when that version exists.
+  AdapterInfo load_version(const std::string& path, const std::string& name, uint64_t version, bool publish);
   // Adds tensors made in memory (a training commit) as a new version.
   AdapterInfo add(const std::string& name, std::unique_ptr<LoraAdapter> lora, bool publish);
   // Makes a staged version the default. Throws when it does not exist.

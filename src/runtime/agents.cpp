@@ -10,6 +10,9 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "runtime/grammar/grammar.h"
+#include "runtime/judge.h"
+
 namespace ebb {
 
 using nlohmann::json;
@@ -19,7 +22,7 @@ namespace {
 
 constexpr const char* kFields[] = {"name",  "role",     "system_prompt", "namespace", "adapter", "adapter_version",
                                    "tools", "feedback", "learn",         "object",    "created_at", "updated_at",
-                                   "adapter_policy"};
+                                   "adapter_policy", "judge"};
 constexpr size_t kMaxShort = 256;  // bytes of role, namespace, adapter, a tool name
 
 bool name_char(char c, bool first) {
@@ -34,6 +37,76 @@ std::string str(const json& j, const char* f, size_t max) {
   if (s.size() > max)
     throw AgentError(f, std::string("'") + f + "' is longer than " + std::to_string(max) + " bytes");
   return s;
+}
+
+bool adapter_name_ok(const std::string& s) {
+  bool ok = !s.empty() && s.size() <= 128 && name_char(s[0], true);
+  for (char c : s) ok = ok && name_char(c, false);
+  return ok;
+}
+
+json judge_to_json(const JudgeSpec& j) {
+  return json{{"kind", j.kind},
+              {"prompt", j.prompt.empty() ? json(nullptr) : json(j.prompt)},
+              {"adapter", j.adapter.empty() ? json(nullptr) : json(j.adapter)},
+              {"grammar", j.grammar},
+              {"max_tokens", j.max_tokens}};
+}
+
+// The "judge" field over `base`: {"kind", "prompt"?, "adapter"?, "grammar"?, "max_tokens"?}.
+JudgeSpec judge_from_json(const json& j, JudgeSpec base) {
+  if (j.is_string()) return judge_from_json(json{{"kind", j}}, base);  // "judge": "rule" for short
+  if (!j.is_object()) throw AgentError("judge", "'judge' must be an object {\"kind\", \"prompt\", \"adapter\", ...}");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "kind" && it.key() != "prompt" && it.key() != "adapter" && it.key() != "grammar" &&
+        it.key() != "max_tokens")
+      throw AgentError("judge." + it.key(), "'judge." + it.key() +
+                                               "' is not a field of a judge (kind, prompt, adapter, grammar, max_tokens)");
+  const auto given = [&](const char* f) { return j.contains(f) && !j[f].is_null(); };
+  const auto text = [&](const char* f, size_t max) {
+    const json& v = j[f];
+    if (!v.is_string()) throw AgentError(std::string("judge.") + f, std::string("'judge.") + f + "' must be a string");
+    if (v.get<std::string>().size() > max)
+      throw AgentError(std::string("judge.") + f,
+                       std::string("'judge.") + f + "' is longer than " + std::to_string(max) + " bytes");
+    return v.get<std::string>();
+  };
+  if (given("kind")) {
+    base.kind = text("kind", 16);
+    if (base.kind != "rule" && base.kind != "client" && base.kind != "prompt")
+      throw AgentError("judge.kind", "'judge.kind' must be \"rule\", \"client\" or \"prompt\"");
+  }
+  if (j.contains("prompt")) base.prompt = given("prompt") ? text("prompt", 64 * 1024) : "";
+  if (j.contains("adapter")) {
+    base.adapter = given("adapter") ? text("adapter", 128) : "";
+    if (!base.adapter.empty() && !adapter_name_ok(base.adapter))
+      throw AgentError("judge.adapter", "'judge.adapter' must be an adapter name: [A-Za-z0-9][A-Za-z0-9._-]{0,127}");
+  }
+  if (j.contains("grammar")) base.grammar = given("grammar") ? text("grammar", 16 * 1024) : "";
+  if (given("max_tokens")) {
+    const json& v = j["max_tokens"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 64)
+      throw AgentError("judge.max_tokens", "'judge.max_tokens' must be an integer in [1, 64]");
+    base.max_tokens = v.get<int64_t>();
+  }
+  if (base.kind == "prompt") {
+    if (base.prompt.empty())
+      throw AgentError("judge.prompt", "a judge of kind \"prompt\" needs 'judge.prompt' (a template with {prompt}, "
+                                       "{response}, {feedback})");
+    try {
+      check_judge_template(base.prompt);
+    } catch (const Error& e) {
+      throw AgentError("judge.prompt", std::string("'judge.prompt': ") + e.what());
+    }
+  }
+  if (!base.grammar.empty()) {
+    try {
+      grammar::Grammar::parse(base.grammar);
+    } catch (const Error& e) {
+      throw AgentError("judge.grammar", std::string("'judge.grammar' is not a grammar this server can use: ") + e.what());
+    }
+  }
+  return base;
 }
 
 }  // namespace
@@ -58,6 +131,7 @@ json agent_to_json(const AgentSpec& a) {
               {"tools", a.tools},
               {"feedback", a.feedback},
               {"learn", a.learn},
+              {"judge", judge_to_json(a.judge)},
               {"created_at", a.created_at},
               {"updated_at", a.updated_at}};
 }
@@ -70,7 +144,7 @@ AgentSpec agent_from_json(const json& j, AgentSpec a, bool create, const AgentLi
     if (!known)
       throw AgentError(it.key(), "'" + it.key() +
                                      "' is not a field of an agent (name, role, system_prompt, namespace, adapter, "
-                                     "adapter_version, tools, feedback, learn)");
+                                     "adapter_version, tools, feedback, learn, judge)");
   }
   const auto given = [&](const char* f) { return j.contains(f) && !j[f].is_null(); };
   if (create) {
@@ -143,6 +217,7 @@ AgentSpec agent_from_json(const json& j, AgentSpec a, bool create, const AgentLi
     if (!j["learn"].is_boolean()) throw AgentError("learn", "'learn' must be true or false");
     a.learn = j["learn"].get<bool>();
   }
+  if (j.contains("judge")) a.judge = given("judge") ? judge_from_json(j["judge"], a.judge) : JudgeSpec{};
   if (a.learn && a.adapter.empty())
     throw AgentError("adapter", "a learning agent needs an 'adapter' (the name its versions are trained under)");
   if (a.learn && a.adapter_version)

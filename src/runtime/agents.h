@@ -32,6 +32,24 @@
 
 namespace ebb {
 
+// How an agent's feedback becomes a reward (judge.h):
+//   "rule"    (default) a correction by the rule judge (learner.h), a reward
+//             or rating as given
+//   "client"  rewards and ratings only; a correction trains nothing
+//   "prompt"  a reward or rating as given; feedback without one (a
+//             correction) is scored by running `prompt` as a background
+//             judge call on the scheduler, under `adapter` when named,
+//             greedy, at most max_tokens tokens, its answer constrained by
+//             `grammar` (GBNF; "" : free); the score is the reward
+struct JudgeSpec {
+  std::string kind = "rule";
+  std::string prompt;            // "prompt": the template ({prompt} {response} {feedback})
+  std::string adapter;           // "" : the base model
+  std::string grammar = kDefaultGrammar;
+  int64_t max_tokens = 4;        // 1..64
+  static constexpr const char* kDefaultGrammar = "root ::= [0-9] | \"10\" | \"yes\" | \"no\"";
+};
+
 struct AgentSpec {
   std::string name;            // [A-Za-z0-9][A-Za-z0-9._-]{0,63}
   std::string role;            // free text ("planner", "storyteller"); "" allowed
@@ -42,6 +60,7 @@ struct AgentSpec {
   std::vector<std::string> tools;  // names of the tools it may call (informational)
   std::string feedback = "rule";   // "rule", "explicit" or "off"
   bool learn = false;              // its turns are traces and its feedback trains its adapter
+  JudgeSpec judge;                 // how its feedback becomes a reward
   int64_t created_at = 0, updated_at = 0;  // Unix time
 
   // The namespace its requests use.

@@ -65,9 +65,21 @@ Engine::Engine(const EngineOptions& opts)
       pool_(ThreadPoolOptions{.n_threads = opts.n_threads, .name = "ebb-compute"}),
       isa_(choose_isa(opts.isa)) {
   const bool budget_mode = opts_.budget.budget > 0;  // budget mode reads only what its plan keeps
+  if (opts_.backend) opts_.device = opts_.backend->info().id;
+  const bool on_device = !opts_.device.empty() && opts_.device != "cpu";
+  if (on_device) {
+    // What does not run on a device yet is refused, never run on the CPU silently.
+    if (budget_mode) throw Error("--memory-budget runs on the CPU only for now, not with --device " + opts_.device);
+    if (opts_.prefix_cache || !opts_.cache_dir.empty())
+      throw Error("the prefix cache runs on the CPU only for now, not with --device " + opts_.device);
+    if (opts_.n_gpu_layers == 0)
+      throw Error("-ngl 0 puts no layer on the device, but --device " + opts_.device + " asks for it");
+    if (!opts_.backend) backend_ = open_backend(opts_.device);  // throws saying why there is no such device
+  }
   const KernelSet& ks = kernel_set(isa_);
-  // Packed units when the target has packed kernels for every format that packs.
-  bool pack = true;
+  // Packed units when the target has packed kernels for every format that
+  // packs (on a device: GGUF's own rows, as the shaders read them).
+  bool pack = !on_device;
   for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
     pack = pack && ks.format(t) && ks.format(t)->x8_gemm;
   model_ = Model::load(opts_.model_path, alloc_,
@@ -93,6 +105,21 @@ Engine::Engine(const EngineOptions& opts)
   fo.max_batch = opts_.prefill_batch;
   fo.max_chunk_size = opts_.kv_chunk_size;
   forward_ = std::make_unique<Forward>(*model_, isa_, pool_, alloc_, fo);
+  if (on_device) {
+    const int nl = model_->n_layers();
+    if (opts_.n_gpu_layers > 0 && opts_.n_gpu_layers < nl) {
+      throw Error("-ngl " + std::to_string(opts_.n_gpu_layers) + ": a split of the " + std::to_string(nl) +
+                  " layers between " + opts_.device +
+                  " and the CPU is not supported yet; use -ngl " + std::to_string(nl) + " (or 99: all) or -ngl 0 (CPU)");
+    }
+    device_ = std::make_unique<DeviceForward>(opts_.backend ? *opts_.backend : *backend_, *model_,
+                                              DeviceForwardOptions{.max_batch = fo.max_batch, .isa = isa_});
+    forward_->set_device(device_.get());
+    // The device holds the layers now; the host keeps the globals (the
+    // embedding lookup runs here).
+    for (int l = 0; l < nl; ++l) model_->layer_unit(l).release();
+    opts_.elastic = false;  // eviction of device memory: not yet
+  }
   adapters_ = std::make_unique<AdapterRegistry>(model_->config(), alloc_);
   kv_pool_ = std::make_unique<KvPool>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, &alloc_);
   fingerprint_ = fingerprint(*model_);
@@ -129,7 +156,10 @@ Engine::Engine(const EngineOptions& opts)
 }
 
 EvictReport Engine::evict(uint64_t bytes) {
-  if (!elastic_) throw Error("elastic memory is off (budget mode); nothing can be evicted");
+  if (!elastic_) {
+    throw Error(device_ ? "elastic memory is off (the engine runs on " + device_->device().id + "); nothing can be evicted"
+                        : std::string("elastic memory is off (budget mode); nothing can be evicted"));
+  }
   {
     std::lock_guard lock(sessions_mu_);
     for (Session* s : sessions_) s->release_adapters();
@@ -148,7 +178,10 @@ EvictReport Engine::evict(uint64_t bytes) {
 }
 
 EvictReport Engine::set_memory_limit(uint64_t bytes) {
-  if (!elastic_) throw Error("elastic memory is off (budget mode): the memory budget already bounds the weights");
+  if (!elastic_) {
+    throw Error(device_ ? "elastic memory is off (the engine runs on " + device_->device().id + "): no memory limit"
+                        : std::string("elastic memory is off (budget mode): the memory budget already bounds the weights"));
+  }
   kv_pool_->set_spare_limit(bytes > 0 ? 0 : kv_spare_wanted_);
   return elastic_->set_memory_limit(bytes);
 }
@@ -177,6 +210,7 @@ void Engine::attach(Session* s) {
 }
 
 void Engine::detach(Session* s) {
+  if (device_) device_->release(&s->kv());
   std::lock_guard lock(sessions_mu_);
   sessions_.erase(std::remove(sessions_.begin(), sessions_.end(), s), sessions_.end());
 }
@@ -210,6 +244,7 @@ Footprint Engine::footprint() const {
     f.kv_stored = e.kv_stored;
     f.weights_stored = e.weights_stored;
   }
+  if (device_) f.device = device_->footprint();
   return f;
 }
 

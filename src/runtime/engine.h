@@ -20,7 +20,9 @@
 #include "model/model.h"
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
+#include "backend/backend.h"
 #include "runtime/adapters.h"
+#include "runtime/device_forward.h"
 #include "runtime/forward.h"
 
 namespace ebb {
@@ -36,6 +38,18 @@ int64_t default_kv_chunk_size(int64_t n_ctx);
 struct EngineOptions {
   std::string model_path;
   int n_threads = 0;            // 0: all hardware threads
+  // Where the forward pass runs: "cpu", "vulkan" (the first Vulkan device)
+  // or "vulkan:N". On a device, the weights and every session's KV live in
+  // its memory (runtime/device_forward.h); elastic memory, budget mode, the
+  // prefix cache and LoRA adapters stay CPU-only for now (refused with a
+  // message). "" is "cpu".
+  std::string device = "cpu";
+  // Layers on the device (llama.cpp's -ngl): -1 or >= n_layers: all; a
+  // split between device and CPU is not supported yet (refused).
+  int n_gpu_layers = -1;
+  // A device the caller opened (must outlive the engine; its id is used in
+  // place of `device`): tests read its ledger after the engine has gone.
+  Backend* backend = nullptr;
   std::optional<Isa> isa;       // force a (lower) kernel target; default: best supported
   int64_t prefill_batch = 64;   // tokens per prefill micro-batch
   // Default KV chunk size of sessions (tokens); 0: each session's adapts to
@@ -78,6 +92,9 @@ struct Footprint {
   uint64_t adapters = 0;                    // LoRA adapter tensors (every version still held)
   uint64_t adapters_stored = 0;             // evicted adapter versions (backed by their files, not in RAM)
   uint64_t training = 0;                    // a trainer's activations, gradients and optimizer state
+  // What a compute device holds (the engine runs there): its weights, KV and
+  // scratch, apart from the host bytes above. Empty on the CPU.
+  std::optional<DeviceFootprint> device;
   uint64_t weights() const;
   uint64_t kv() const;
   uint64_t total() const {
@@ -115,6 +132,10 @@ class Engine {
   AdapterRegistry& adapters() { return *adapters_; }
   const AdapterRegistry& adapters() const { return *adapters_; }
   Isa isa() const { return isa_; }
+  // The device the forward pass runs on (nullptr: the CPU).
+  DeviceForward* device() const { return device_.get(); }
+  // "cpu" or the device's id ("vulkan:0").
+  std::string device_id() const { return device_ ? device_->device().id : "cpu"; }
 
   // Where forward passes take their weights: nullptr while every unit is
   // resident, else elastic restore's latches or budget mode's streamer.
@@ -164,6 +185,8 @@ class Engine {
   Isa isa_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Forward> forward_;
+  std::unique_ptr<Backend> backend_;        // the device (nullptr: CPU); outlives device_
+  std::unique_ptr<DeviceForward> device_;   // its weights, KV and step
   std::unique_ptr<AdapterRegistry> adapters_;
   uint64_t fingerprint_ = 0;
   WeightSource* weight_source_ = nullptr;

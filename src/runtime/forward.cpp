@@ -7,6 +7,7 @@
 
 #include "kernels/attention.h"
 #include "memory/kv_cache.h"
+#include "runtime/device_forward.h"
 #include "platform/error.h"
 
 namespace ebb {
@@ -37,7 +38,9 @@ void Forward::ensure_chunk_size(int64_t chunk_size) {
 void Forward::ensure_lora_rank(int64_t rank) {
   if (rank <= lora_rank_) return;
   lora_scratch_.reset();
-  lora_scratch_ = alloc_.allocate(static_cast<size_t>(opts_.max_batch * rank) * sizeof(float), MemCategory::kScratch);
+  // Rows of a batch's A x, or the A x of every term of a fused product group.
+  const int64_t rows = std::max<int64_t>(opts_.max_batch, kMaxSharedInput * kMaxFusedAdapters);
+  lora_scratch_ = alloc_.allocate(static_cast<size_t>(rows * rank) * sizeof(float), MemCategory::kScratch);
   lora_rank_ = rank;
 }
 
@@ -73,7 +76,8 @@ void Forward::plan_scratch() {
   mm_scratch_ = p;
 }
 
-void Forward::matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride) {
+void Forward::matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride,
+                     std::span<const LowRankTerm> terms) {
   MatmulArgs a;
   a.w = &w;
   a.x = x;
@@ -82,14 +86,15 @@ void Forward::matmul(const WeightView& w, const float* x, int64_t n, float* y, i
   a.y = y;
   a.y_stride = y_stride;
   a.scratch = mm_scratch_;
+  a.terms = terms;
   ebb::matmul(ks_, a, pool_);
 }
 
-void Forward::matmul_shared_input(std::initializer_list<LayerHooks::Out> outs, const float* x, int64_t n) {
+void Forward::matmul_shared_input(std::span<const MatmulOut> outs, const float* x, int64_t n) {
   MatmulArgs a[kMaxSharedInput];
   EBB_CHECK(outs.size() <= kMaxSharedInput);
   size_t i = 0;
-  for (const LayerHooks::Out& o : outs) {
+  for (const MatmulOut& o : outs) {
     a[i].w = o.w;
     a[i].x = x;
     a[i].x_stride = o.w->cols;
@@ -97,6 +102,7 @@ void Forward::matmul_shared_input(std::initializer_list<LayerHooks::Out> outs, c
     a[i].y = o.y;
     a[i].y_stride = o.y_stride;
     a[i].scratch = mm_scratch_;
+    a[i].terms = o.terms;
     ++i;
   }
   ebb::matmul_multi(ks_, a, static_cast<int>(outs.size()), pool_);
@@ -130,13 +136,24 @@ class Forward::StepHooks final : public LayerHooks {
 
   // Every row of the step in one product (one dispatch for the products
   // sharing x), then each sequence's adapters on its rows.
+  // A one-row step of one sequence adds its adapters inside the products
+  // (Forward::lora_terms, slot i for the i-th product of a group).
   void project(int layer, std::initializer_list<Out> outs, const float* x, int64_t x_stride, int64_t n) override {
+    EBB_CHECK(outs.size() >= 1 && outs.size() <= kMaxSharedInput);
     if (outs.size() == 1) {
-      f_.matmul(*outs.begin()->w, x, n, outs.begin()->y, outs.begin()->y_stride);
+      const Out& o = *outs.begin();
+      f_.matmul(*o.w, x, n, o.y, o.y_stride, f_.lora_terms(seqs_, layer, o.target, *o.w, 0));
     } else {
-      f_.matmul_shared_input(outs, x, n);
+      MatmulOut m[kMaxSharedInput];
+      int i = 0;
+      for (const Out& o : outs) {
+        m[i] = {o.w, o.y, o.y_stride, f_.lora_terms(seqs_, layer, o.target, *o.w, i)};
+        ++i;
+      }
+      f_.matmul_shared_input({m, outs.size()}, x, n);
     }
-    for (const Out& o : outs) f_.apply_lora(seqs_, layer, o.target, x, x_stride, o.y, o.y_stride);
+    if (!f_.fused_lora_)
+      for (const Out& o : outs) f_.apply_lora(seqs_, layer, o.target, x, x_stride, o.y, o.y_stride);
   }
 
   // K and V into each sequence's chunks, then every sequence over its own
@@ -188,6 +205,10 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
 }
 
 void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
+  if (device_) {  // the engine runs on a device: weights there, no weight source
+    device_->run_batch(seqs);
+    return;
+  }
   WeightSource& src = source ? *source : resident_;
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd;
@@ -218,6 +239,8 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
       any_lora_ = true;
     }
   }
+  fused_lora_ = any_lora_ && seqs.size() == 1 && n == 1 &&
+                seqs[0].adapters->size() <= static_cast<size_t>(kMaxFusedAdapters);
   // Several sequences: logits land in a planned block, then go to each
   // sequence's own buffer. One sequence writes straight into its buffer.
   float* head_out = seqs[0].logits;
@@ -330,6 +353,27 @@ void lora_up(const LoraKernels& k, const LoraPair& p, const float* t, float s, i
 }
 
 }  // namespace
+
+std::span<const LowRankTerm> Forward::lora_terms(std::span<const StepSeq> seqs, int layer, LoraTarget target,
+                                                 const WeightView& w, int slot) {
+  if (!fused_lora_) return {};
+  int k = 0;
+  for (const ActiveAdapter& a : *seqs[0].adapters) {
+    const LoraPair* p = a.v->lora->find(layer, target);
+    if (!p || a.scale == 0.0f) continue;
+    EBB_CHECK(p->n_in == w.cols && p->n_out == w.rows && k < kMaxFusedAdapters);
+    LowRankTerm& t = terms_[slot][k];
+    const bool f16 = p->dtype == DType::kF16;
+    t.a = f16 ? static_cast<const void*>(p->a_f16()) : p->a_data();
+    t.bt = f16 ? static_cast<const void*>(p->bt_f16()) : p->bt_data();
+    t.f16 = f16;
+    t.rank = p->rank;
+    t.scale = a.scale * p->scale;
+    t.t = lora_scratch_.as<float>() + (slot * kMaxFusedAdapters + k) * lora_rank_;  // [rank]
+    ++k;
+  }
+  return {terms_[slot], static_cast<size_t>(k)};
+}
 
 void Forward::apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget target, const float* x,
                          int64_t x_stride, float* y, int64_t y_stride, bool out_rows) {

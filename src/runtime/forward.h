@@ -23,6 +23,7 @@
 namespace ebb {
 
 class KvCache;
+class DeviceForward;
 
 struct ForwardOptions {
   int64_t max_batch = 64;   // tokens per step (all sequences together)
@@ -72,6 +73,11 @@ class Forward {
   // when a session binds adapters, never during generation).
   void ensure_lora_rank(int64_t rank);
 
+  // Steps run on a compute device from now on (runtime/device_forward.h;
+  // nullptr: on the CPU, here). Set once by the engine, before any session.
+  void set_device(DeviceForward* device) { device_ = device; }
+  DeviceForward* device() const { return device_; }
+
   int64_t max_batch() const { return opts_.max_batch; }
   uint64_t scratch_bytes() const { return scratch_.size() + head_scratch_.size() + lora_scratch_.size(); }
   Isa isa() const { return isa_; }
@@ -87,11 +93,23 @@ class Forward {
   //   output head out_rows: rows are the gathered logits rows.
   void apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget target, const float* x, int64_t x_stride,
                   float* y, int64_t y_stride, bool out_rows = false);
-  void matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride);
+  // The adapters' low-rank terms of (layer, target) for the weight w, which
+  // matmul adds inside the product's own dispatch: the terms of one
+  // sequence's one-row step (decode) when fused_lora_, else none. slot:
+  // which product of a shared-input group (q, k, v), each with its own terms.
+  std::span<const LowRankTerm> lora_terms(std::span<const StepSeq> seqs, int layer, LoraTarget target,
+                                          const WeightView& w, int slot);
+  void matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride,
+              std::span<const LowRankTerm> terms = {});
   // Several weights that read the same input (q/k/v, gate/up): the input is
   // quantized once and all their rows run in one pool dispatch (matmul_multi).
-  static constexpr size_t kMaxSharedInput = 3;
-  void matmul_shared_input(std::initializer_list<LayerHooks::Out> outs, const float* x, int64_t n);
+  struct MatmulOut {
+    const WeightView* w;
+    float* y;  // [n, y_stride]
+    int64_t y_stride;
+    std::span<const LowRankTerm> terms = {};  // added after W x (one row: lora_terms)
+  };
+  void matmul_shared_input(std::span<const MatmulOut> outs, const float* x, int64_t n);
 
   const Model& model_;
   const ModelConfig& cfg_;
@@ -118,10 +136,18 @@ class Forward {
   std::vector<AttentionArgs> attn_args_;  // [sequences of the step] one layer's attention calls (reserved: B)
   float* attn_scratch_ = nullptr;
   void* mm_scratch_ = nullptr;
+  static constexpr size_t kMaxSharedInput = 3;
   const LoraKernels& lk_;
   Buffer lora_scratch_;  // [B, max rank] the adapters' A x
   int64_t lora_rank_ = 0;
   bool any_lora_ = false;  // some sequence of the current step binds adapters
+  // The step is one row of one sequence whose adapters (at most
+  // kMaxFusedAdapters) are applied inside the products (lora_terms).
+  bool fused_lora_ = false;
+  static constexpr int kMaxFusedAdapters = 8;
+  // [slot][adapter] the terms lora_terms hands out, their A x in lora_scratch_.
+  LowRankTerm terms_[kMaxSharedInput][kMaxFusedAdapters];
+  DeviceForward* device_ = nullptr;  // the engine's, when it runs on a device
 };
 
 }  // namespace ebb

@@ -9,6 +9,7 @@
 #include "platform/error.h"
 #include "platform/timer.h"
 #include "runtime/session.h"
+#include "runtime/warm_task.h"
 
 namespace ebb {
 
@@ -102,22 +103,7 @@ bool PrePrefill::Job::step() {
     return false;
   }
   const double t0 = now_seconds();
-  if (!session) {
-    SessionOptions so;
-    so.n_ctx = static_cast<int64_t>(tokens.size()) + 1;
-    so.kv_chunk_size = key.chunk_size;
-    so.kv_type = key.kv_type;
-    so.f16_attention = key.f16_accumulator;
-    so.cache_namespace = key.ns;
-    // The task records its KV itself: no lookups of its own, so heat and hit
-    // counts stay as requests made them.
-    so.use_prefix_cache = false;
-    session = std::make_unique<Session>(e, so);
-    session->set_adapters(bindings);
-    session->append(tokens);
-    if (session->cache_key() != key)
-      throw Error("pre-prefill for agent '" + agent + "': the session's cache key is not the one planned for");
-  }
+  if (!session) session = open_warm_session(e, key, tokens, bindings, "pre-prefill for agent '" + agent + "'");
   // The chunk: chunk_tokens, less under memory pressure (the KV that fits
   // the headroom), whole micro-batches from position 0 (as a recompute runs
   // them: the KV is bit for bit what a request computes), at least one.
@@ -154,15 +140,7 @@ bool PrePrefill::Job::step() {
 void PrePrefill::Job::done(TaskOutcome outcome) {
   session.reset();  // the KV stays in the prefix cache
   std::lock_guard lock(sh->mu);
-  PrePrefillStats& s = sh->stats;
-  if (outcome == TaskOutcome::kFailed) {
-    ++s.tasks_failed;
-  } else if (outcome == TaskOutcome::kCancelled || gone.load()) {
-    ++s.tasks_cancelled;
-  } else {
-    ++s.tasks_completed;
-  }
-  --s.tasks_running;
+  count_task_end(sh->stats, outcome, gone.load());
   sh->ended.emplace_back(handoff, agent);
   while (sh->ended.size() > kEndedLog) sh->ended.pop_front();
   if (Shared::Pending* p = sh->find_locked(handoff)) {

@@ -52,6 +52,11 @@ class RewardBaseline {
   }
   double mean() const { return mean_; }
   int64_t count() const { return n_; }
+  // Back to a saved state (learn_store.h).
+  void restore(double mean, int64_t count) {
+    mean_ = mean;
+    n_ = count;
+  }
 
  private:
   double mean_ = 0;

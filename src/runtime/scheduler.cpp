@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -501,6 +502,28 @@ Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
     BgItem* best = nullptr;
     for (BgItem* b : ok)
       if ((!kind || b->task.desc.kind == *kind) && (!best || better(b, best))) best = b;
+    if (kind || !best || opts_.background_shares.empty()) return best;
+    // Guaranteed shares: among the tasks of the best one's priority, a kind
+    // below its share of recent background time goes first (the one
+    // furthest below its share).
+    BgItem* owed = nullptr;
+    double deficit = 0;
+    for (BgItem* b : ok) {
+      if (b->task.desc.priority != best->task.desc.priority) continue;
+      const auto sh = opts_.background_shares.find(b->task.desc.kind);
+      if (sh == opts_.background_shares.end()) continue;
+      const auto r = bg_recent_s_.find(b->task.desc.kind);
+      const double d = sh->second * bg_recent_total_s_ - (r == bg_recent_s_.end() ? 0.0 : r->second);
+      if (d <= 0) continue;
+      if (!owed || d > deficit || (b->task.desc.kind == owed->task.desc.kind && better(b, owed))) {
+        owed = b;
+        deficit = d;
+      }
+    }
+    if (owed && owed != best && owed->task.desc.kind != best->task.desc.kind) {
+      ++m_.bg_share;
+      return owed;
+    }
     return best;
   };
   // Moves waiting foreground items into this round, up to the batch limit:
@@ -672,7 +695,12 @@ void Scheduler::loop() {
           // Woken by a submission, a cancellation or shutdown; the timeout
           // rechecks what changes without notice (free memory, streams that
           // were cancelled while waiting).
+          const bool bg_waiting = !bg_queue_.empty();
+          const double idle0 = now_seconds();
           cv_.wait_for(lock, std::chrono::milliseconds(100));
+          const double idle = now_seconds() - idle0;
+          m_.idle_s += idle;
+          if (bg_waiting) m_.idle_bg_waiting_s += idle;
           continue;
         }
       }
@@ -1009,6 +1037,15 @@ void Scheduler::run_background_step(BgItem& b) {
     std::lock_guard lock(mu_);
     ++m_.bg_steps;
     m_.bg_busy_s += dt;
+    m_.bg_busy_by_kind_s[b.task.desc.kind] += dt;
+    if (!opts_.background_shares.empty()) {
+      // The recent shares: every kind's seconds decay by the same factor.
+      const double keep = opts_.background_share_horizon_s > 0
+                              ? std::exp(-dt / opts_.background_share_horizon_s) : 1.0;
+      for (auto& [kind, sec] : bg_recent_s_) sec *= keep;
+      bg_recent_total_s_ = bg_recent_total_s_ * keep + dt;
+      bg_recent_s_[b.task.desc.kind] += dt;
+    }
     attribute_wait_locked(b.task.desc.kind, dt);
     KindCost& k = kind_cost_locked(b.task.desc.kind);
     k.step_s.add(dt);

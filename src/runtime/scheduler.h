@@ -213,6 +213,17 @@ struct SchedulerOptions {
   // pre-prefill, stale-coverage prefill) starves the utility-0 ones
   // (training, judge calls) for as long as it lasts. 0: utility alone.
   double background_aging_s = 2.0;
+  // Guaranteed shares of background time, by kind: while a kind's share of
+  // the recent background seconds (decayed over background_share_horizon_s
+  // of background time) is below its share here, its best admissible task
+  // goes before the other kinds' of equal priority, whatever their utility
+  // or aging. Training is a stream of utility-0 steps beside high-utility
+  // cache work (pre-prefill, stale-coverage prefill): aging alone gives it
+  // one step per background_aging_s of that work. Shares only order tasks
+  // that are admissible anyway; with no other background work a kind takes
+  // all the idle time. Empty: none.
+  std::map<std::string, double> background_shares = {{"train", 0.5}};
+  double background_share_horizon_s = 10.0;
   double ema_alpha = 0.2;
   // M_free. Default: the system's available memory (MemAvailable), bounded
   // by the process's cgroup limit less its usage.
@@ -263,7 +274,12 @@ struct SchedulerMetrics {
   int64_t bg_deferred_memory = 0, bg_deferred_window = 0;  // times a task was held back by each rule
   int64_t bg_over_window = 0;  // steps admitted past the window rule after window_starvation_s
   int64_t bg_aged = 0;         // steps picked ahead of higher utility by background_aging_s
+  int64_t bg_share = 0;        // steps picked ahead of the others by background_shares
   double bg_busy_s = 0;
+  std::map<std::string, double> bg_busy_by_kind_s;  // background step seconds, by kind
+  // The scheduler thread idle (nothing admissible, no control call), in
+  // all and while background tasks waited (held back by the rules above).
+  double idle_s = 0, idle_bg_waiting_s = 0;
   // Waiting background tasks held back, at their last check, by each rule
   // (the reasons /metrics shows as ebb_background_pending{reason=...}).
   int64_t bg_pending_memory = 0, bg_pending_window = 0;
@@ -390,6 +406,10 @@ class Scheduler {
   std::vector<std::unique_ptr<BgItem>> bg_queue_;
   std::deque<std::function<void()>> control_;  // call()'s work, before any unit
   std::map<std::string, KindCost> kind_costs_;
+  // Recent background seconds by kind and in all (background_shares),
+  // decayed over background_share_horizon_s of background time.
+  std::map<std::string, double> bg_recent_s_;
+  double bg_recent_total_s_ = 0;
   uint64_t next_seq_ = 1;
   double window_s_;
   bool stopping_ = false;

@@ -18,6 +18,13 @@ Session::Session(Engine& engine, SessionOptions opts) : engine_(engine), opts_(o
   ko.type = opts_.kv_type;
   ko.max_tokens = opts_.n_ctx;
   ko.f16_accumulator = opts_.f16_attention;
+  if (engine_.device()) {
+    // The KV lives on the device (F16, F32 attention); this cache keeps the positions.
+    const std::string dev = engine_.device_id();
+    if (opts_.kv_type != DType::kF16) throw Error("--kv-type f32: the KV cache on " + dev + " is F16 only");
+    if (opts_.f16_attention) throw Error("--f16-attention runs on the CPU only, not on " + dev);
+    ko.storage_elsewhere = true;
+  }
   kv_ = std::make_unique<KvCache>(engine_.kv_pool(), ko);
   engine_.forward().ensure_chunk_size(opts_.kv_chunk_size);
   // Appending a token seldom reallocates (the context may be far larger
@@ -182,6 +189,7 @@ void Session::note_cost(int64_t n, double seconds) {
 
 void Session::fork_from(const Session& other, int64_t n) {
   EBB_CHECK(&other.engine_ == &engine_ && n >= 0 && n <= other.kv_->n_tokens());
+  if (engine_.device()) throw Error("sharing KV between sessions runs on the CPU only for now, not on " + engine_.device_id());
   if (other.kv_->options().chunk_size != kv_->options().chunk_size || other.kv_->options().type != kv_->options().type) {
     throw Error("cannot share KV between sessions of different chunk sizes or KV types");
   }

@@ -116,6 +116,7 @@ int64_t first_non_finite(const void* row, int64_t n, DType type) {
 }  // namespace
 
 void Session::save(const std::string& path) const {
+  if (engine_.device()) throw Error(path + ": saving a session runs on the CPU only for now, not on " + engine_.device_id());
   // Evicted KV is brought back first; that changes residency, not the session.
   const_cast<Session*>(this)->make_resident();
   const ModelConfig& c = engine_.config();
@@ -160,6 +161,7 @@ void Session::save(const std::string& path) const {
 }
 
 void Session::load(const std::string& path) {
+  if (engine_.device()) throw Error(path + ": loading a session runs on the CPU only for now, not on " + engine_.device_id());
   make_resident();
   const ModelConfig& c = engine_.config();
   File f = open_regular(path);

@@ -6,6 +6,7 @@
 
 #include "platform/error.h"
 #include "runtime/session.h"
+#include "runtime/warm_task.h"
 
 namespace ebb {
 
@@ -52,22 +53,8 @@ bool StalePrefill::Job::step() {
   }
   if (!session) {
     if (pc->covered(key, tokens) >= static_cast<int64_t>(tokens.size())) return false;  // a request made it meanwhile
-    SessionOptions so;
-    so.n_ctx = static_cast<int64_t>(tokens.size()) + 1;
-    so.kv_chunk_size = key.chunk_size;
-    so.kv_type = key.kv_type;
-    so.f16_attention = key.f16_accumulator;
-    so.cache_namespace = key.ns;
-    // The task records its KV itself: no lookups of its own, so the warm-up
-    // leaves the heat statistics (and the hit counts) as requests made them.
-    so.use_prefix_cache = false;
-    session = std::make_unique<Session>(e, so);
-    session->set_adapters(bindings);
-    session->append(tokens);
-    if (session->cache_key() != key) {
-      throw Error("stale-coverage prefill of adapter '" + name + "' version " + std::to_string(version) +
-                  ": the session's cache key is not the one planned for");
-    }
+    session = open_warm_session(e, key, tokens, bindings,
+                                "stale-coverage prefill of adapter '" + name + "' version " + std::to_string(version));
   }
   // Whole micro-batches from position 0, as a recompute of the prompt runs
   // them: the KV is bit for bit what a request would have computed.
@@ -89,15 +76,7 @@ bool StalePrefill::Job::step() {
 void StalePrefill::Job::done(TaskOutcome outcome) {
   session.reset();  // the KV stays in the prefix cache
   std::lock_guard lock(sh->mu);
-  StalePrefillStats& s = sh->stats;
-  if (outcome == TaskOutcome::kFailed) {
-    ++s.tasks_failed;
-  } else if (outcome == TaskOutcome::kCancelled || gone.load()) {
-    ++s.tasks_cancelled;
-  } else {
-    ++s.tasks_completed;
-  }
-  --s.tasks_running;
+  count_task_end(sh->stats, outcome, gone.load());
   auto& jobs = sh->jobs;
   jobs.erase(std::remove_if(jobs.begin(), jobs.end(), [this](const Shared::Entry& x) { return x.job.get() == this; }),
              jobs.end());

@@ -38,6 +38,26 @@ constexpr const char* kSchema =
     " feedback_at REAL);"
     "CREATE INDEX traces_agent ON traces(agent, id);";
 
+// Version 2: the learning loop's state beside the traces (learn_store.h),
+// so that a restart keeps it. A version-1 file is migrated in place.
+constexpr const char* kSchemaV2 =
+    "CREATE TABLE learn_versions ("
+    " adapter TEXT NOT NULL, version INTEGER NOT NULL, agent TEXT NOT NULL,"
+    " against INTEGER NOT NULL, gate TEXT NOT NULL, loss REAL NOT NULL, loss_published REAL NOT NULL,"
+    " published INTEGER NOT NULL, step INTEGER NOT NULL, at REAL NOT NULL,"
+    " file TEXT NOT NULL,"          // its weights, relative to the database's directory ("" : none)
+    " seq INTEGER NOT NULL,"        // the order of the records
+    " PRIMARY KEY (adapter, version));"
+    "CREATE TABLE learn_published (adapter TEXT PRIMARY KEY, version INTEGER NOT NULL);"
+    "CREATE TABLE learn_counters (name TEXT PRIMARY KEY, value REAL NOT NULL);"
+    "CREATE TABLE learn_agents ("
+    " agent TEXT PRIMARY KEY, baseline_mean REAL NOT NULL, baseline_n INTEGER NOT NULL,"
+    " positives INTEGER NOT NULL, fresh INTEGER NOT NULL, rounds INTEGER NOT NULL);"
+    "CREATE TABLE learn_samples ("
+    " agent TEXT NOT NULL, heldout INTEGER NOT NULL, seq INTEGER NOT NULL, response_id TEXT NOT NULL,"
+    " weight REAL NOT NULL, tokens BLOB NOT NULL, weights BLOB NOT NULL,"  // int32 ids, float32 weights
+    " PRIMARY KEY (agent, heldout, seq));";
+
 double unix_now() {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -104,6 +124,7 @@ sqlite3* open_checked(const std::string& path) {
       exec_on(db, "PRAGMA journal_mode=WAL");
       exec_on(db, "BEGIN");
       exec_on(db, kSchema);
+      exec_on(db, kSchemaV2);
       exec_on(db, ("PRAGMA application_id=" + std::to_string(TraceStore::kApplicationId)).c_str());
       exec_on(db, ("PRAGMA user_version=" + std::to_string(TraceStore::kSchemaVersion)).c_str());
       exec_on(db, "COMMIT");
@@ -111,6 +132,11 @@ sqlite3* open_checked(const std::string& path) {
       throw Error("is another program's SQLite database (application_id " + std::to_string(app) + ", " +
                   std::to_string(tables) + " schema entries; ebb's traces have " +
                   std::to_string(TraceStore::kApplicationId) + ")");
+    } else if (version == 1) {  // migrate: add what version 2 has
+      exec_on(db, "BEGIN");
+      exec_on(db, kSchemaV2);
+      exec_on(db, "PRAGMA user_version=2");
+      exec_on(db, "COMMIT");
     } else if (version != TraceStore::kSchemaVersion) {
       throw Error("has trace schema version " + std::to_string(version) + "; this ebb reads version " +
                   std::to_string(TraceStore::kSchemaVersion));
@@ -349,6 +375,11 @@ std::optional<Trace> TraceStore::find(const std::string& response_id) {
   t.has_feedback = sqlite3_column_type(st.s, 14) != SQLITE_NULL;
   t.feedback_s = t.has_feedback ? sqlite3_column_double(st.s, 14) : 0;
   return t;
+}
+
+void TraceStore::with_db(const std::function<void(sqlite3*)>& fn) {
+  std::lock_guard dblock(db_mu_);
+  fn(db_);
 }
 
 TraceCounts TraceStore::counts() {

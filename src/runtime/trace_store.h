@@ -14,7 +14,8 @@
 //   retention  at most max_rows rows and max_bytes of token and text bytes;
 //              beyond, the oldest rows that already have their feedback or
 //              are older than expire_s go first, then the oldest of all
-//   the file   WAL journal; schema version in `PRAGMA user_version`, ebb's
+//   the file   WAL journal; schema version in `PRAGMA user_version` (2; a
+//              version-1 file gains version 2's tables in place), ebb's
 //              mark in `PRAGMA application_id`. A file that is not a SQLite
 //              database, is another program's (another application id, or
 //              tables without the mark) or has a newer schema is renamed
@@ -27,6 +28,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -99,7 +101,12 @@ class TraceStore {
   TraceCounts counts();
   // Waits until everything queued so far is committed.
   void flush();
-  static constexpr int kSchemaVersion = 1;
+  // Runs fn on the database's connection, between the writer's batches
+  // (the learning state, learn_store.h, is saved in the same file through
+  // the same connection, so the two never contend for SQLite's write lock).
+  void with_db(const std::function<void(sqlite3*)>& fn);
+  const std::string& path() const { return path_; }
+  static constexpr int kSchemaVersion = 2;  // 2: the learning state's tables (learn_store.h); 1 is migrated
   static constexpr int32_t kApplicationId = 0x45424254;  // "EBBT"
 
  private:

@@ -133,7 +133,7 @@ struct Server::Impl {
     limits.n_ctx = opts.n_ctx;
     limits.served.constraints = true;
     limits.served.logprobs = true;
-    limits.served.n_choices = true;
+    limits.served.n_choices = engine.device() == nullptr;  // several choices share KV: CPU only for now
     limits.served.token_ids = true;
     limits.served.stop_token_ids = true;
     limits.served.logit_bias = true;
@@ -239,6 +239,18 @@ struct Server::Impl {
   // The gate's verdict: publish (or unload a failed first version), record it.
   void finish_gate(VersionRecord v, bool first, uint64_t dropped);
   nlohmann::json learning_json() const;  // GET /v1/learning
+  // server_learn_state.cpp: judge calls (runtime/judge.h) and the learning
+  // state's persistence (runtime/learn_store.h).
+  // Submits the agent's judge prompt over trace t's feedback as a background
+  // task; false (why_not says why, counted as a judge failure) when it cannot.
+  bool submit_judge(const AgentSpec& a, const std::string& response_id, const std::string& prompt_text,
+                    const std::string& response_text, const std::string& feedback, std::string* why_not);
+  // Learner thread, LearnState::mu held (released while it writes): judged
+  // feedback becomes samples; the state is saved when it changed.
+  void learner_chores(std::unique_lock<std::mutex>& lock, bool force_save);
+  // Start-up (learning_routes): the saved state back, versions reloaded.
+  void restore_learning();
+  void learning_state_json(nlohmann::json& out) const;  // LearnState::mu held
   // After an agent's turn (choice 0): its trace (learning agents, with --learn).
   void turn_done(const AgentTurn& t, const std::string& id, const GenerateStats& st, const std::string& tool_calls);
   // server_web.cpp: the page at /

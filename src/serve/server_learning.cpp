@@ -94,7 +94,7 @@ namespace {
 Judged judge(const Trace& t, const TraceFeedback& fb, AgentLoop& loop, const LearnOptions& lo, const Tokenizer& tok) {
   Judged j;
   LearnSample s;
-  if (!fb.correction.empty()) {
+  if (!fb.correction.empty() && !fb.reward) {  // with a reward (a judge call's): the reward trains
     const std::optional<std::string> target = judge_correction(t.text, fb.correction);
     if (!target) {
       j.why_not = "the correction renames a word the response does not have";
@@ -154,6 +154,7 @@ void Server::Impl::learning_routes() {
       std::fprintf(stderr, "ebb serve: %s\n", note.c_str());
       ls.notes.push_back(note);
     }
+    restore_learning();
     ls.thread = std::thread([this] {
       set_current_thread_name("ebb-learner");
       LearnState& s = *learn_state;
@@ -161,6 +162,7 @@ void Server::Impl::learning_routes() {
       while (!s.stop) {
         s.cv.wait_for(lock, std::chrono::milliseconds(50));
         if (s.stop) break;
+        learner_chores(lock, false);
         for (auto& [name, loop] : s.loops) {
           if (loop.job && loop.job->finished()) {
             const TrainJobStatus st = loop.job->status();
@@ -173,6 +175,7 @@ void Server::Impl::learning_routes() {
             if (const std::optional<AgentSpec> sp = s.agents->get(name))
               if (!s.gates_pending.count(sp->adapter)) s.ungated_first.erase(sp->adapter);
             loop.job.reset();
+            s.dirty = true;
           }
           if (loop.job || loop.fresh < opts.learn.min_samples) continue;
           const std::optional<AgentSpec> a = s.agents->get(name);
@@ -182,6 +185,7 @@ void Server::Impl::learning_routes() {
           std::vector<TrainSample> heldout = loop.heldout;
           loop.fresh = 0;
           ++loop.rounds;
+          s.dirty = true;
           const std::string agent = name;
           lock.unlock();  // the scheduler thread takes s.mu in the gate
           std::shared_ptr<TrainJob> job;
@@ -295,6 +299,7 @@ void Server::Impl::learning_routes() {
               {
                 std::lock_guard lock(learn_state->mu);
                 ++learn_state->rollbacks;
+                learn_state->dirty = true;
               }
               res.set_content(dump(json{{"object", "learning.rollback"}, {"adapter", name}, {"published", version}}),
                               kJson);
@@ -439,7 +444,9 @@ void Server::Impl::finish_gate(VersionRecord v, bool first, uint64_t dropped) {
   if (v.published) ++learn_state->published;
   else ++learn_state->rejected;
   learn_state->versions.push_back(v);
-  while (learn_state->versions.size() > LearnState::kMaxVersions) learn_state->versions.pop_front();
+  learn_state->dirty = true;
+  if (v.published) learn_state->weights_pending.emplace_back(v.adapter, v.version);  // kept across a restart
+  learn_state->trim_versions(engine.adapters().list());
 }
 
 bool Server::Impl::give_feedback(const std::string& id, const TraceFeedback& fb, json* out) {
@@ -450,10 +457,18 @@ bool Server::Impl::give_feedback(const std::string& id, const TraceFeedback& fb,
   if (!s.traces->attach(id, fb)) return false;
   Judged j;
   const std::optional<AgentSpec> a = s.agents->get(t->agent);
+  // The agent's judge prompt scores feedback without a reward, in the background.
+  const bool by_prompt = a && a->learn && a->feedback != "off" && a->judge.kind == "prompt" && !fb.reward;
   {
     std::lock_guard lock(s.mu);
-    ++s.feedback;
-    if (a && a->learn && a->feedback != "off") {
+    if (fb.source != "judge") ++s.feedback;  // a judge call's reward is the same feedback, scored
+    s.dirty = true;
+    if (by_prompt) {
+      j.why_not = "scored by the agent's judge prompt in the background (judge_calls in /v1/learning)";
+    } else if (a && a->learn && a->feedback != "off" && a->judge.kind == "client" && !fb.reward) {
+      j.why_not = "the agent's judge takes client rewards only (judge.kind \"client\")";
+      ++s.feedback_unapplied;
+    } else if (a && a->learn && a->feedback != "off") {
       auto it = s.loops.try_emplace(a->name, opts.learn.replay).first;
       j = judge(*t, fb, it->second, opts.learn, engine.tokenizer());
       if (j.applied) ++s.samples;
@@ -463,9 +478,16 @@ bool Server::Impl::give_feedback(const std::string& id, const TraceFeedback& fb,
       ++s.feedback_unapplied;
     }
   }
+  bool judging = false;
+  if (by_prompt) {
+    std::string why;
+    judging = submit_judge(*a, id, engine.tokenizer().decode(t->prompt), t->text, fb.correction, &why);
+    if (!judging) j.why_not = why;
+  }
   s.cv.notify_all();
   if (out)
     *out = {{"object", "learning.feedback"},
+            {"judging", judging},
             {"id", id},
             {"agent", t->agent},
             {"source", fb.source},
@@ -568,33 +590,38 @@ json Server::Impl::learning_json() const {
     if (i.published && std::find(names.begin(), names.end(), i.name) != names.end()) published[i.name] = i.version;
   json versions = json::array();
   for (const VersionRecord& v : s.versions) versions.push_back(version_json(v));
-  return {{"object", "learning"},
-          {"enabled", s.traces != nullptr},
-          {"gate", opts.learn.gate},
-          {"traces", tc.rows},
-          {"traces_recorded", tc.recorded},
-          {"traces_dropped", tc.dropped},
-          {"traces_retired", tc.retired},
-          {"trace_bytes", tc.bytes},
-          {"feedback", s.feedback},
-          {"feedback_unapplied", s.feedback_unapplied},
-          {"samples", s.samples},
-          {"train_steps", steps},
-          {"committed_versions", s.committed},
-          {"published_versions", s.published},
-          {"rejected_versions", s.rejected},
-          {"rollbacks", s.rollbacks},
-          {"gates_pending", [&] {
-             int64_t n = 0;
-             for (const auto& [a, k] : s.gates_pending) n += k;
-             return n;
-           }()},
-          {"rounds_failed", s.rounds_failed},
-          {"last_error", s.last_error.empty() ? json(nullptr) : json(s.last_error)},
-          {"published", published},
-          {"versions", versions},
-          {"agents", agents},
-          {"notes", s.notes}};
+  json out = {{"object", "learning"},
+              {"enabled", s.traces != nullptr},
+              {"gate", opts.learn.gate},
+              {"traces", tc.rows},
+              {"traces_recorded", tc.recorded},
+              {"traces_dropped", tc.dropped},
+              {"traces_retired", tc.retired},
+              {"trace_bytes", tc.bytes},
+              {"feedback", s.feedback},
+              {"feedback_unapplied", s.feedback_unapplied},
+              {"samples", s.samples},
+              {"train_steps", steps},
+              {"committed_versions", s.committed},
+              {"published_versions", s.published},
+              {"rejected_versions", s.rejected},
+              {"rollbacks", s.rollbacks},
+              {"gates_pending", [&] {
+                 int64_t n = 0;
+                 for (const auto& [a, k] : s.gates_pending) n += k;
+                 return n;
+               }()},
+              {"rounds_failed", s.rounds_failed},
+              {"judge_calls", s.judge_calls},
+              {"judge_failures", s.judge_failures},
+              {"judge_pending", s.judge_pending},
+              {"last_error", s.last_error.empty() ? json(nullptr) : json(s.last_error)},
+              {"published", published},
+              {"versions", versions},
+              {"agents", agents},
+              {"notes", s.notes}};
+  learning_state_json(out);
+  return out;
 }
 
 void Server::Impl::learning_metrics(std::string& out) const {
@@ -612,6 +639,12 @@ void Server::Impl::learning_metrics(std::string& out) const {
   counter("ebb_learning_committed_versions_total", "Versions committed by learning rounds", "committed_versions");
   counter("ebb_learning_published_versions_total", "Versions the gate published", "published_versions");
   counter("ebb_learning_rejected_versions_total", "Versions the gate rejected", "rejected_versions");
+  counter("ebb_learning_judge_calls_total", "Judge calls (the judge prompt run as background inference) that ended",
+          "judge_calls");
+  counter("ebb_learning_judge_failures_total",
+          "Judge calls whose answer had no score, or that could not run (their feedback trains nothing)",
+          "judge_failures");
+  counter("ebb_learning_rollbacks_total", "Rollbacks (a version published again)", "rollbacks");
 }
 
 void Server::Impl::stop_learning() {
@@ -629,6 +662,10 @@ void Server::Impl::stop_learning() {
   for (const auto& j : jobs) j->cancel();
   const double deadline = now_seconds() + 10;
   for (const auto& j : jobs) j->wait(std::max(0.0, deadline - now_seconds()));
+  if (learn_state->store) {
+    std::unique_lock lock(learn_state->mu);
+    learner_chores(lock, true);  // what changed since the last save
+  }
   if (learn_state->traces) learn_state->traces->flush();
 }
 

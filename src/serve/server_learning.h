@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "runtime/agents.h"
+#include "runtime/judge.h"
+#include "runtime/learn_store.h"
 #include "runtime/learner.h"
 #include "runtime/trace_store.h"
 #include "serve/server_impl.h"
@@ -51,7 +53,7 @@ struct Server::Impl::LearnState {
   std::unique_ptr<TraceStore> traces;  // null without --learn
   mutable std::mutex mu;               // everything below
   std::map<std::string, AgentLoop> loops;  // by agent
-  std::deque<VersionRecord> versions;      // the most recent kMaxVersions
+  std::deque<VersionRecord> versions;      // the most recent kMaxVersions (and the published ones: trim_versions)
   int64_t feedback = 0;            // feedback attached (client, rule, tool)
   int64_t feedback_unapplied = 0;  // ... that gave no training target (a rename with nothing to rename)
   int64_t samples = 0;             // judged samples made
@@ -65,11 +67,38 @@ struct Server::Impl::LearnState {
   std::set<std::string> ungated_first;
   std::map<std::string, int> gates_pending;  // gate tasks queued or running, by adapter
   std::vector<std::string> notes;  // what start-up had to say (a state file moved aside)
+  // Judge calls (server_learn_state.cpp): submitted, ended (answers parsed
+  // or not), failed (unparseable, or the call could not run).
+  struct Judged {
+    std::string response_id, agent, correction;
+    JudgeResult result;
+    double at = 0;
+  };
+  int64_t judge_calls = 0, judge_failures = 0, judge_pending = 0;
+  std::deque<Judged> judged;        // ended, not yet applied (the learner thread applies them)
+  std::deque<nlohmann::json> judge_log;  // the latest kMaxJudgeLog ended calls, for /v1/learning
+  // Persistence (runtime/learn_store.h): the state is saved by the learner
+  // thread when `dirty`, at most every kSaveInterval seconds.
+  std::unique_ptr<LearnStore> store;  // null without --learn
+  bool dirty = false;
+  bool saving = false;              // a save is being written
+  double last_save = 0;
+  int64_t saves = 0, save_failures = 0;
+  double last_save_s = 0;           // how long the last save took (weights, then the transaction)
+  std::deque<std::pair<std::string, uint64_t>> weights_pending;  // published versions to write
+  std::map<std::pair<std::string, uint64_t>, std::string> weight_files;  // written, relative to the state dir
+  nlohmann::json restored;          // what start-up brought back
+  static constexpr size_t kMaxJudgeLog = 16;
+  static constexpr double kSaveInterval = 0.5;
   // The learner thread: starts rounds.
   std::thread thread;
   std::condition_variable cv;
   bool stop = false;
   static constexpr size_t kMaxVersions = 64;
+  // Drops the oldest version records beyond kMaxVersions, but never the
+  // record of a version its adapter publishes now (`registry`: the adapter
+  // registry's list), whose weights the saved state keeps. mu held.
+  void trim_versions(const std::vector<AdapterInfo>& registry);
 };
 
 }  // namespace ebb::serve

@@ -331,6 +331,24 @@ std::string memory_json(const MemoryRead& r, const json& counters, bool map_stal
               {"stored", f.kv_stored + f.weights_stored}}},
             {"counters", counters}};
   if (r.elastic) j["elastic_footprint"] = elastic_footprint_json(r.ef);
+  // The compute device's memory, apart from the host's above ("cpu": none).
+  if (f.device) {
+    const DeviceFootprint& d = *f.device;
+    j["device"] = {{"id", d.id},
+                   {"name", d.name},
+                   {"weights", d.weights()},
+                   {"globals", d.globals},
+                   {"kv", d.kv},
+                   {"scratch", d.scratch},
+                   {"total", d.total()},
+                   {"ledger",
+                    {{"slab_bytes", d.ledger.slab_bytes},
+                     {"buffer_bytes", d.ledger.buffer_bytes},
+                     {"n_slabs", d.ledger.n_slabs},
+                     {"n_buffers", d.ledger.n_buffers}}}};
+  } else {
+    j["device"] = {{"id", "cpu"}};
+  }
   json states = json::object();
   for (UnitState s : {UnitState::kResident, UnitState::kCompressed, UnitState::kStored, UnitState::kStoredCompressed,
                       UnitState::kLost})
@@ -342,6 +360,7 @@ std::string memory_json(const MemoryRead& r, const json& counters, bool map_stal
     json L = {{"layer", l},
               {"weights_bytes", f.weights_per_layer[l]},
               {"kv_bytes", l < f.kv_per_layer.size() ? f.kv_per_layer[l] : 0}};
+    if (f.device && l < f.device->weights_per_layer.size()) L["device_weights_bytes"] = f.device->weights_per_layer[l];
     if (map && l < map->weights.size()) {
       L["weights"] = std::string(unit_state_name(map->weights[l]));
       L["weights_char"] = std::string(1, unit_state_char(map->weights[l]));

@@ -8,6 +8,11 @@
 // with the base model, a loaded adapter (/v1/models) or an agent
 // (/v1/agents, when the server has agents) while the map keeps updating;
 // /?demo=TEXT sends TEXT once the page has loaded (tests, screenshots).
+// A learning panel shows what GET /v1/learning reports (traces, feedback,
+// rewards, judge calls, train steps, versions with their gates, the
+// published version per adapter) with a Roll back button per earlier
+// version (POST /v1/learning/rollback), or says that learning is off;
+// /?click=ID clicks the element ID once the panel has drawn it (tests).
 //
 // The page is static and holds no data; with --api-key its script sends
 // the key as "Authorization: Bearer KEY", taken from the URL's fragment
@@ -71,6 +76,13 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
   .msg.failed { background: #fbe9e9; color: var(--stored); }
   #chat-form textarea { flex: 1; min-width: 200px; font: inherit; padding: 6px 10px; border: 1px solid #bbb; border-radius: 4px; resize: vertical; }
   #chat-stats { font-size: 12px; color: var(--muted); min-height: 1.4em; }
+  table.versions { border-collapse: collapse; font-variant-numeric: tabular-nums; font-size: 13px; margin-top: 8px; }
+  table.versions th, table.versions td { padding: 2px 10px 2px 0; text-align: left; }
+  table.versions th { color: var(--muted); font-weight: 500; }
+  table.versions tr[data-current="1"] td { font-weight: 600; }
+  .gate-passed, .gate-off, .gate-no_heldout { color: var(--resident); }
+  .gate-rejected { color: var(--stored); }
+  #l-empty { color: var(--muted); }
 </style>
 </head>
 <body>
@@ -90,6 +102,26 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
       <button id="chat-stop" type="button" disabled>Stop</button>
     </form>
     <div id="chat-stats"></div>
+  </section>
+  <section class="wide" id="learning-panel">
+    <h2>Learning</h2>
+    <div id="learning" data-enabled="" data-updates="0">
+      <div id="l-empty">asking the server…</div>
+      <div id="l-body" hidden>
+        <div class="stats">
+          <div class="stat"><b id="l-traces">–</b><span>traces</span></div>
+          <div class="stat"><b id="l-feedback">–</b><span>feedback</span></div>
+          <div class="stat"><b id="l-rewards">–</b><span>rewards / samples</span></div>
+          <div class="stat"><b id="l-judge">–</b><span>judge calls / failures</span></div>
+          <div class="stat"><b id="l-steps">–</b><span>train steps</span></div>
+          <div class="stat"><b id="l-versions">–</b><span>versions committed / published / rejected</span></div>
+          <div class="stat"><b id="l-rollbacks">–</b><span>rollbacks</span></div>
+        </div>
+        <table class="versions" id="l-published"></table>
+        <table class="versions" id="l-table"></table>
+        <div id="l-report"></div>
+      </div>
+    </div>
   </section>
   <section class="wide">
     <h2>Now</h2>
@@ -165,6 +197,7 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
     $("keyform").hidden = true;
     loadChoices().catch(() => {});
     tick();
+    tickLearning();
   };
 
   function auth(headers) {
@@ -445,6 +478,120 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
     act("/v1/memory/limit", { bytes: /^\d+$/.test(v) ? Number(v) : (v || "off") }, "limit " + (v || "off"));
   };
 
+  // ---- learning ----
+  // What GET /v1/learning reports; a server without --learn answers
+  // enabled: false (or has no route): the panel says so and shows nothing else.
+  const query = new URLSearchParams(location.search);
+  let clickAfterLearning = query.get("click");
+  function fmt(x) { return x === null || x === undefined ? "–" : Number(x).toFixed(3); }
+  function drawLearning(l) {
+    const box = $("learning");
+    box.dataset.enabled = String(!!(l && l.enabled));
+    box.dataset.updates = String(Number(box.dataset.updates) + 1);
+    if (!l || !l.enabled) {
+      $("l-body").hidden = true;
+      $("l-empty").hidden = false;
+      $("l-empty").textContent = l ? "Learning is off: start ebb serve with --learn --state-dir DIR to record traces, " +
+          "take feedback and train agents' adapters." : "This server has no learning routes.";
+      return;
+    }
+    $("l-empty").hidden = true;
+    $("l-body").hidden = false;
+    let rewards = 0;
+    for (const a of Object.values(l.agents || {})) rewards += a.rewards || 0;
+    $("l-traces").textContent = l.traces;
+    $("l-feedback").textContent = l.feedback;
+    $("l-rewards").textContent = rewards + " / " + l.samples;
+    $("l-judge").textContent = (l.judge_calls || 0) + " / " + (l.judge_failures || 0);
+    $("l-steps").textContent = l.train_steps;
+    $("l-versions").textContent = l.committed_versions + " / " + l.published_versions + " / " + l.rejected_versions;
+    $("l-rollbacks").textContent = l.rollbacks;
+    const pub = $("l-published");
+    pub.replaceChildren();
+    const names = Object.keys(l.published || {});
+    const hp = pub.insertRow();
+    for (const h of ["adapter", "published version"]) { const th = document.createElement("th"); th.textContent = h; hp.appendChild(th); }
+    if (!names.length) {
+      const td = pub.insertRow().insertCell();
+      td.colSpan = 2;
+      td.textContent = "no version published yet";
+    }
+    for (const n of names) {
+      const tr = pub.insertRow();
+      tr.dataset.adapter = n;
+      tr.insertCell().textContent = n;
+      const td = tr.insertCell();
+      td.className = "published-version";
+      td.textContent = String(l.published[n]);
+    }
+    const t = $("l-table");
+    t.replaceChildren();
+    const head = t.insertRow();
+    for (const h of ["agent", "adapter", "version", "gate", "held-back loss", "vs published", "step", ""]) {
+      const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
+    }
+    if (!(l.versions || []).length) {
+      const td = t.insertRow().insertCell();
+      td.colSpan = 8;
+      td.textContent = "no version committed yet";
+    }
+    for (const v of [...(l.versions || [])].reverse()) {
+      const tr = t.insertRow();
+      tr.className = "version";
+      tr.dataset.adapter = v.adapter;
+      tr.dataset.version = v.version;
+      tr.dataset.gate = v.gate;
+      const current = l.published && l.published[v.adapter] === v.version;
+      tr.dataset.current = current ? "1" : "0";
+      tr.insertCell().textContent = v.agent;
+      tr.insertCell().textContent = v.adapter;
+      tr.insertCell().textContent = "v" + v.version + (current ? " (published)" : "");
+      const g = tr.insertCell();
+      g.textContent = v.gate;
+      g.className = "gate-" + v.gate;
+      tr.insertCell().textContent = fmt(v.heldout_loss);
+      tr.insertCell().textContent = v.heldout_loss_published === null ? "–" :
+          fmt(v.heldout_loss_published) + (v.gated_against ? " (v" + v.gated_against + ")" : " (base)");
+      tr.insertCell().textContent = v.step;
+      const b = tr.insertCell();
+      if (v.published && !current) {
+        const btn = document.createElement("button");
+        btn.id = "rollback-" + v.adapter + "-" + v.version;
+        btn.textContent = "Roll back to v" + v.version;
+        btn.onclick = () => rollback(v.adapter, v.version);
+        b.appendChild(btn);
+      }
+    }
+    if (clickAfterLearning) {
+      const el = $(clickAfterLearning);
+      clickAfterLearning = null;
+      if (el) el.click();
+      else $("l-report").textContent = "nothing to click: no element '" + query.get("click") + "'";
+    }
+  }
+  async function rollback(adapter, version) {
+    const r = $("l-report");
+    r.textContent = "rolling " + adapter + " back to v" + version + "…";
+    try {
+      const j = await api("/v1/learning/rollback", { adapter, version });
+      r.textContent = adapter + ": v" + j.published + " published again";
+    } catch (e) {
+      r.textContent = "rollback failed: " + (e.message || e);
+    }
+    tickLearning();
+  }
+  let learningBusy = false;
+  async function tickLearning() {
+    if (learningBusy) return;
+    learningBusy = true;
+    try {
+      const r = await fetch("/v1/learning", { headers: auth({}), cache: "no-store" });
+      if (r.status === 404) drawLearning(null);
+      else if (r.ok) drawLearning(await r.json());
+    } catch (e) { /* the status line shows the connection */ }
+    finally { learningBusy = false; }
+  }
+
   // ---- chat ----
   // The choices: the base model and each adapter (/v1/models), then each
   // agent (/v1/agents; a server without agents answers 404 and the list
@@ -578,10 +725,12 @@ inline constexpr const char kWebPage[] = R"EBBPAGE(<!doctype html>
 
   drawChart();  // the axes before the first sample
   drawLoad();
-  const demo = new URLSearchParams(location.search).get("demo");
+  const demo = query.get("demo");
   loadChoices().catch((e) => status(String(e.message || e), true)).finally(() => { if (demo) send(demo); });
   tick();
+  tickLearning();
   setInterval(tick, 1000);
+  setInterval(tickLearning, 1000);
   window.addEventListener("resize", () => { drawChart(); drawLoad(); });
 })();
 </script>

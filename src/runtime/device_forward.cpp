@@ -1,0 +1,359 @@
+#include "runtime/device_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "memory/kv_cache.h"
+#include "platform/error.h"
+#include "platform/fp16.h"
+
+namespace ebb {
+namespace {
+
+constexpr uint64_t kAlign = 256;  // pieces of a layer's buffer start here (a multiple of every binding alignment seen)
+
+uint64_t align_piece(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+uint64_t f32_bytes(int64_t n) { return static_cast<uint64_t>(n) * sizeof(float); }
+
+}  // namespace
+
+uint64_t DeviceFootprint::weights() const {
+  uint64_t t = 0;
+  for (uint64_t b : weights_per_layer) t += b;
+  return t;
+}
+
+uint64_t DeviceForward::SeqKv::bytes() const {
+  uint64_t t = table ? table->size() : 0;
+  for (const auto& b : k) t += b->size();
+  for (const auto& b : v) t += b->size();
+  return t;
+}
+
+// The pieces of one buffer before it exists: each a copy of host bytes (or
+// a pointer to bytes that outlive the upload) at its offset.
+struct DeviceForward::Staged {
+  struct Piece {
+    uint64_t offset = 0;
+    const void* src = nullptr;
+    std::vector<uint8_t> owned;  // converted or replicated bytes
+    uint64_t bytes = 0;
+  };
+  std::vector<Piece> pieces;
+  uint64_t size = 0;
+  Piece& add(uint64_t bytes) {
+    Piece& p = pieces.emplace_back();
+    p.offset = size;
+    p.bytes = bytes;
+    size = align_piece(size + bytes);
+    return p;
+  }
+};
+
+DeviceForward::Mat DeviceForward::stage_matrix(Staged& st, const WeightView& w) {
+  Mat m;
+  m.rows = w.rows;
+  m.cols = w.cols;
+  if (be_.supports(OpKind::kMatmul, w.type) && w.packing == Packing::kRows) {
+    m.type = w.type;
+    Staged::Piece& p = st.add(w.row_stride * static_cast<uint64_t>(w.rows));
+    p.src = w.data;
+    m.offset = p.offset;
+    return m;
+  }
+  // No shader for this format (or a packing for the CPU's SIMD lanes): F16
+  // rows, dequantised here once.
+  const std::string name(dtype_name(w.type));
+  if (w.type != DType::kF16 && std::find(converted_.begin(), converted_.end(), name) == converted_.end())
+    converted_.push_back(name);
+  m.type = DType::kF16;
+  Staged::Piece& p = st.add(static_cast<uint64_t>(w.rows * w.cols) * 2);
+  p.owned.resize(p.bytes);
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  auto* out = reinterpret_cast<uint16_t*>(p.owned.data());
+  for (int64_t r = 0; r < w.rows; ++r) {
+    dequantize_row(ks_, w, r, row.data());
+    for (int64_t c = 0; c < w.cols; ++c) out[r * w.cols + c] = fp32_to_fp16(row[c]);
+  }
+  m.offset = p.offset;
+  return m;
+}
+
+DeviceForward::Vec DeviceForward::stage_vector(Staged& st, const float* v, int64_t n, int64_t copies) {
+  Vec out;
+  if (!v) return out;
+  Staged::Piece& p = st.add(f32_bytes(n * copies));
+  if (copies == 1) {
+    p.src = v;
+  } else {
+    p.owned.resize(p.bytes);
+    for (int64_t i = 0; i < copies; ++i) std::memcpy(p.owned.data() + f32_bytes(i * n), v, f32_bytes(n));
+  }
+  out.present = true;
+  out.offset = p.offset;
+  return out;
+}
+
+std::unique_ptr<BackendBuffer> DeviceForward::upload(Staged& st) {
+  auto buf = be_.alloc(std::max<uint64_t>(st.size, kAlign), MemoryPlace::kDevice);
+  for (const Staged::Piece& p : st.pieces)
+    buf->write(p.offset, p.owned.empty() ? p.src : p.owned.data(), p.bytes);
+  return buf;
+}
+
+DeviceForward::DeviceForward(Backend& be, const Model& model, DeviceForwardOptions opts)
+    : be_(be), model_(model), cfg_(model.config()), opts_(opts), ks_(kernel_set(opts.isa)) {
+  const ModelConfig& c = cfg_;
+  const std::string dev = be_.info().id;
+  if (c.head_dim > 256 || c.head_dim % 2 != 0)
+    throw Error(dev + ": head_dim " + std::to_string(c.head_dim) + " is not supported by the attention shader (even, <= 256)");
+  if (c.rope_dim % 2 != 0 || c.rope_dim > c.head_dim)
+    throw Error(dev + ": rope_dim " + std::to_string(c.rope_dim) + " must be even and <= head_dim");
+  const int64_t B = opts_.max_batch;
+  layers_.resize(static_cast<size_t>(model.n_layers()));
+  for (int l = 0; l < model.n_layers(); ++l) {
+    if (!model.layer_unit(l).resident()) throw Error("layer " + std::to_string(l) + " is not resident: nothing to upload");
+    const LayerWeights w = model.layer(l);
+    LayerBuf& lb = layers_[l];
+    Staged st;
+    lb.q = stage_matrix(st, w.q);
+    lb.k = stage_matrix(st, w.k);
+    lb.v = stage_matrix(st, w.v);
+    lb.o = stage_matrix(st, w.o);
+    lb.gate = stage_matrix(st, w.gate);
+    lb.up = stage_matrix(st, w.up);
+    lb.down = stage_matrix(st, w.down);
+    lb.attn_norm = stage_vector(st, w.attn_norm, c.n_embd);
+    lb.ffn_norm = stage_vector(st, w.ffn_norm, c.n_embd);
+    lb.q_norm = stage_vector(st, w.q_norm, c.head_dim);
+    lb.k_norm = stage_vector(st, w.k_norm, c.head_dim);
+    // Biases replicated over the batch: one add over all rows of a step.
+    lb.q_bias = stage_vector(st, w.q_bias, c.q_dim(), B);
+    lb.k_bias = stage_vector(st, w.k_bias, c.kv_dim(), B);
+    lb.v_bias = stage_vector(st, w.v_bias, c.kv_dim(), B);
+    lb.buf = upload(st);
+  }
+  {
+    const GlobalWeights g = model.globals();
+    Staged st;
+    head_.o = stage_matrix(st, g.output);
+    head_.attn_norm = stage_vector(st, g.output_norm, c.n_embd);
+    head_.buf = upload(st);
+  }
+  auto f32 = [&](int64_t n) { return be_.alloc(f32_bytes(n), MemoryPlace::kDevice); };
+  x_ = f32(B * c.n_embd);
+  xn_ = f32(B * c.n_embd);
+  q_ = f32(B * c.q_dim());
+  k_ = f32(B * c.kv_dim());
+  v_ = f32(B * c.kv_dim());
+  att_ = f32(B * c.q_dim());
+  gate_ = f32(B * c.n_ff);
+  up_ = f32(B * c.n_ff);
+  rope_ = f32(B * c.rope_dim);
+  logits_ = f32(B * c.n_vocab);
+  x_host_.resize(static_cast<size_t>(B * c.n_embd));
+  rope_host_.resize(static_cast<size_t>(B * c.rope_dim));
+  stream_ = be_.new_stream();
+}
+
+DeviceForward::~DeviceForward() {
+  std::lock_guard lock(mu_);
+  kv_.clear();
+}
+
+void DeviceForward::release(const KvCache* kv) {
+  std::lock_guard lock(mu_);
+  kv_.erase(kv);
+}
+
+DeviceForward::SeqKv& DeviceForward::kv_for(KvCache& kv, int64_t n) {
+  const ModelConfig& c = cfg_;
+  SeqKv& s = kv_[&kv];
+  const int64_t cs = kv.options().chunk_size;
+  if (s.chunk_size != cs) s = SeqKv{};  // a new cache (or one re-created with another chunk): start empty
+  s.chunk_size = cs;
+  const int64_t need = (n + cs - 1) / cs;
+  if (need <= s.cap_chunks) return s;
+  // Double the capacity (at most the context), copying what is held.
+  const int64_t most = (kv.options().max_tokens + cs - 1) / cs;
+  const int64_t cap = std::max(need, std::min(most, std::max<int64_t>(1, 2 * s.cap_chunks)));
+  const uint64_t bytes = static_cast<uint64_t>(cap * cs * c.kv_dim()) * 2;
+  const uint64_t held = static_cast<uint64_t>(s.cap_chunks * cs * c.kv_dim()) * 2;
+  std::vector<uint8_t> tmp;
+  if (held > 0) tmp.resize(held);
+  for (int l = 0; l < model_.n_layers(); ++l) {
+    for (auto* side : {&s.k, &s.v}) {
+      auto grown = be_.alloc(bytes, MemoryPlace::kDevice);
+      if (held > 0) {
+        (*side)[l]->read(0, tmp.data(), held);
+        grown->write(0, tmp.data(), held);
+      }
+      if (side->size() <= static_cast<size_t>(l)) side->resize(static_cast<size_t>(model_.n_layers()));
+      (*side)[l] = std::move(grown);
+    }
+  }
+  std::vector<uint32_t> table(static_cast<size_t>(cap));
+  for (int64_t i = 0; i < cap; ++i) {
+    const uint64_t off = static_cast<uint64_t>(i * cs * c.kv_dim());
+    if (off > UINT32_MAX) throw Error(be_.info().id + ": a session's KV is over 2^32 F16 elements per layer");
+    table[i] = static_cast<uint32_t>(off);
+  }
+  s.table = be_.alloc(4 * static_cast<uint64_t>(cap), MemoryPlace::kDevice);
+  s.table->write(0, table.data(), 4 * static_cast<uint64_t>(cap));
+  s.cap_chunks = cap;
+  return s;
+}
+
+void DeviceForward::matmul(BackendStream& s, const LayerBuf& w, const Mat& m, BackendBuffer* x, uint64_t x_off,
+                           BackendBuffer* y, uint64_t y_off, int64_t n_tokens) {
+  MatmulOp op;
+  op.w_type = m.type;
+  op.rows = m.rows;
+  op.cols = m.cols;
+  op.w = {w.buf.get(), m.offset};
+  op.x = {x, x_off};
+  op.n_tokens = n_tokens;
+  op.y = {y, y_off};
+  s.matmul(op);
+}
+
+void DeviceForward::record_layer(BackendStream& s, const LayerBuf& w, int l, std::span<const StepSeq> seqs,
+                                 int64_t n) {
+  const ModelConfig& c = cfg_;
+  const int64_t D = c.n_embd, hd = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  BackendBuffer* wb = w.buf.get();
+  // Attention block: norm, q/k/v, biases, Q/K norms, RoPE, KV store and
+  // attention per sequence, o, residual.
+  s.rms_norm({{x_.get(), 0}, {wb, w.attn_norm.offset}, {xn_.get(), 0}, n, D, c.rms_eps});
+  matmul(s, w, w.q, xn_.get(), 0, q_.get(), 0, n);
+  matmul(s, w, w.k, xn_.get(), 0, k_.get(), 0, n);
+  matmul(s, w, w.v, xn_.get(), 0, v_.get(), 0, n);
+  if (w.q_bias.present) s.add({{q_.get(), 0}, {wb, w.q_bias.offset}, n * qd});
+  if (w.k_bias.present) s.add({{k_.get(), 0}, {wb, w.k_bias.offset}, n * kvd});
+  if (w.v_bias.present) s.add({{v_.get(), 0}, {wb, w.v_bias.offset}, n * kvd});
+  if (w.q_norm.present) s.rms_norm({{q_.get(), 0}, {wb, w.q_norm.offset}, {q_.get(), 0}, n * c.n_head, hd, c.rms_eps});
+  if (w.k_norm.present)
+    s.rms_norm({{k_.get(), 0}, {wb, w.k_norm.offset}, {k_.get(), 0}, n * c.n_head_kv, hd, c.rms_eps});
+  s.rope({{q_.get(), 0}, {rope_.get(), 0}, n, c.n_head, hd, c.rope_dim, c.rope_style});
+  s.rope({{k_.get(), 0}, {rope_.get(), 0}, n, c.n_head_kv, hd, c.rope_dim, c.rope_style});
+  int64_t r = 0;
+  for (const StepSeq& seq : seqs) {
+    const int64_t ns = static_cast<int64_t>(seq.tokens.size());
+    const int64_t pos0 = seq.kv->n_tokens();
+    SeqKv& kv = kv_.at(seq.kv);
+    s.kv_store({{k_.get(), f32_bytes(r * kvd)}, {kv.k[l].get(), 0}, {kv.table.get(), 0}, ns, kvd, pos0, kv.chunk_size});
+    s.kv_store({{v_.get(), f32_bytes(r * kvd)}, {kv.v[l].get(), 0}, {kv.table.get(), 0}, ns, kvd, pos0, kv.chunk_size});
+    AttentionOp a;
+    a.q = {q_.get(), f32_bytes(r * qd)};
+    a.out = {att_.get(), f32_bytes(r * qd)};
+    a.k = {kv.k[l].get(), 0};
+    a.v = {kv.v[l].get(), 0};
+    a.chunk_offsets = {kv.table.get(), 0};
+    a.n_q = ns;
+    a.n_heads = c.n_head;
+    a.n_kv_heads = c.n_head_kv;
+    a.head_dim = hd;
+    a.pos0 = pos0;
+    a.chunk_size = kv.chunk_size;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    s.attention(a);
+    r += ns;
+  }
+  matmul(s, w, w.o, att_.get(), 0, xn_.get(), 0, n);
+  s.add({{x_.get(), 0}, {xn_.get(), 0}, n * D});
+  // FFN block: norm, gate/up, SwiGLU, down, residual.
+  s.rms_norm({{x_.get(), 0}, {wb, w.ffn_norm.offset}, {xn_.get(), 0}, n, D, c.rms_eps});
+  matmul(s, w, w.gate, xn_.get(), 0, gate_.get(), 0, n);
+  matmul(s, w, w.up, xn_.get(), 0, up_.get(), 0, n);
+  s.swiglu({{gate_.get(), 0}, {up_.get(), 0}, {gate_.get(), 0}, n * c.n_ff});
+  matmul(s, w, w.down, gate_.get(), 0, xn_.get(), 0, n);
+  s.add({{x_.get(), 0}, {xn_.get(), 0}, n * D});
+}
+
+void DeviceForward::run_batch(std::span<const StepSeq> seqs) {
+  std::lock_guard lock(mu_);
+  const ModelConfig& c = cfg_;
+  const int64_t D = c.n_embd, V = c.n_vocab;
+  EBB_CHECK(!seqs.empty());
+  int64_t n = 0, n_out = 0;
+  for (const StepSeq& s : seqs) {
+    const int64_t ns = static_cast<int64_t>(s.tokens.size());
+    EBB_CHECK(ns >= 1 && s.kv && s.logits);
+    if (s.adapters && !s.adapters->empty())
+      throw Error("LoRA adapters run on the CPU only for now: run without --device " + be_.info().id +
+                  " (or without the adapters)");
+    if (s.kv->options().type != DType::kF16) throw Error(be_.info().id + ": the KV cache on the device is F16 only");
+    for (int32_t t : s.tokens)
+      if (t < 0 || t >= V)
+        throw Error("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    n += ns;
+    n_out += s.all_logits ? ns : 1;
+  }
+  EBB_CHECK(n <= opts_.max_batch);
+  for (const StepSeq& s : seqs) kv_for(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
+  // Inputs: embeddings and each row's (cos, sin) table, computed here.
+  const GlobalWeights g = model_.globals();
+  {
+    int64_t r = 0;
+    for (const StepSeq& s : seqs) {
+      const int64_t pos0 = s.kv->n_tokens();
+      for (size_t t = 0; t < s.tokens.size(); ++t, ++r) {
+        dequantize_row(ks_, g.token_embd, s.tokens[t], x_host_.data() + r * D);
+        rope_cos_sin(pos0 + static_cast<int64_t>(t), c.rope_dim, c.rope_base, c.rope_freq_scale,
+                     rope_host_.data() + r * c.rope_dim,
+                     c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
+      }
+    }
+  }
+  x_->write(0, x_host_.data(), f32_bytes(n * D));
+  rope_->write(0, rope_host_.data(), f32_bytes(n * c.rope_dim));
+  BackendStream& s = *stream_;
+  try {
+    for (int l = 0; l < model_.n_layers(); ++l) record_layer(s, layers_[l], l, seqs, n);
+    // The output head on the rows the callers want.
+    int64_t r = 0, o = 0;
+    for (const StepSeq& seq : seqs) {
+      const int64_t ns = static_cast<int64_t>(seq.tokens.size());
+      const int64_t rows = seq.all_logits ? ns : 1, first = r + ns - rows;
+      s.rms_norm({{x_.get(), f32_bytes(first * D)}, {head_.buf.get(), head_.attn_norm.offset},
+                  {xn_.get(), f32_bytes(o * D)}, rows, D, c.rms_eps});
+      r += ns;
+      o += rows;
+    }
+    matmul(s, head_, head_.o, xn_.get(), 0, logits_.get(), 0, n_out);
+    s.submit();
+    s.wait();
+  } catch (...) {
+    try {
+      s.wait();  // nothing stays recorded for the next step
+    } catch (const Error&) {
+    }
+    throw;
+  }
+  int64_t o = 0;
+  for (const StepSeq& seq : seqs) {
+    const int64_t rows = seq.all_logits ? static_cast<int64_t>(seq.tokens.size()) : 1;
+    logits_->read(f32_bytes(o * V), seq.logits, f32_bytes(rows * V));
+    o += rows;
+    seq.kv->set_n_tokens(seq.kv->n_tokens() + static_cast<int64_t>(seq.tokens.size()));
+  }
+}
+
+DeviceFootprint DeviceForward::footprint() const {
+  std::lock_guard lock(mu_);
+  DeviceFootprint f;
+  f.id = be_.info().id;
+  f.name = be_.info().name;
+  for (const LayerBuf& l : layers_) f.weights_per_layer.push_back(l.buf->size());
+  f.globals = head_.buf->size();
+  for (const auto& [k, s] : kv_) f.kv += s.bytes();
+  for (const auto* b : {&x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &rope_, &logits_}) f.scratch += (*b)->size();
+  f.ledger = be_.ledger(MemoryPlace::kDevice);
+  return f;
+}
+
+}  // namespace ebb

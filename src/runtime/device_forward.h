@@ -1,0 +1,137 @@
+// The forward pass on a compute device (backend/backend.h: Vulkan, or the
+// CPU backend in tests): every layer's weights and the output head are
+// uploaded once into device buffers (one buffer per layer unit, through the
+// backend's ledger), each session's KV lives on the device as F16 chunks,
+// and a step (prefill micro-batch or decode token, of one or several
+// sequences) is recorded on one stream and submitted once. Only the
+// embedding lookup (a row copy) and sampling stay on the host: the logits
+// rows the callers want are read back.
+//
+// Forward::run_batch hands its steps here when the engine runs on a device
+// (Forward::set_device), so Session, run_step and the scheduler are
+// unchanged. The session's KvCache keeps the positions (bookkeeping); its
+// rows live here, keyed by the KvCache, until release().
+//
+// Not yet on the device: LoRA adapters (a step that binds one is refused),
+// a split of the layers between device and CPU (all or nothing), eviction
+// and restoration of device memory.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kernels/cpu.h"
+#include "model/model.h"
+#include "runtime/forward.h"
+
+namespace ebb {
+
+class KvCache;
+
+// What the device holds for an engine, by category (bytes of the buffers
+// handed out; the ledger adds the slabs they were cut from).
+struct DeviceFootprint {
+  std::string id;    // "vulkan:0"
+  std::string name;  // the driver's name for the device
+  std::vector<uint64_t> weights_per_layer;  // one buffer per layer unit
+  uint64_t globals = 0;  // output norm + output head
+  uint64_t kv = 0;       // every session's KV chunks
+  uint64_t scratch = 0;  // the step's activations, inputs and logits
+  MemoryLedger ledger;   // the backend's device ledger (all of the above, exactly)
+  uint64_t weights() const;
+  uint64_t total() const { return weights() + globals + kv + scratch; }
+};
+
+struct DeviceForwardOptions {
+  int64_t max_batch = 64;  // rows per step (all sequences together)
+  Isa isa = Isa::kScalar;  // the host's kernels for the embedding lookup and format conversion
+};
+
+class DeviceForward {
+ public:
+  // Uploads the model's resident weights. Matrices in a format the device
+  // has no matmul for are dequantised to F16 on the way (`converted` lists
+  // those formats, so the caller can say so once). Throws ebb::Error naming
+  // the device and the limit when the model's shapes or memory do not fit.
+  DeviceForward(Backend& be, const Model& model, DeviceForwardOptions opts);
+  ~DeviceForward();
+  DeviceForward(const DeviceForward&) = delete;
+  DeviceForward& operator=(const DeviceForward&) = delete;
+
+  // Forward::run_batch's contract (forward.h): each sequence's tokens at
+  // positions [kv->n_tokens(), + tokens.size()), its K and V stored on the
+  // device, kv->n_tokens() advanced, the wanted logits rows written to
+  // seq.logits. One submission for the whole step.
+  void run_batch(std::span<const StepSeq> seqs);
+
+  // Frees the device KV of a cache (its session is going away).
+  void release(const KvCache* kv);
+
+  DeviceFootprint footprint() const;
+  // The weight formats dequantised to F16 at load ("Q4_K", ...), each once.
+  const std::vector<std::string>& converted() const { return converted_; }
+  const DeviceInfo& device() const { return be_.info(); }
+  Backend& backend() { return be_; }
+
+ private:
+  struct Mat {  // a matrix in a layer's buffer
+    DType type = DType::kF32;
+    int64_t rows = 0, cols = 0;
+    uint64_t offset = 0;
+  };
+  struct Vec {  // a float vector (a bias: replicated max_batch times)
+    bool present = false;
+    uint64_t offset = 0;
+  };
+  struct LayerBuf {
+    std::unique_ptr<BackendBuffer> buf;
+    Mat q, k, v, o, gate, up, down;
+    Vec attn_norm, ffn_norm, q_norm, k_norm, q_bias, k_bias, v_bias;
+  };
+  // One session's KV: per layer a K and a V buffer of cap_chunks chunks
+  // ([chunk_size, n_kv_heads, head_dim] F16 each), and the chunk table the
+  // shaders read (chunk i at F16 element i * chunk_size * kv_dim).
+  struct SeqKv {
+    std::vector<std::unique_ptr<BackendBuffer>> k, v;  // [n_layers]
+    std::unique_ptr<BackendBuffer> table;              // [cap_chunks] uint32
+    int64_t chunk_size = 0;
+    int64_t cap_chunks = 0;
+    uint64_t bytes() const;
+  };
+
+  // Upload helpers: `layout` collects (offset, bytes) of each piece in a
+  // layer's buffer before it is allocated.
+  struct Staged;
+  Mat stage_matrix(Staged& st, const WeightView& w);
+  Vec stage_vector(Staged& st, const float* v, int64_t n, int64_t copies = 1);
+  std::unique_ptr<BackendBuffer> upload(Staged& st);
+
+  // Grows kv's device KV to hold n positions (copying what it held).
+  SeqKv& kv_for(KvCache& kv, int64_t n);
+  void record_layer(BackendStream& s, const LayerBuf& w, int l, std::span<const StepSeq> seqs, int64_t n);
+  void matmul(BackendStream& s, const LayerBuf& w, const Mat& m, BackendBuffer* x, uint64_t x_off,
+              BackendBuffer* y, uint64_t y_off, int64_t n_tokens);
+
+  Backend& be_;
+  const Model& model_;
+  const ModelConfig& cfg_;
+  DeviceForwardOptions opts_;
+  const KernelSet& ks_;
+  std::vector<std::string> converted_;
+  std::vector<LayerBuf> layers_;
+  LayerBuf head_;  // output_norm (as attn_norm) and the output matrix (as o)
+  // Step scratch on the device.
+  std::unique_ptr<BackendBuffer> x_, xn_, q_, k_, v_, att_, gate_, up_, rope_, logits_;
+  std::vector<float> x_host_, rope_host_, logits_host_;  // [B, n_embd], [B, rope_dim], [B, n_vocab]
+  std::unique_ptr<BackendStream> stream_;
+  mutable std::mutex mu_;  // steps, release() and footprint() from different threads
+  std::map<const KvCache*, SeqKv> kv_;
+};
+
+}  // namespace ebb
