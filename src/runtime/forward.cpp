@@ -90,7 +90,7 @@ void Forward::matmul(const WeightView& w, const float* x, int64_t n, float* y, i
   ebb::matmul(ks_, a, pool_);
 }
 
-void Forward::matmul_shared_input(std::initializer_list<MatmulOut> outs, const float* x, int64_t n) {
+void Forward::matmul_shared_input(std::span<const MatmulOut> outs, const float* x, int64_t n) {
   MatmulArgs a[kMaxSharedInput];
   EBB_CHECK(outs.size() <= kMaxSharedInput);
   size_t i = 0;
@@ -109,11 +109,6 @@ void Forward::matmul_shared_input(std::initializer_list<MatmulOut> outs, const f
 }
 
 namespace {
-
-void add_bias(float* y, const float* bias, int64_t n, int64_t dim, const OpsKernels& ops) {
-  if (!bias) return;
-  for (int64_t t = 0; t < n; ++t) ops.add(y + t * dim, bias, dim);
-}
 
 // Stores n rows of `dim` floats into the cache rows of positions pos0.. .
 // F16 rows through the target's F16 rounding (the F16 weight format's
@@ -134,6 +129,74 @@ void store_rows(const KernelSet& ks, KvCache& kv, int64_t layer, int64_t pos0, i
 }
 
 }  // namespace
+
+class Forward::StepHooks final : public LayerHooks {
+ public:
+  StepHooks(Forward& f, std::span<const StepSeq> seqs) : f_(f), seqs_(seqs) {}
+
+  // Every row of the step in one product (one dispatch for the products
+  // sharing x), then each sequence's adapters on its rows.
+  // A one-row step of one sequence adds its adapters inside the products
+  // (Forward::lora_terms, slot i for the i-th product of a group).
+  void project(int layer, std::initializer_list<Out> outs, const float* x, int64_t x_stride, int64_t n) override {
+    EBB_CHECK(outs.size() >= 1 && outs.size() <= kMaxSharedInput);
+    if (outs.size() == 1) {
+      const Out& o = *outs.begin();
+      f_.matmul(*o.w, x, n, o.y, o.y_stride, f_.lora_terms(seqs_, layer, o.target, *o.w, 0));
+    } else {
+      MatmulOut m[kMaxSharedInput];
+      int i = 0;
+      for (const Out& o : outs) {
+        m[i] = {o.w, o.y, o.y_stride, f_.lora_terms(seqs_, layer, o.target, *o.w, i)};
+        ++i;
+      }
+      f_.matmul_shared_input({m, outs.size()}, x, n);
+    }
+    if (!f_.fused_lora_)
+      for (const Out& o : outs) f_.apply_lora(seqs_, layer, o.target, x, x_stride, o.y, o.y_stride);
+  }
+
+  // K and V into each sequence's chunks, then every sequence over its own
+  // chunks, in as few pool dispatches as the kernel allows: with two or
+  // more sequences each decode row sweeps its whole context on one thread,
+  // so its result does not depend on the other rows (alone, it may differ
+  // from that by rounding; attention_batch).
+  void attend(int layer, const float* q, const float* k, const float* v, float* out, int64_t n) override {
+    const ModelConfig& c = f_.cfg_;
+    const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    int64_t r = 0;
+    f_.attn_args_.clear();
+    for (const StepSeq& s : seqs_) {
+      KvCache& kv = *s.kv;
+      const int64_t ns = static_cast<int64_t>(s.tokens.size());
+      const int64_t pos0 = kv.n_tokens();
+      store_rows(f_.ks_, kv, layer, pos0, ns, k + r * kvd, true);
+      store_rows(f_.ks_, kv, layer, pos0, ns, v + r * kvd, false);
+      AttentionArgs& a = f_.attn_args_.emplace_back();
+      a.q = q + r * qd;
+      a.out = out + r * qd;
+      a.n_q = ns;
+      a.n_heads = c.n_head;
+      a.n_kv_heads = c.n_head_kv;
+      a.head_dim = c.head_dim;
+      a.pos0 = pos0;
+      a.chunks = kv.chunks(layer);
+      a.chunk_size = kv.options().chunk_size;
+      a.kv_type = kv.options().type;
+      a.f16_accumulator = kv.options().f16_accumulator;
+      a.scale = scale;
+      a.scratch = f_.attn_scratch_;
+      r += ns;
+    }
+    EBB_CHECK(r == n);
+    attention_batch(f_.isa_, f_.attn_args_, f_.pool_);
+  }
+
+ private:
+  Forward& f_;
+  std::span<const StepSeq> seqs_;
+};
 
 void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, bool all_logits,
                   WeightSource* source, const AdapterSet* adapters) {
@@ -223,10 +286,16 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
     }
   }
 
+  // The layers, in place on the residual stream x_.
+  StepHooks hooks(*this, seqs);
+  const BlockKernels bk{c, ops_};
+  const AttentionRows ar{.x_in = x_, .x_out = x_, .y = xn_, .xn = xn_, .q = q_, .k = k_, .v = v_, .att = att_,
+                         .rope = rope_};
+  const FfnRows fr{.x_in = x_, .x_out = x_, .y = xn_, .xn = xn_, .gate = gate_, .up = up_, .h = gate_};
   for (int l = 0; l < model_.n_layers(); ++l) {
     const LayerWeights w = src.acquire_layer(l);
-    attention_block(w, l, seqs, n);
-    ffn_block(w, l, seqs, n);
+    attention_block(bk, w, l, hooks, ar, n);
+    ffn_block(bk, w, l, hooks, fr, n);
     src.release_layer(l);
   }
   for (const StepSeq& s : seqs) s.kv->set_n_tokens(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
@@ -259,92 +328,6 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
       o += rows;
     }
   }
-}
-
-// The attention block of layer l for all rows of the step: norm, q/k/v
-// projections, Q/K norms and RoPE per row, K and V stored in each sequence's
-// chunks, attention per sequence over its chunks, the output projection and
-// the residual.
-void Forward::attention_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n) {
-  const ModelConfig& c = cfg_;
-  const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim();
-  for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.attn_norm, xn_ + t * d, d, c.rms_eps);
-  matmul_shared_input({{&w.q, q_, qd, lora_terms(seqs, l, LoraTarget::kQ, w.q, 0)},
-                       {&w.k, k_, kvd, lora_terms(seqs, l, LoraTarget::kK, w.k, 1)},
-                       {&w.v, v_, kvd, lora_terms(seqs, l, LoraTarget::kV, w.v, 2)}},
-                      xn_, n);
-  if (!fused_lora_) {
-    apply_lora(seqs, l, LoraTarget::kQ, xn_, d, q_, qd);
-    apply_lora(seqs, l, LoraTarget::kK, xn_, d, k_, kvd);
-    apply_lora(seqs, l, LoraTarget::kV, xn_, d, v_, kvd);
-  }
-  add_bias(q_, w.q_bias, n, qd, ops_);
-  add_bias(k_, w.k_bias, n, kvd, ops_);
-  add_bias(v_, w.v_bias, n, kvd, ops_);
-  for (int64_t t = 0; t < n; ++t) {
-    float* qt = q_ + t * qd;   // [n_head, head_dim]
-    float* kt = k_ + t * kvd;  // [n_head_kv, head_dim]
-    if (w.q_norm) {
-      for (int64_t h = 0; h < c.n_head; ++h)
-        ops_.rmsnorm(qt + h * c.head_dim, w.q_norm, qt + h * c.head_dim, c.head_dim, c.rms_eps);
-      for (int64_t h = 0; h < c.n_head_kv; ++h)
-        ops_.rmsnorm(kt + h * c.head_dim, w.k_norm, kt + h * c.head_dim, c.head_dim, c.rms_eps);
-    }
-    ops_.rope(qt, c.n_head, c.head_dim, c.rope_dim, rope_ + t * c.rope_dim, c.rope_style);
-    ops_.rope(kt, c.n_head_kv, c.head_dim, c.rope_dim, rope_ + t * c.rope_dim, c.rope_style);
-  }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  int64_t r = 0;
-  attn_args_.clear();
-  for (const StepSeq& s : seqs) {
-    KvCache& kv = *s.kv;
-    const int64_t ns = static_cast<int64_t>(s.tokens.size());
-    const int64_t pos0 = kv.n_tokens();
-    store_rows(ks_, kv, l, pos0, ns, k_ + r * kvd, true);
-    store_rows(ks_, kv, l, pos0, ns, v_ + r * kvd, false);
-    AttentionArgs& a = attn_args_.emplace_back();
-    a.q = q_ + r * qd;
-    a.out = att_ + r * qd;
-    a.n_q = ns;
-    a.n_heads = c.n_head;
-    a.n_kv_heads = c.n_head_kv;
-    a.head_dim = c.head_dim;
-    a.pos0 = pos0;
-    a.chunks = kv.chunks(l);
-    a.chunk_size = kv.options().chunk_size;
-    a.kv_type = kv.options().type;
-    a.f16_accumulator = kv.options().f16_accumulator;
-    a.scale = scale;
-    a.scratch = attn_scratch_;
-    r += ns;
-  }
-  // Every sequence over its own chunks, in as few pool dispatches as the
-  // kernel allows: with two or more sequences each decode row sweeps its
-  // whole context on one thread, so its result does not depend on the other
-  // rows (alone, it may differ from that by rounding; attention_batch).
-  attention_batch(isa_, attn_args_, pool_);
-  matmul(w.o, att_, n, xn_, d, lora_terms(seqs, l, LoraTarget::kO, w.o, 0));
-  if (!fused_lora_) apply_lora(seqs, l, LoraTarget::kO, att_, qd, xn_, d);
-  for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
-}
-
-// The feed-forward block (SwiGLU) for all rows: norm, gate/up, SwiGLU, down,
-// residual.
-void Forward::ffn_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n) {
-  const ModelConfig& c = cfg_;
-  const int64_t d = c.n_embd;
-  for (int64_t t = 0; t < n; ++t) ops_.rmsnorm(x_ + t * d, w.ffn_norm, xn_ + t * d, d, c.rms_eps);
-  matmul_shared_input({{&w.gate, gate_, c.n_ff, lora_terms(seqs, l, LoraTarget::kGate, w.gate, 0)},
-                       {&w.up, up_, c.n_ff, lora_terms(seqs, l, LoraTarget::kUp, w.up, 1)}},
-                      xn_, n);
-  if (!fused_lora_) {
-    apply_lora(seqs, l, LoraTarget::kGate, xn_, d, gate_, c.n_ff);
-    apply_lora(seqs, l, LoraTarget::kUp, xn_, d, up_, c.n_ff);
-  }
-  for (int64_t t = 0; t < n; ++t) ops_.swiglu(gate_ + t * c.n_ff, up_ + t * c.n_ff, gate_ + t * c.n_ff, c.n_ff);
-  matmul(w.down, gate_, n, xn_, d, lora_terms(seqs, l, LoraTarget::kDown, w.down, 0));
-  if (!fused_lora_) apply_lora(seqs, l, LoraTarget::kDown, gate_, c.n_ff, xn_, d);
-  for (int64_t t = 0; t < n; ++t) ops_.add(x_ + t * d, xn_ + t * d, d);
 }
 
 namespace {

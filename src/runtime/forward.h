@@ -18,6 +18,7 @@
 #include "platform/allocator.h"
 #include "platform/thread_pool.h"
 #include "runtime/adapters.h"
+#include "runtime/layer_blocks.h"
 
 namespace ebb {
 
@@ -83,9 +84,9 @@ class Forward {
 
  private:
   void plan_scratch();
-  // The named blocks of one layer over the step's n rows.
-  void attention_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n);
-  void ffn_block(const LayerWeights& w, int l, std::span<const StepSeq> seqs, int64_t n);
+  // The step's part of the layer blocks (runtime/layer_blocks.h): its
+  // products with their adapters, and attention over each sequence's chunks.
+  class StepHooks;
   // The one place adapters attach: adds Σ_i s_i · B_i (A_i x) of (layer,
   // target) to the rows of every sequence that binds adapters.
   //   x: [rows, x_stride]  y: [rows, y_stride], rows in step order; for the
@@ -100,18 +101,15 @@ class Forward {
                                           const WeightView& w, int slot);
   void matmul(const WeightView& w, const float* x, int64_t n, float* y, int64_t y_stride,
               std::span<const LowRankTerm> terms = {});
-  // Products sharing the input x (gate/up; q/k/v): one pool dispatch and one
-  // activation conversion for a single token (matmul_multi).
   // Several weights that read the same input (q/k/v, gate/up): the input is
-  // quantized once and all their rows run in one pool dispatch.
+  // quantized once and all their rows run in one pool dispatch (matmul_multi).
   struct MatmulOut {
     const WeightView* w;
     float* y;  // [n, y_stride]
     int64_t y_stride;
     std::span<const LowRankTerm> terms = {};  // added after W x (one row: lora_terms)
   };
-
-  void matmul_shared_input(std::initializer_list<MatmulOut> outs, const float* x, int64_t n);
+  void matmul_shared_input(std::span<const MatmulOut> outs, const float* x, int64_t n);
 
   const Model& model_;
   const ModelConfig& cfg_;

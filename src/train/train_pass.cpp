@@ -6,6 +6,7 @@
 
 #include "model/weight_source.h"
 #include "platform/error.h"
+#include "runtime/layer_blocks.h"
 
 namespace ebb {
 
@@ -213,77 +214,67 @@ void TrainPass::project(const WeightView& w, const float* x, int64_t x_stride, f
   }
 }
 
-namespace {
+// The sample's part of the layer blocks (runtime/layer_blocks.h): products
+// in blocks of matmul_rows rows, the trainable adapter's pairs keeping their
+// A x for the backward, and causal attention over the sample keeping the
+// log-sum-exp.
+class TrainPass::SampleHooks final : public LayerHooks {
+ public:
+  SampleHooks(TrainPass& p, const LoraAdapter& ad, LayerActs& a) : p_(p), ad_(ad), a_(a) {}
 
-void add_rows(float* y, const float* b, int64_t T, int64_t n, const OpsKernels& ops) {
-  if (!b) return;
-  for (int64_t t = 0; t < T; ++t) ops.add(y + t * n, b, n);
-}
+  // y = x W^T, then y += s B (A x), keeping A x in a.t[target].
+  void project(int layer, std::initializer_list<Out> outs, const float* x, int64_t x_stride, int64_t n) override {
+    for (const Out& o : outs) {
+      p_.project(*o.w, x, x_stride, o.y, o.y_stride);
+      const LoraPair* pr = ad_.find(layer, o.target);
+      if (!pr) continue;
+      float* t = f(a_.t[static_cast<int>(o.target)]);
+      p_.lk_.down(pr->a_data(), x, x_stride, n, pr->rank, pr->n_in, t);
+      p_.lk_.up(pr->bt_data(), t, pr->scale, n, pr->rank, pr->n_out, 0, pr->n_out, o.y, o.y_stride);
+    }
+  }
 
-}  // namespace
+  // Split over the pool by KV head (HeadSplit), keeping each row's LSE.
+  void attend(int layer, const float* qa, const float* ka, const float* va, float* out, int64_t n) override {
+    const ModelConfig& c = p_.cfg_;
+    const int64_t T = n;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const HeadSplit hs{T, c.n_head, c.n_head_kv, c.head_dim, c.n_head / c.n_head_kv};
+    p_.pool_.parallel_for(c.n_head_kv, 1, [&](int64_t h0, int64_t h1, int th) {
+      float* b = f(p_.attn_) + th * hs.floats();
+      float *q = b, *o = q + T * hs.group * hs.hd, *k = o + 3 * T * hs.group * hs.hd, *v = k + T * hs.hd,
+            *lse = v + 3 * T * hs.hd;
+      for (int64_t h = h0; h < h1; ++h) {
+        gather(qa, T, hs.qd(), h * hs.group * hs.hd, hs.group * hs.hd, q);
+        gather(ka, T, hs.kvd(), h * hs.hd, hs.hd, k);
+        gather(va, T, hs.kvd(), h * hs.hd, hs.hd, v);
+        p_.tk_.attention_forward(q, k, v, T, hs.group, 1, hs.hd, scale, o, lse);
+        scatter(o, T, hs.qd(), h * hs.group * hs.hd, hs.group * hs.hd, out);
+        scatter(lse, T, c.n_head, h * hs.group, hs.group, f(a_.lse));
+      }
+    });
+  }
+
+ private:
+  TrainPass& p_;
+  const LoraAdapter& ad_;
+  LayerActs& a_;
+};
 
 void TrainPass::layer_forward(int l, const LayerWeights& w, const LoraAdapter& ad, LayerActs& a, const float* x_in,
                               float* x_out) {
-  const ModelConfig& c = cfg_;
-  const int64_t T = T_, d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
-  // y += s B (A x), keeping A x in a.t[target].
-  auto lora = [&](LoraTarget tg, const float* x, int64_t n_in, float* y, int64_t n_out) {
-    const LoraPair* p = ad.find(l, tg);
-    if (!p) return;
-    float* t = f(a.t[static_cast<int>(tg)]);
-    lk_.down(p->a_data(), x, n_in, T, p->rank, n_in, t);
-    lk_.up(p->bt_data(), t, p->scale, T, p->rank, n_out, 0, n_out, y, n_out);
-  };
-  for (int64_t t = 0; t < T; ++t) ops_.rmsnorm(x_in + t * d, w.attn_norm, f(a.xn) + t * d, d, c.rms_eps);
-  project(w.q, f(a.xn), d, f(a.qraw), qd);
-  lora(LoraTarget::kQ, f(a.xn), d, f(a.qraw), qd);
-  project(w.k, f(a.xn), d, f(a.kraw), kvd);
-  lora(LoraTarget::kK, f(a.xn), d, f(a.kraw), kvd);
-  project(w.v, f(a.xn), d, f(a.v), kvd);
-  lora(LoraTarget::kV, f(a.xn), d, f(a.v), kvd);
-  add_rows(f(a.qraw), w.q_bias, T, qd, ops_);
-  add_rows(f(a.kraw), w.k_bias, T, kvd, ops_);
-  add_rows(f(a.v), w.v_bias, T, kvd, ops_);
-  std::memcpy(f(a.q), f(a.qraw), static_cast<size_t>(T * qd) * sizeof(float));
-  std::memcpy(f(a.k), f(a.kraw), static_cast<size_t>(T * kvd) * sizeof(float));
-  for (int64_t t = 0; t < T; ++t) {
-    float* qt = f(a.q) + t * qd;
-    float* kt = f(a.k) + t * kvd;
-    if (w.q_norm) {
-      for (int64_t h = 0; h < c.n_head; ++h) ops_.rmsnorm(qt + h * c.head_dim, w.q_norm, qt + h * c.head_dim, c.head_dim, c.rms_eps);
-      for (int64_t h = 0; h < c.n_head_kv; ++h)
-        ops_.rmsnorm(kt + h * c.head_dim, w.k_norm, kt + h * c.head_dim, c.head_dim, c.rms_eps);
-    }
-    ops_.rope(qt, c.n_head, c.head_dim, c.rope_dim, f(rope_) + t * c.rope_dim, c.rope_style);
-    ops_.rope(kt, c.n_head_kv, c.head_dim, c.rope_dim, f(rope_) + t * c.rope_dim, c.rope_style);
-  }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  const HeadSplit hs{T, c.n_head, c.n_head_kv, c.head_dim, c.n_head / c.n_head_kv};
-  pool_.parallel_for(c.n_head_kv, 1, [&](int64_t h0, int64_t h1, int th) {
-    float* b = f(attn_) + th * hs.floats();
-    float *q = b, *o = q + T * hs.group * hs.hd, *k = o + 3 * T * hs.group * hs.hd, *v = k + T * hs.hd,
-          *lse = v + 3 * T * hs.hd;
-    for (int64_t h = h0; h < h1; ++h) {
-      gather(f(a.q), T, hs.qd(), h * hs.group * hs.hd, hs.group * hs.hd, q);
-      gather(f(a.k), T, hs.kvd(), h * hs.hd, hs.hd, k);
-      gather(f(a.v), T, hs.kvd(), h * hs.hd, hs.hd, v);
-      tk_.attention_forward(q, k, v, T, hs.group, 1, hs.hd, scale, o, lse);
-      scatter(o, T, hs.qd(), h * hs.group * hs.hd, hs.group * hs.hd, f(a.o));
-      scatter(lse, T, c.n_head, h * hs.group, hs.group, f(a.lse));
-    }
-  });
-  project(w.o, f(a.o), qd, f(a.x2), d);
-  lora(LoraTarget::kO, f(a.o), qd, f(a.x2), d);
-  for (int64_t i = 0; i < T * d; ++i) f(a.x2)[i] += x_in[i];
-  for (int64_t t = 0; t < T; ++t) ops_.rmsnorm(f(a.x2) + t * d, w.ffn_norm, f(a.xn2) + t * d, d, c.rms_eps);
-  project(w.gate, f(a.xn2), d, f(a.g), ff);
-  lora(LoraTarget::kGate, f(a.xn2), d, f(a.g), ff);
-  project(w.up, f(a.xn2), d, f(a.u), ff);
-  lora(LoraTarget::kUp, f(a.xn2), d, f(a.u), ff);
-  for (int64_t t = 0; t < T; ++t) ops_.swiglu(f(a.g) + t * ff, f(a.u) + t * ff, f(a.h) + t * ff, ff);
-  project(w.down, f(a.h), ff, x_out, d);
-  lora(LoraTarget::kDown, f(a.h), ff, x_out, d);
-  for (int64_t i = 0; i < T * d; ++i) x_out[i] += f(a.x2)[i];
+  // The blocks keep what layer_backward reads: the norms' outputs, q and k
+  // before and after their norms and RoPE, v, the attention output and its
+  // LSE, the residual stream between the blocks, gate, up and their SwiGLU.
+  SampleHooks hooks(*this, ad, a);
+  const BlockKernels bk{cfg_, ops_};
+  attention_block(bk, w, l, hooks,
+                  {.x_in = x_in, .x_out = f(a.x2), .y = f(a.x2), .xn = f(a.xn), .q = f(a.q), .k = f(a.k),
+                   .v = f(a.v), .att = f(a.o), .rope = f(rope_), .q_raw = f(a.qraw), .k_raw = f(a.kraw)},
+                  T_);
+  ffn_block(bk, w, l, hooks,
+            {.x_in = f(a.x2), .x_out = x_out, .y = x_out, .xn = f(a.xn2), .gate = f(a.g), .up = f(a.u), .h = f(a.h)},
+            T_);
 }
 
 void TrainPass::forward_begin(std::span<const int32_t> tokens, std::span<const float> weights, const LoraAdapter& ad) {

@@ -116,6 +116,7 @@ class TrainPass {
 
  private:
   struct LayerActs;
+  class SampleHooks;  // the sample's part of the layer blocks (runtime/layer_blocks.h)
   // w: layer l's weights, held by the caller (a LayerLease) for the call.
   void layer_forward(int l, const LayerWeights& w, const LoraAdapter& ad, LayerActs& a, const float* x_in,
                      float* x_out);
