@@ -1,5 +1,6 @@
 // AVX-512 LoRA products. down: four rows of a per pass over x, sharing its
-// loads, two accumulators per row; up: column blocks of up to 128 held in
+// loads, two accumulators per row (two rows of x per pass in a batch, sharing
+// the weight loads); up: column blocks of up to 128 held in
 // registers across the rank sum. Tails use k-masks, so the last columns and
 // elements go through the same arithmetic as the body. The F16 variants are
 // the same code with weights widened (vcvtph2ps, exact) as they are loaded,
@@ -48,12 +49,57 @@ inline void dot_rows(const W* a, int64_t n_in, const float* x, float* out) {
   for (int q = 0; q < R; ++q) out[q] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[q], acc1[q]));
 }
 
+// dot_rows for two rows of x (xa, xb) in one pass over the R rows of a:
+// each weight vector loaded (and widened) once for both. Per (row, x) the
+// arithmetic is dot_rows' exactly, so results do not depend on how rows of
+// x are paired.
+template <int R, typename W>
+inline void dot_rows2(const W* a, int64_t n_in, const float* xa, const float* xb, float* outa, float* outb) {
+  __m512 acc0[2][R], acc1[2][R];
+  for (int q = 0; q < R; ++q) acc0[0][q] = acc1[0][q] = acc0[1][q] = acc1[1][q] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= n_in; k += 32) {
+    const __m512 xa0 = _mm512_loadu_ps(xa + k), xa1 = _mm512_loadu_ps(xa + k + 16);
+    const __m512 xb0 = _mm512_loadu_ps(xb + k), xb1 = _mm512_loadu_ps(xb + k + 16);
+    for (int q = 0; q < R; ++q) {
+      const __m512 w0 = load16(a + q * n_in + k), w1 = load16(a + q * n_in + k + 16);
+      acc0[0][q] = _mm512_fmadd_ps(w0, xa0, acc0[0][q]);
+      acc1[0][q] = _mm512_fmadd_ps(w1, xa1, acc1[0][q]);
+      acc0[1][q] = _mm512_fmadd_ps(w0, xb0, acc0[1][q]);
+      acc1[1][q] = _mm512_fmadd_ps(w1, xb1, acc1[1][q]);
+    }
+  }
+  for (; k < n_in; k += 16) {
+    const __mmask16 m = n_in - k >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(n_in - k);
+    const __m512 xa0 = _mm512_maskz_loadu_ps(m, xa + k), xb0 = _mm512_maskz_loadu_ps(m, xb + k);
+    for (int q = 0; q < R; ++q) {
+      const __m512 w0 = load16(a + q * n_in + k, m);
+      acc0[0][q] = _mm512_fmadd_ps(w0, xa0, acc0[0][q]);
+      acc0[1][q] = _mm512_fmadd_ps(w0, xb0, acc0[1][q]);
+    }
+  }
+  for (int q = 0; q < R; ++q) {
+    outa[q] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[0][q], acc1[0][q]));
+    outb[q] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[1][q], acc1[1][q]));
+  }
+}
+
 template <typename W>
 void down_avx512(const W* a,      // [r, n_in]
                  const float* x,  // [n, x_stride]
                  int64_t x_stride, int64_t n, int64_t r, int64_t n_in,
                  float* t) {  // [n, r]
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+  // Prefill: two rows of x per pass over a (half the weight loads and
+  // widenings per product).
+  for (; i + 2 <= n; i += 2) {
+    const float* xi = x + i * x_stride;
+    float* ti = t + i * r;
+    int64_t j = 0;
+    for (; j + 4 <= r; j += 4) dot_rows2<4>(a + j * n_in, n_in, xi, xi + x_stride, ti + j, ti + r + j);
+    for (; j < r; ++j) dot_rows2<1>(a + j * n_in, n_in, xi, xi + x_stride, ti + j, ti + r + j);
+  }
+  for (; i < n; ++i) {
     const float* xi = x + i * x_stride;
     int64_t j = 0;
     for (; j + 4 <= r; j += 4) dot_rows<4>(a + j * n_in, n_in, xi, t + i * r + j);
