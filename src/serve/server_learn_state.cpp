@@ -117,9 +117,6 @@ void Server::Impl::learner_chores(std::unique_lock<std::mutex>& lock, bool force
   while (!s.judged.empty()) {
     LearnState::Judged x = std::move(s.judged.front());
     s.judged.pop_front();
-    --s.judge_pending;
-    ++s.judge_calls;
-    s.dirty = true;
     const JudgeResult& r = x.result;
     json log = {{"id", x.response_id},
                 {"agent", x.agent},
@@ -149,6 +146,12 @@ void Server::Impl::learner_chores(std::unique_lock<std::mutex>& lock, bool force
       log["applied"] = found && out.value("applied", false);
       if (!found) log["error"] = "the trace is gone (retention)";
     }
+    // The counts move with the log entry, under one hold of the lock (the
+    // feedback above released it), so /v1/learning never shows a call
+    // counted and not yet logged.
+    --s.judge_pending;
+    ++s.judge_calls;
+    s.dirty = true;
     s.judge_log.push_back(std::move(log));
     while (s.judge_log.size() > LearnState::kMaxJudgeLog) s.judge_log.pop_front();
   }

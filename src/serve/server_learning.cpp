@@ -160,12 +160,15 @@ void Server::Impl::learning_routes() {
       LearnState& s = *learn_state;
       std::unique_lock lock(s.mu);
       while (!s.stop) {
-        // Polls only while a round runs (its end is noticed here); else
-        // sleeps until feedback or stop() notifies, so a server whose
-        // agents only record traces has no thread waking beside decode.
+        // Polls only while a round runs (its end is noticed here) or a save
+        // of the state is due (at most one per kSaveInterval); else sleeps
+        // until feedback, a gate, a rollback or stop() notifies, so a server
+        // whose agents only record traces has no thread waking beside decode.
         bool polling = false;
         for (const auto& [name, loop] : s.loops) polling = polling || loop.job != nullptr;
+        const bool save_due = s.store && (s.dirty || !s.weights_pending.empty());
         if (polling) s.cv.wait_for(lock, std::chrono::milliseconds(50));
+        else if (save_due) s.cv.wait_for(lock, std::chrono::duration<double>(LearnState::kSaveInterval));
         else s.cv.wait(lock);
         if (s.stop) break;
         learner_chores(lock, false);
@@ -307,6 +310,7 @@ void Server::Impl::learning_routes() {
                 ++learn_state->rollbacks;
                 learn_state->dirty = true;
               }
+              learn_state->cv.notify_all();  // the learner saves it
               res.set_content(dump(json{{"object", "learning.rollback"}, {"adapter", name}, {"published", version}}),
                               kJson);
             }));
@@ -453,6 +457,7 @@ void Server::Impl::finish_gate(VersionRecord v, bool first, uint64_t dropped) {
   learn_state->dirty = true;
   if (v.published) learn_state->weights_pending.emplace_back(v.adapter, v.version);  // kept across a restart
   learn_state->trim_versions(engine.adapters().list());
+  learn_state->cv.notify_all();  // the learner saves it
 }
 
 bool Server::Impl::give_feedback(const std::string& id, const TraceFeedback& fb, json* out) {
