@@ -12,6 +12,35 @@
 namespace ebb::vk {
 namespace {
 
+// The matmul shader of each weight format (mul_mat.glsl) and the column
+// multiple it needs (its block: 32 elements, a K-quant's 256-element
+// super-block, or an element pair for the plain formats). nullptr: none.
+const char* matmul_shader(DType t) {
+  switch (t) {
+    case DType::kF32: return "mul_mat_f32";
+    case DType::kF16: return "mul_mat_f16";
+    case DType::kBF16: return "mul_mat_bf16";
+    case DType::kQ8_0: return "mul_mat_q8_0";
+    case DType::kQ4_0: return "mul_mat_q4_0";
+    case DType::kQ4_K: return "mul_mat_q4_k";
+    case DType::kQ5_K: return "mul_mat_q5_k";
+    case DType::kQ6_K: return "mul_mat_q6_k";
+    default: return nullptr;
+  }
+}
+
+int64_t matmul_cols_multiple(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16: return 2;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K: return 256;
+    default: return 32;
+  }
+}
+
 class VulkanBackend;
 
 class VulkanBuffer final : public BackendBuffer {
@@ -67,8 +96,7 @@ class VulkanBackend final : public Backend {
   ~VulkanBackend() override = default;
   const DeviceInfo& info() const override { return ctx_->info(); }
   bool supports(OpKind op, DType type) const override {
-    if (op == OpKind::kMatmul)
-      return type == DType::kF32 || type == DType::kF16 || type == DType::kQ8_0 || type == DType::kQ4_0;
+    if (op == OpKind::kMatmul) return matmul_shader(type) != nullptr;
     return type == DType::kF32;
   }
   std::unique_ptr<BackendBuffer> alloc(uint64_t bytes, MemoryPlace place) override {
@@ -237,20 +265,14 @@ VulkanStream::VulkanStream(VulkanBackend& be) : be_(be), rec_(be.ctx(), be.kerne
 
 void VulkanStream::matmul(const MatmulOp& op) {
   const char* name = "vulkan matmul";
-  const char* shader = nullptr;
-  switch (op.w_type) {
-    case DType::kF32: shader = "mul_mat_f32"; break;
-    case DType::kF16: shader = "mul_mat_f16"; break;
-    case DType::kQ8_0: shader = "mul_mat_q8_0"; break;
-    case DType::kQ4_0: shader = "mul_mat_q4_0"; break;
-    default:
-      throw Error(std::string(name) + ": weight format " + std::string(dtype_name(op.w_type)) +
-                  " has no Vulkan kernel yet (F32, F16, Q8_0, Q4_0)");
-  }
+  const char* shader = matmul_shader(op.w_type);
+  if (!shader)
+    throw Error(std::string(name) + ": weight format " + std::string(dtype_name(op.w_type)) +
+                " has no Vulkan kernel (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
   require(op.rows > 0 && op.cols > 0 && op.n_tokens > 0, name, "rows, cols and n_tokens must be positive");
-  const bool plain = op.w_type == DType::kF32 || op.w_type == DType::kF16;
-  require(op.cols % (plain ? 2 : 32) == 0, name,
-          "cols = " + std::to_string(op.cols) + " is not a multiple of " + (plain ? "2" : "32") + " for " +
+  const int64_t multiple = matmul_cols_multiple(op.w_type);
+  require(op.cols % multiple == 0, name,
+          "cols = " + std::to_string(op.cols) + " is not a multiple of " + std::to_string(multiple) + " for " +
               std::string(dtype_name(op.w_type)));
   const int64_t xs = op.x_stride ? op.x_stride : op.cols, ys = op.y_stride ? op.y_stride : op.rows;
   require(xs >= op.cols && ys >= op.rows, name, "x_stride < cols or y_stride < rows");
