@@ -111,7 +111,8 @@ TEST_P(VulkanEngine, GreedyDecodeMatchesTheCpuEngine) {
 // As test_vulkan_model: ebb's CPU engine pairs F16 weights with activations
 // rounded to F16, BF16 with activations rounded to BF16, Q8_0/Q4_0 with
 // activations quantised to Q8_0 and the K-quants (Q4_K_M: Q4_K and Q6_K;
-// Q5_K_M: Q5_K and Q6_K) with activations quantised to Q8_K, where the
+// Q5_K_M: Q5_K and Q6_K, so every K-quant shader runs in a whole model) with
+// activations quantised to Q8_K, where the
 // shaders read the same blocks and multiply F32 activations. Both sides keep
 // the KV in F16.
 INSTANTIATE_TEST_SUITE_P(Models, VulkanEngine,
@@ -123,11 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Models, VulkanEngine,
                                            ModelCase{"tiny-llama-q8_0", 4e-3, 0.8, 0},
                                            ModelCase{"tiny-qwen3-q4_k_m", 4e-3, 0.8, 0},
                                            ModelCase{"tiny-qwen3-q5_k_m", 4e-3, 0.8, 0},
-                                           // Its top tokens agree at 13 of 17 steps, as many (and the
-                                           // same NMSE) as with its Q6_K weights widened to F16 at load,
-                                           // measured: the CPU's Q8_K activations move them.
-                                           ModelCase{"tiny-qwen3-q6_k", 4e-3, 0.75, 0},
-                                           ModelCase{"tiny-qwen3-bf16", 4e-3, 0.8, 0}),
+                                           ModelCase{"tiny-qwen3-bf16", 5e-4, 0.9, 0}),
                          [](const auto& info) {
                            std::string s = info.param.model;
                            for (char& ch : s)
