@@ -12,33 +12,27 @@
 namespace ebb::vk {
 namespace {
 
-// The matmul shader of each weight format (mul_mat.glsl) and the column
-// multiple it needs (its block: 32 elements, a K-quant's 256-element
-// super-block, or an element pair for the plain formats). nullptr: none.
-const char* matmul_shader(DType t) {
-  switch (t) {
-    case DType::kF32: return "mul_mat_f32";
-    case DType::kF16: return "mul_mat_f16";
-    case DType::kBF16: return "mul_mat_bf16";
-    case DType::kQ8_0: return "mul_mat_q8_0";
-    case DType::kQ4_0: return "mul_mat_q4_0";
-    case DType::kQ4_K: return "mul_mat_q4_k";
-    case DType::kQ5_K: return "mul_mat_q5_k";
-    case DType::kQ6_K: return "mul_mat_q6_k";
-    default: return nullptr;
-  }
-}
+// One row per weight format with a matmul shader (mul_mat.glsl): the
+// shader, and the column multiple it needs (its block: a K-quant's
+// 256-element super-block, 32 elements, or an element pair for the plain
+// formats). Adding a format is adding a row and its mul_mat_*.comp.
+struct MatmulKernel {
+  DType type;
+  const char* shader;
+  int64_t cols_multiple;
+};
+constexpr MatmulKernel kMatmulKernels[] = {
+    {DType::kF32, "mul_mat_f32", 2},      {DType::kF16, "mul_mat_f16", 2},
+    {DType::kBF16, "mul_mat_bf16", 2},    {DType::kQ8_0, "mul_mat_q8_0", 32},
+    {DType::kQ4_0, "mul_mat_q4_0", 32},   {DType::kQ4_K, "mul_mat_q4_k", 256},
+    {DType::kQ5_K, "mul_mat_q5_k", 256},  {DType::kQ6_K, "mul_mat_q6_k", 256},
+};
 
-int64_t matmul_cols_multiple(DType t) {
-  switch (t) {
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16: return 2;
-    case DType::kQ4_K:
-    case DType::kQ5_K:
-    case DType::kQ6_K: return 256;
-    default: return 32;
-  }
+// The row of format t; nullptr when it has no shader.
+const MatmulKernel* matmul_kernel(DType t) {
+  for (const MatmulKernel& k : kMatmulKernels)
+    if (k.type == t) return &k;
+  return nullptr;
 }
 
 class VulkanBackend;
@@ -96,7 +90,7 @@ class VulkanBackend final : public Backend {
   ~VulkanBackend() override = default;
   const DeviceInfo& info() const override { return ctx_->info(); }
   bool supports(OpKind op, DType type) const override {
-    if (op == OpKind::kMatmul) return matmul_shader(type) != nullptr;
+    if (op == OpKind::kMatmul) return matmul_kernel(type) != nullptr;
     return type == DType::kF32;
   }
   std::unique_ptr<BackendBuffer> alloc(uint64_t bytes, MemoryPlace place) override {
@@ -265,12 +259,16 @@ VulkanStream::VulkanStream(VulkanBackend& be) : be_(be), rec_(be.ctx(), be.kerne
 
 void VulkanStream::matmul(const MatmulOp& op) {
   const char* name = "vulkan matmul";
-  const char* shader = matmul_shader(op.w_type);
-  if (!shader)
+  const MatmulKernel* k = matmul_kernel(op.w_type);
+  if (!k) {
+    std::string have;
+    for (const MatmulKernel& m : kMatmulKernels) have += (have.empty() ? "" : ", ") + std::string(dtype_name(m.type));
     throw Error(std::string(name) + ": weight format " + std::string(dtype_name(op.w_type)) +
-                " has no Vulkan kernel (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+                " has no Vulkan kernel (" + have + ")");
+  }
+  const char* shader = k->shader;
   require(op.rows > 0 && op.cols > 0 && op.n_tokens > 0, name, "rows, cols and n_tokens must be positive");
-  const int64_t multiple = matmul_cols_multiple(op.w_type);
+  const int64_t multiple = k->cols_multiple;
   require(op.cols % multiple == 0, name,
           "cols = " + std::to_string(op.cols) + " is not a multiple of " + std::to_string(multiple) + " for " +
               std::string(dtype_name(op.w_type)));
