@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -119,6 +120,7 @@ DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, Device
     if (!model.layer_unit(l).resident()) throw Error("layer " + std::to_string(l) + " is not resident: nothing to upload");
     upload_layer(l);
   }
+  crc_ = WeightChecksums(model);
   {
     const GlobalWeights g = model.globals();
     Staged st;
@@ -190,16 +192,35 @@ int64_t DeviceForward::restore_locked() {
   int64_t n = 0;
   for (int l = 0; l < model_.n_layers(); ++l) {
     if (layers_[l].buf) continue;
-    WeightUnit& u = model_.layer_unit(l);
-    u.load(model_.file(), alloc_);  // throws naming the file on an I/O error (the layer stays dropped)
-    struct Release {
-      WeightUnit& u;
-      ~Release() { u.release(); }  // the device holds it again; the host copy goes
-    } release{u};
-    upload_layer(l);
+    try {
+      restore_layer(l);
+    } catch (const Error& e) {
+      throw Error("layer " + std::to_string(l) + " could not be restored to the device: " + e.what());
+    }
     ++n;
   }
   return n;
+}
+
+void DeviceForward::restore_layer(int l) {
+  const GgufFile& f = model_.file();
+  if (!descriptor_unchanged(f.fd(), f))
+    throw Error(f.path() + ": the model file changed on disk since it was loaded; its weights cannot be restored "
+                "(reload the model)");
+  WeightUnit& u = model_.layer_unit(l);
+  u.load(f, alloc_);  // throws naming the file on an I/O error (the layer stays dropped)
+  struct Release {
+    WeightUnit& u;
+    ~Release() { u.release(); }  // the device holds it again; the host copy goes
+  } release{u};
+  // The CRC only when the inode may have been written since load (as the CPU path).
+  if (!bytes_unchanged(f.fd(), f)) crc_.verify(l, u, u.base(), f.path());
+  upload_layer(l);
+}
+
+void DeviceForward::set_restore_hooks(DeviceRestoreHooks hooks) {
+  std::lock_guard lock(mu_);
+  hooks_ = std::move(hooks);
 }
 
 int64_t DeviceForward::n_dropped() const {
@@ -343,7 +364,13 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs) {
     n_out += s.all_logits ? ns : 1;
   }
   EBB_CHECK(n <= opts_.max_batch);
-  restore_locked();  // layers evict() dropped come back first
+  // Layers evict() dropped come back on a restore thread while the layers
+  // before them run (device_restore.h).
+  std::vector<int> dropped;
+  for (int l = 0; l < model_.n_layers(); ++l)
+    if (!layers_[l].buf) dropped.push_back(l);
+  std::optional<LayerRestorer> restorer;
+  if (!dropped.empty()) restorer.emplace(std::move(dropped), [this](int l) { restore_layer(l); }, &hooks_);
   for (const StepSeq& s : seqs) kv_for(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
   // Inputs: embeddings and each row's (cos, sin) table, computed here.
   const GlobalWeights g = model_.globals();
@@ -363,7 +390,19 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs) {
   rope_->write(0, rope_host_.data(), f32_bytes(n * c.rope_dim));
   BackendStream& s = *stream_;
   try {
-    for (int l = 0; l < model_.n_layers(); ++l) record_layer(s, layers_[l], l, seqs, n);
+    for (int l = 0; l < model_.n_layers(); ++l) {
+      if (restorer && restorer->pending(l) && !restorer->ready(l)) {
+        // Layer l is still being read: the device runs what is recorded
+        // meanwhile; recording goes on once l is back and the stream is free.
+        if (s.n_recorded() > 0) {
+          s.submit();
+          if (hooks_.after_submit) hooks_.after_submit(l - 1);
+        }
+        restorer->wait(l);  // throws naming the layer when its read failed
+        s.wait();
+      }
+      record_layer(s, layers_[l], l, seqs, n);
+    }
     // The output head on the rows the callers want.
     int64_t r = 0, o = 0;
     for (const StepSeq& seq : seqs) {

@@ -14,8 +14,9 @@
 //
 // Not yet on the device: LoRA adapters (a step that binds one is refused),
 // a split of the layers between device and CPU (all or nothing), eviction
-// of the KV and restoration overlapped with the step (evict() and restore()
-// below move whole layers' weights, synchronously).
+// of the KV (evict() and restore() below move whole layers' weights; a step
+// that finds layers dropped restores them while it runs:
+// runtime/device_restore.h).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +29,9 @@
 
 #include "backend/backend.h"
 #include "kernels/cpu.h"
+#include "memory/weight_verify.h"
 #include "model/model.h"
+#include "runtime/device_restore.h"
 #include "runtime/forward.h"
 
 namespace ebb {
@@ -78,8 +81,13 @@ class DeviceForward {
   // stays): evict() frees whole layers' device buffers, the last layer
   // first, until at least `bytes` are given back (the device ledger's delta
   // is returned); restore() uploads every dropped layer again from the model
-  // file (through a transient host copy). A step that finds a layer dropped
-  // restores it first. Between steps only.
+  // file (through a transient host copy). A step that finds layers dropped
+  // records and submits the layers before the first dropped one while a
+  // restore thread brings the dropped ones back, lowest first, and runs each
+  // as soon as it is back (device_restore.h); a layer whose read fails
+  // fails the step naming it and stays dropped. Reads are checked as the CPU
+  // path's are (memory/weight_verify.h): a file changed on disk since load
+  // is refused. Between steps only.
   struct Evicted {
     uint64_t freed = 0;  // device ledger bytes given back
     int64_t layers = 0;
@@ -87,6 +95,8 @@ class DeviceForward {
   Evicted evict(uint64_t bytes);
   int64_t restore();  // layers uploaded
   int64_t n_dropped() const;
+  // Test hooks of the overlapped restore (set between steps).
+  void set_restore_hooks(DeviceRestoreHooks hooks);
 
   DeviceFootprint footprint() const;
   // The weight formats dequantised to F16 at load ("Q5_0", "IQ4_NL", ...), each once.
@@ -129,6 +139,7 @@ class DeviceForward {
 
   void upload_layer(int l);  // layer l's unit must be resident on the host
   int64_t restore_locked();
+  void restore_layer(int l);  // reads layer l from the file and uploads it (any thread; throws)
   // Grows kv's device KV to hold n positions (copying what it held).
   SeqKv& kv_for(KvCache& kv, int64_t n);
   void record_layer(BackendStream& s, const LayerBuf& w, int l, std::span<const StepSeq> seqs, int64_t n);
@@ -150,6 +161,8 @@ class DeviceForward {
   std::unique_ptr<BackendStream> stream_;
   mutable std::mutex mu_;  // steps, release() and footprint() from different threads
   std::map<const KvCache*, SeqKv> kv_;
+  WeightChecksums crc_;        // the layers as loaded: restored reads are checked against them
+  DeviceRestoreHooks hooks_;
 };
 
 }  // namespace ebb
