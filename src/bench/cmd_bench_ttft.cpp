@@ -9,6 +9,7 @@
 #include "platform/error.h"
 #include "platform/page_reporting.h"
 #include "bench/bench_ttft.h"
+#include "bench/bench_ttft_device.h"
 
 namespace ebb::cli {
 namespace {
@@ -25,6 +26,9 @@ struct TtftArgs {
   std::string plot;
   std::string profile;  // "": the saved one, or the defaults
   int threads = 0;      // 0: all hardware threads, as in every subcommand
+  std::string device = "cpu";  // else the device path (bench_ttft_device.h)
+  double storage_gbps = -1;    // < 0: measured each round
+  std::vector<CLI::Option*> cpu_only;  // the CPU systems' options: refused with --device
 };
 
 std::vector<std::string> split(const std::string& s, const char* what) {
@@ -48,7 +52,61 @@ int64_t parse_int(const std::string& s, const char* what) {
   return v;
 }
 
+int run_ttft_device(TtftArgs& a) {
+  for (CLI::Option* opt : a.cpu_only)
+    if (opt->count() > 0)
+      throw Error(opt->get_name() + ": applies to the CPU systems only; with --device " + a.device +
+                  " the rows are the overlapped restore and the synchronous one");
+  BenchTtftDeviceOptions o;
+  o.model = a.o.model;
+  o.device = a.device;
+  o.n_threads = resolve_threads(a.threads);
+  o.contexts.clear();
+  for (const std::string& c : split(a.contexts, "--context")) o.contexts.push_back(parse_int(c, "--context"));
+  o.remaining_pct.clear();
+  for (const std::string& r : split(a.remaining, "--remaining"))
+    o.remaining_pct.push_back(static_cast<int>(parse_int(r, "--remaining")));
+  o.query_tokens = a.o.query_tokens;
+  o.reps = a.o.reps;
+  o.kv_chunk_size = a.o.kv_chunk_size;
+  o.storage_gbps = a.storage_gbps;
+  o.seed = a.o.seed;
+  o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  const BenchTtftDeviceResult res = bench_ttft_device(o);
+  if (a.json) {
+    std::printf("%s\n", ttft_device_rows_json(res.rows).dump(2).c_str());
+    std::fflush(stdout);
+    return 0;
+  }
+  std::printf("model %s on %s (%s, %s), %lld-token query, %d rounds (median)\n", o.model.c_str(),
+              res.device_id.c_str(), res.device_name.c_str(),
+              res.unified_memory ? "unified memory" : "discrete memory: restores go through staging copies",
+              static_cast<long long>(o.query_tokens), o.reps);
+  std::printf("%-13s %6s %4s %8s %8s %8s %8s %7s %7s %6s %10s %5s\n", "mode", "ctx", "rem", "ttft_s", "prefill",
+              "read_s", "bound_s", "x_bound", "x_sync", "layers", "read", "disk");
+  for (const BenchTtftDeviceRow& r : res.rows)
+    std::printf("%-13s %6lld %3d%% %8.3f %8.3f %8.3f %8.3f %7.2f %7.2f %6lld %10s %5.2f\n", r.mode.c_str(),
+                static_cast<long long>(r.context), r.remaining_pct, r.ttft_s, r.prefill_s, r.read_s, r.bound_s,
+                r.ratio_to_bound, r.gain_vs_sync, static_cast<long long>(r.layers_dropped),
+                format_bytes(r.bytes_read).c_str(), r.storage_gbps);
+  std::printf("rem: the device's layer weights left before the query (the KV stays on the device).\n"
+              "overlap: the step restores the dropped layers while it runs the ones before them.\n"
+              "sync_restore: restore() first, then the step. resident: nothing evicted (the prefill term).\n"
+              "bound: max(read bytes / disk, resident TTFT); x_bound: TTFT / bound; x_sync: sync_restore TTFT / "
+              "this TTFT.\n"
+              "disk: GB/s of direct reads of the model file, measured before each round (median); the model file's\n"
+              "      page cache is dropped after each eviction, so the restore reads from storage.\n");
+  if (res.device_name.find("llvmpipe") != std::string::npos)
+    std::printf("note: %s is Mesa's CPU driver: its \"device\" prefill runs on the same cores as the restore, so\n"
+                "      these times say nothing of a GPU's overlap.\n",
+                res.device_name.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 int run_ttft(TtftArgs& a) {
+  if (a.device != "cpu") return run_ttft_device(a);
+  if (a.storage_gbps >= 0) a.o.storage_gbps = a.storage_gbps;
   BenchTtftOptions& o = a.o;
   o.n_threads = resolve_threads(a.threads);
   o.contexts.clear();
@@ -136,17 +194,28 @@ void add_ttft_command(CLI::App* bench, int* rc) {
       ->capture_default_str();
   sub->add_option("-t,--threads", a->threads, "Compute threads (0: all hardware threads)")->capture_default_str();
   sub->add_option("--kv-chunk", a->o.kv_chunk_size, "KV chunk size in tokens")->capture_default_str();
-  sub->add_option("--systems", a->systems, "ebb, partial_offload, os_paging")->capture_default_str();
-  sub->add_option("--order", a->orders, "ebb eviction orders: backward, forward, random")->capture_default_str();
-  sub->add_option("--overlap", a->overlaps, "ebb overlap: none, alloc-reload, reload-prefill, full")->capture_default_str();
-  sub->add_option("--paths", a->paths, "ebb restore paths: sequential, parallel")->capture_default_str();
-  sub->add_option("--swap-dir", a->o.swap_dir, "Directory of the swap file (default: the elastic default)");
+  a->cpu_only.push_back(
+      sub->add_option("--systems", a->systems, "ebb, partial_offload, os_paging")->capture_default_str());
+  a->cpu_only.push_back(
+      sub->add_option("--order", a->orders, "ebb eviction orders: backward, forward, random")->capture_default_str());
+  a->cpu_only.push_back(sub->add_option("--overlap", a->overlaps, "ebb overlap: none, alloc-reload, reload-prefill, full")
+                            ->capture_default_str());
+  a->cpu_only.push_back(
+      sub->add_option("--paths", a->paths, "ebb restore paths: sequential, parallel")->capture_default_str());
+  a->cpu_only.push_back(
+      sub->add_option("--swap-dir", a->o.swap_dir, "Directory of the swap file (default: the elastic default)"));
+  sub->add_option("--device", a->device,
+                  "cpu, or vulkan[:N]: TTFT on the device after evicting its weights, the restore overlapped with "
+                  "the step against restore() then the step")
+      ->capture_default_str();
+  sub->add_option("--storage-gbps", a->storage_gbps,
+                  "Storage GB/s for the bound (default: measured before each round; 0 leaves it out)");
   sub->add_option("--seed", a->o.seed, "Seed of the random context and query tokens")->capture_default_str();
   sub->add_flag("--json", a->json, "Print JSON rows");
   sub->add_option("--plot", a->plot, "Write TTFT against remaining memory as an SVG");
-  sub->add_option("--profile", a->profile,
+  a->cpu_only.push_back(sub->add_option("--profile", a->profile,
                   "Device profile of the ebb and partial_offload engines (default: the one `ebb profile` saved, "
-                  "else built-in defaults)");
+                  "else built-in defaults)"));
   sub->callback([a, rc] { *rc = run_ttft(*a); });
 }
 
