@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "platform/error.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
@@ -217,6 +219,44 @@ TEST(VulkanRestoreErrors, ReadErrorNamesTheLayerAndALaterStepWorks) {
   EXPECT_EQ(prefill(gpu, prompt), want);
   EXPECT_EQ(gpu.device()->n_dropped(), 0);
   EXPECT_EQ(gpu.ledger().total(), host_before);
+}
+
+// `ebb bench ttft --device vulkan`: the resident row (the bound's prefill
+// term), and per level the overlapped restore and the synchronous one, each
+// with every dropped layer's bytes and the bound beside; the CPU systems'
+// options are refused with --device.
+TEST(VulkanRestoreBench, BenchTtftDeviceRows) {
+  EBB_REQUIRE_VULKAN(be);
+  const std::string model = test::model_path("tiny-llama-f16.gguf");
+  const test::CliResult r = test::run_cli("bench ttft --device vulkan -m " + model +
+                                          " --context 64 --remaining 0,100 --reps 1 --query 4 --storage-gbps 1 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json rows = nlohmann::json::parse(r.out);
+  ASSERT_EQ(rows.size(), 3u) << r.out;
+  EXPECT_EQ(rows[0]["mode"], "resident");
+  EXPECT_EQ(rows[0]["remaining_pct"], 100);
+  const double prefill = rows[0]["ttft_s"];
+  EXPECT_GT(prefill, 0.0);
+  EXPECT_EQ(rows[1]["mode"], "overlap");
+  EXPECT_EQ(rows[2]["mode"], "sync_restore");
+  Engine e(options(model, nullptr));
+  uint64_t file_bytes = 0;
+  for (int l = 0; l < e.model().n_layers(); ++l) file_bytes += e.model().layer_unit(l).bytes();
+  for (int i = 1; i <= 2; ++i) {
+    const nlohmann::json& row = rows[static_cast<size_t>(i)];
+    EXPECT_EQ(row["remaining_pct"], 0);
+    EXPECT_EQ(row["context"], 64);
+    EXPECT_EQ(row["layers_dropped"], e.model().n_layers());
+    EXPECT_EQ(row["bytes_read"].get<uint64_t>(), file_bytes);
+    EXPECT_DOUBLE_EQ(row["read_s"].get<double>(), static_cast<double>(file_bytes) / 1e9);
+    EXPECT_DOUBLE_EQ(row["prefill_s"].get<double>(), prefill);
+    EXPECT_DOUBLE_EQ(row["bound_s"].get<double>(), std::max(prefill, static_cast<double>(file_bytes) / 1e9));
+    EXPECT_GT(row["ttft_s"].get<double>(), 0.0);
+  }
+  EXPECT_DOUBLE_EQ(rows[1]["gain_vs_sync"].get<double>(), rows[2]["ttft_s"].get<double>() / rows[1]["ttft_s"].get<double>());
+  const test::CliResult bad = test::run_cli("bench ttft --device vulkan -m " + model + " --systems ebb");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("--systems"), std::string::npos) << bad.err;
 }
 
 }  // namespace
