@@ -8,6 +8,8 @@
 // Skips without a Vulkan device unless EBB_TEST_REQUIRE_VULKAN=1.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -314,6 +316,17 @@ TEST(VulkanSplitCli, NglSplitsAndAutoFitsTheBudget) {
   r = run_cli(m + "-ngl 2 --device-memory 1G");
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_NE(r.err.find("fixes the layers"), std::string::npos) << r.err;
+  // bench speed on a split: the decode bound adds the CPU's layers at the host's bandwidth.
+  r = run_cli("bench speed -m " + test::model_path("stories260K.gguf") +
+              " -p 16 -n 4 --reps 1 --membw-mib 8 --threads 1 -ngl 2 --device-gbps 100 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["host_layer_bytes_per_token"].get<double>(), 0);
+  EXPECT_GT(j["device_bytes_per_token"].get<double>(), 0);
+  EXPECT_GT(j["mem_bw_gbps"].get<double>(), 0);
+  const double bound = 1.0 / (j["device_bytes_per_token"].get<double>() / 100e9 +
+                              j["host_layer_bytes_per_token"].get<double>() / (j["mem_bw_gbps"].get<double>() * 1e9));
+  EXPECT_NEAR(j["device_decode_bound_tok_s"].get<double>(), bound, bound * 1e-9);
   r = run_cli(m + "-ngl lots");
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_NE(r.err.find("or auto"), std::string::npos) << r.err;

@@ -450,12 +450,15 @@ void print_device(const Engine& e) {
   const DeviceFootprint& d = *f.device;
   std::fprintf(stderr,
                "device: %s (%s) holds weights %s, output head %s, KV %s, scratch %s (ledger: %s in %llu buffers, "
-               "%llu slabs of %s) | RAM holds the embedding %s, scratch %s\n",
+               "%llu slabs of %s) | RAM holds the embedding %s, scratch %s%s\n",
                d.id.c_str(), d.name.c_str(), format_bytes(d.weights()).c_str(), format_bytes(d.globals).c_str(),
                format_bytes(d.kv).c_str(), format_bytes(d.scratch).c_str(), format_bytes(d.ledger.buffer_bytes).c_str(),
                static_cast<unsigned long long>(d.ledger.n_buffers), static_cast<unsigned long long>(d.ledger.n_slabs),
                format_bytes(d.ledger.slab_bytes).c_str(), format_bytes(f.globals).c_str(),
-               format_bytes(f.scratch).c_str());
+               format_bytes(f.scratch).c_str(),
+               f.weights() + f.kv() > 0  // a split: the CPU's layers
+                   ? (", the CPU's layers " + format_bytes(f.weights()) + " and their KV " + format_bytes(f.kv())).c_str()
+                   : "");
 }
 
 EngineOptions engine_options(const ModelArgs& a) {
