@@ -256,6 +256,7 @@ TEST(VulkanSplitMemory, EvictRestoreGenerate) {
   EXPECT_EQ(r.weights_dropped, nl - 1);
   EXPECT_EQ(e.footprint().device->weights(), 0u);
   EXPECT_EQ(e.footprint().weights(), 0u);
+  EXPECT_EQ(e.footprint().weights_stored, f.weights()) << "the CPU's dropped layers, backed by the GGUF";
   // What it reports: the device ledger's delta and the CPU layers' host bytes (the host ledger's delta).
   EXPECT_EQ(r.freed, (dev_after_one - be->ledger(MemoryPlace::kDevice).buffer_bytes) + f.weights());
   EXPECT_EQ(host_held - e.ledger().total(), static_cast<int64_t>(f.weights()));
@@ -268,6 +269,7 @@ TEST(VulkanSplitMemory, EvictRestoreGenerate) {
   EXPECT_EQ(e.ledger().total(), host_held);
   EXPECT_EQ(e.footprint().weights(), f.weights());
   EXPECT_EQ(e.footprint().device->weights(), f.device->weights());
+  EXPECT_EQ(e.footprint().weights_stored, 0u);
   // Evicted again: the next step brings both sides back first.
   e.evict(UINT64_MAX);
   EXPECT_EQ(e.device()->n_dropped(), nl);

@@ -271,7 +271,12 @@ Footprint Engine::footprint() const {
     f.kv_stored = e.kv_stored;
     f.weights_stored = e.weights_stored;
   }
-  if (device_) f.device = device_->footprint();
+  if (device_) {
+    f.device = device_->footprint();
+    // A split's CPU layers that evict() dropped: the GGUF backs them.
+    for (int l = 0; l < device_->first_layer(); ++l)
+      if (!model_->layer_unit(l).resident()) f.weights_stored += model_->layer_unit(l).bytes();
+  }
   return f;
 }
 
