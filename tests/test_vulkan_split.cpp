@@ -84,21 +84,28 @@ std::vector<std::vector<float>> run_two(Engine& e, const std::vector<int32_t>& a
 
 struct SplitCase {
   const char* model;
-  double max_nmse;  // per step, against the CPU engine and the all-device one (the F16 tolerance of test_vulkan_engine)
+  double max_nmse;  // per step, against the CPU engine and the all-device one (test_vulkan_engine's tolerances)
+  double min_top1;  // share of steps whose top token is the CPU's
+  bool best_isa = false;  // the CPU's best target (packed quantised layers) instead of scalar
 };
 
 class VulkanSplit : public ::testing::TestWithParam<SplitCase> {};
 
 // -ngl 1, n/2 and n-1: each step's logits (a prefill, decode steps, and a
 // step of two sessions) equal the all-CPU and the all-device engines' within
-// the F16 tolerance, and the greedy token is theirs.
+// the F16 tolerance (Q8_0's for a Q8_0 model), and the greedy token is theirs.
 TEST_P(VulkanSplit, LayersOnBothSidesMatchCpuAndDevice) {
   EBB_REQUIRE_VULKAN(be);
   const SplitCase sc = GetParam();
   const std::vector<test::GoldenCase> golden = test::load_golden(sc.model);
   ASSERT_GE(golden.size(), 2u);
   const std::vector<int32_t>& prompt = golden[0].prompt_tokens;
-  Engine cpu(cpu_options(sc.model));
+  auto options = [&](int ngl) {
+    EngineOptions eo = ngl == 0 ? cpu_options(sc.model) : device_options(sc.model, be, ngl);
+    if (sc.best_isa) eo.isa.reset();
+    return eo;
+  };
+  Engine cpu(options(0));
   const int nl = cpu.model().n_layers();
   ASSERT_GE(nl, 3) << "a split needs a model of several layers";
   // The CPU's greedy continuation, fed to every engine.
@@ -115,24 +122,37 @@ TEST_P(VulkanSplit, LayersOnBothSidesMatchCpuAndDevice) {
   const auto two_cpu = run_two(cpu, golden[0].prompt_tokens, golden[1].prompt_tokens);
   std::vector<std::vector<float>> ref_dev;
   {
-    Engine dev(device_options(sc.model, be, 99));
+    Engine dev(options(99));
     ASSERT_EQ(dev.device()->first_layer(), 0);
     ref_dev = run_steps(dev, prompt, next);
   }
   for (const int ngl : {1, nl / 2, nl - 1}) {
-    Engine split(device_options(sc.model, be, ngl));
+    Engine split(options(ngl));
     ASSERT_NE(split.device(), nullptr);
     ASSERT_EQ(split.device()->first_layer(), nl - ngl) << "llama.cpp's order: the last N layers on the GPU";
     ASSERT_EQ(split.device_plan()->n_device(), ngl);
     const auto got = run_steps(split, prompt, next);
+    // The CPU's layers run with the CPU engine's kernels: packed where its target packs.
+    int packed = 0;
+    for (int l = 0; l < nl - ngl; ++l) {
+      const std::vector<TensorSlot>& got_slots = split.model().layer_unit(l).slots();
+      const std::vector<TensorSlot>& cpu_slots = cpu.model().layer_unit(l).slots();
+      ASSERT_EQ(got_slots.size(), cpu_slots.size());
+      for (size_t i = 0; i < got_slots.size(); ++i) {
+        EXPECT_EQ(got_slots[i].packing, cpu_slots[i].packing) << "layer " << l << " " << got_slots[i].name;
+        packed += got_slots[i].packing != Packing::kRows;
+      }
+    }
     double worst = 0;
+    int agree = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       const double e_cpu = nmse(got[i], ref_cpu[i]), e_dev = nmse(got[i], ref_dev[i]);
       worst = std::max({worst, e_cpu, e_dev});
       EXPECT_LE(e_cpu, sc.max_nmse) << sc.model << " -ngl " << ngl << " step " << i << " vs CPU";
       EXPECT_LE(e_dev, sc.max_nmse) << sc.model << " -ngl " << ngl << " step " << i << " vs device";
-      EXPECT_EQ(argmax(got[i]), argmax(ref_cpu[i])) << sc.model << " -ngl " << ngl << " step " << i;
+      agree += argmax(got[i]) == argmax(ref_cpu[i]);
     }
+    EXPECT_GE(agree, sc.min_top1 * static_cast<double>(got.size())) << sc.model << " -ngl " << ngl;
     // Two sessions in one step: each as the CPU's, and as each alone on the split.
     const auto two = run_two(split, golden[0].prompt_tokens, golden[1].prompt_tokens);
     for (int i = 0; i < 2; ++i) {
@@ -140,14 +160,25 @@ TEST_P(VulkanSplit, LayersOnBothSidesMatchCpuAndDevice) {
       Session alone(split);
       EXPECT_LE(nmse(two[i], alone.feed(golden[i].prompt_tokens)), 1e-10) << sc.model << " -ngl " << ngl;
     }
-    std::printf("%s -ngl %d of %d: worst NMSE vs CPU or device over %zu steps %.3g\n", sc.model, ngl, nl,
-                got.size(), worst);
+    if (ngl == nl / 2) {
+      // Evicted on both sides, the next step restores them (the CPU's
+      // layers packed again on the way) and computes the same prefill.
+      const EvictReport r = split.evict(UINT64_MAX);
+      EXPECT_EQ(r.weights_dropped, nl);
+      EXPECT_LE(nmse(run_steps(split, prompt, {})[0], got[0]), 0.0) << sc.model << " after evict";
+    }
+    std::printf("%s -ngl %d of %d: worst NMSE vs CPU or device over %zu steps %.3g, top token = CPU's at %d; "
+                "%d matrices of the CPU's layers packed\n",
+                sc.model, ngl, nl, got.size(), worst, agree, packed);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, VulkanSplit,
-                         ::testing::Values(SplitCase{"stories260K-f16", 2e-5}, SplitCase{"tiny-llama-f16", 2e-5},
-                                           SplitCase{"tiny-qwen2-f16", 2e-5}),
+                         ::testing::Values(SplitCase{"stories260K-f16", 2e-5, 1.0}, SplitCase{"tiny-llama-f16", 2e-5, 1.0},
+                                           SplitCase{"tiny-qwen2-f16", 2e-5, 1.0},
+                                           // Q8_0 on the CPU's best target: its layers packed, activations
+                                           // quantised to Q8_0 (the shaders multiply F32 ones).
+                                           SplitCase{"tiny-llama-q8_0", 4e-3, 0.8, true}),
                          [](const auto& info) {
                            std::string s = info.param.model;
                            for (char& ch : s)

@@ -87,9 +87,10 @@ Engine::Engine(const EngineOptions& opts)
   const KernelSet& ks = kernel_set(isa_);
   // Packed units when the target has packed kernels for every format that
   // packs (on a device: GGUF's own rows, as the shaders read them).
-  bool pack = !on_device;
+  bool target_packs = true;
   for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
-    pack = pack && ks.format(t) && ks.format(t)->x8_gemm;
+    target_packs = target_packs && ks.format(t) && ks.format(t)->x8_gemm;
+  const bool pack = target_packs && !on_device;
   model_ = Model::load(opts_.model_path, alloc_,
                        {.load_weights = !budget_mode, .pack_weights = pack, .progress = opts_.load_progress});
   opts_.load_progress = nullptr;  // it may capture the caller's state, which need not outlive the load
@@ -127,6 +128,9 @@ Engine::Engine(const EngineOptions& opts)
     // The device holds its layers now; the host keeps the globals (the
     // embedding lookup runs here) and, in a split, the CPU's layers.
     for (int l = device_plan_.first_layer; l < nl; ++l) model_->layer_unit(l).release();
+    // A split's CPU layers run with the CPU's kernels: packed as a CPU engine's.
+    if (target_packs)
+      for (int l = 0; l < device_plan_.first_layer; ++l) model_->layer_unit(l).pack_in_place();
     opts_.elastic = false;  // the host's elastic memory: the device evicts layers on both sides (evict())
   }
   adapters_ = std::make_unique<AdapterRegistry>(model_->config(), alloc_);
