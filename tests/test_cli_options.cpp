@@ -184,6 +184,10 @@ TEST(CliOptions, DeviceAndNglAreChecked) {
       {"--device vulkan -ngl 0", 2, "-ngl 0 puts no layer on the device"},
       {"--device tpu", 2, "--device 'tpu' is not one of cpu, vulkan, vulkan:N"},
       {"-ngl -2", 2, "must be >= 0"},
+      {"-ngl lots", 2, "or auto"},
+      {"-ngl 2 --device-memory 1G", 2, "fixes the layers"},
+      {"--device cpu --device-memory 1G", 2, "applies to a device"},
+      {"--device vulkan --device-memory 10%", 2, "not a percentage"},
       {"--device vulkan:7", 1, "vulkan:7"},
   };
   for (const Case& c : cases) {

@@ -162,6 +162,46 @@ TEST(KvPool, ChunkTablesGrowWithTheContext) {
   EXPECT_EQ(s.kv().n_chunks(0), 2);
 }
 
+// A split of the layers (runtime/device_forward.h): layers [0, host_layers)
+// keep their rows in pool chunks, the others only their positions (their
+// rows are on a device), and the pool counts the host layers alone.
+TEST(KvPool, HostLayersHoldRowsTheOthersOnlyPositions) {
+  auto e = engine_for("stories260K.gguf");
+  const int64_t nl = e->config().n_layer;
+  ASSERT_GE(nl, 3);
+  KvPool& pool = e->kv_pool();
+  KvCacheOptions o;
+  o.chunk_size = kChunk;
+  o.max_tokens = 256;
+  o.host_layers = 2;
+  {
+    KvCache kv(pool, o);
+    EXPECT_EQ(kv.n_host_layers(), 2);
+    EXPECT_TRUE(kv.on_host(1));
+    EXPECT_FALSE(kv.on_host(2));
+    EXPECT_FALSE(kv.all_on_host());
+    kv.reserve(40);  // 3 chunks in each host layer, none elsewhere
+    for (int64_t l = 0; l < nl; ++l) EXPECT_EQ(kv.n_chunks(l), l < 2 ? 3 : 0) << "layer " << l;
+    for (int64_t l = 0; l < nl; ++l) EXPECT_EQ(pool.layer_bytes(l) > 0, l < 2) << "layer " << l;
+    kv.set_n_tokens(40);
+    EXPECT_EQ(kv.n_tokens(), 40);
+    kv.truncate(10);  // one chunk left in the host layers; the position moves for all
+    EXPECT_EQ(kv.n_tokens(), 10);
+    EXPECT_EQ(kv.n_chunks(0), 1);
+    EXPECT_EQ(kv.n_chunks(nl - 1), 0);
+  }
+  o.host_layers = 0;  // every layer on the device: positions only
+  {
+    KvCache kv(pool, o);
+    kv.reserve(40);
+    kv.set_n_tokens(40);
+    EXPECT_EQ(kv.n_tokens(), 40);
+    EXPECT_EQ(kv.total_bytes(), 0u);
+  }
+  o.host_layers = nl + 1;
+  EXPECT_THROW(KvCache(pool, o), Error);
+}
+
 // Spare buffers: a released chunk's storage goes to the next chunks of its
 // size instead of being unmapped, counted in the footprint until it does.
 TEST(KvPool, SpareBuffersAreReusedWhateverTheyHeldAndCountedUntilReleased) {

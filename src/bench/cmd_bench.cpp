@@ -33,7 +33,16 @@ struct DeviceBound {
   std::string source;  // "host memory (unified)", "--device-gbps", "unknown"
   uint64_t bytes = 0;  // what a decoded token reads there: the layers' buffers and the output head (formats
                        // without shaders were widened to F16, so this can exceed the file's model bytes)
-  double bound_tok_s() const { return gbps > 0 && bytes > 0 ? gbps * 1e9 / static_cast<double>(bytes) : 0.0; }
+  // A split (-ngl N < n_layers): the CPU's layers, read from host memory
+  // at host_gbps (the probe) in the same token.
+  uint64_t host_bytes = 0;
+  double host_gbps = 0;
+  double bound_tok_s() const {
+    if (gbps <= 0 || bytes == 0) return 0.0;
+    if (host_bytes == 0) return gbps * 1e9 / static_cast<double>(bytes);
+    if (host_gbps <= 0) return 0.0;
+    return 1.0 / (static_cast<double>(bytes) / (gbps * 1e9) + static_cast<double>(host_bytes) / (host_gbps * 1e9));
+  }
 };
 
 DeviceBound device_bound(const SpeedArgs& a, const Engine& e, const SpeedResult& r) {
@@ -44,6 +53,10 @@ DeviceBound device_bound(const SpeedArgs& a, const Engine& e, const SpeedResult&
   b.name = d->device().name;
   const DeviceFootprint f = d->footprint();
   b.bytes = f.weights() + f.globals;
+  if (d->first_layer() > 0) {
+    b.host_bytes = e.footprint().weights();
+    b.host_gbps = r.mem_bw_gbps;
+  }
   if (a.device_gbps > 0) {
     b.gbps = a.device_gbps;
     b.source = "--device-gbps";
@@ -104,8 +117,14 @@ void print_table(const SpeedArgs& a, const Engine& e, const SpeedResult& r) {
     if (dev.gbps > 0) {
       std::printf("  %-24s %12.2f   %s\n", "device GB/s", dev.gbps, dev.source.c_str());
       std::printf("  %-24s %11.1f%%\n", "decode / bound", 100.0 * r.decode_tok_s / dev.bound_tok_s());
-      std::printf("  %-24s %12.1f   = device GB/s / %.3f MB read on the device per token\n", "decode bound tok/s",
-                  dev.bound_tok_s(), dev.bytes / mb);
+      if (dev.host_bytes > 0) {
+        std::printf("  %-24s %12.1f   = 1 / (%.3f MB on the device / device GB/s + %.3f MB of the CPU's layers / "
+                    "%.2f host GB/s)\n",
+                    "decode bound tok/s", dev.bound_tok_s(), dev.bytes / mb, dev.host_bytes / mb, dev.host_gbps);
+      } else {
+        std::printf("  %-24s %12.1f   = device GB/s / %.3f MB read on the device per token\n", "decode bound tok/s",
+                    dev.bound_tok_s(), dev.bytes / mb);
+      }
     } else {
       std::printf("  %-24s %12s   %s\n", "device GB/s", "unknown", dev.source.c_str());
       std::printf("  %-24s %12s   = device GB/s / %.3f MB read on the device per token\n", "decode bound tok/s",
@@ -173,6 +192,7 @@ nlohmann::json to_json(const SpeedArgs& a, const Engine& e, const SpeedResult& r
     j["device_gbps_source"] = dev.source;
     j["device_bytes_per_token"] = dev.bytes;
     j["device_decode_bound_tok_s"] = dev.bound_tok_s();
+    j["host_layer_bytes_per_token"] = dev.host_bytes;  // a split's CPU layers (0: all on the device)
   }
   return j;
 }
@@ -187,7 +207,9 @@ int run_speed(SpeedArgs& a) {
   o.kv_type = so.kv_type;
   o.membw_bytes = static_cast<size_t>(a.membw_mib) << 20;
   // The host's bandwidth bounds a device only when the device shares its memory.
-  if (const DeviceForward* d = engine->device(); d && (!d->device().caps.unified_memory || a.device_gbps > 0))
+  // A split's CPU layers read host memory: then the probe runs for their part of the bound.
+  if (const DeviceForward* d = engine->device();
+      d && d->first_layer() == 0 && (!d->device().caps.unified_memory || a.device_gbps > 0))
     o.membw_bytes = 0;
   if (o.membw_bytes > 0) std::fprintf(stderr, "bench speed: measuring memory read bandwidth...\n");
   o.progress = [](int64_t rep, int64_t reps) {

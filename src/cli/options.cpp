@@ -47,11 +47,16 @@ void add_model_options(CLI::App* app, ModelArgs& a, const ModelOptionSet& set) {
       ->group(g);
   app->add_option("--device", a.device,
                   "Where the model runs: cpu, vulkan (the first Vulkan device) or vulkan:N (the Nth, in the Vulkan loader's order); "
-                  "on a device its weights and KV live there (default: cpu, or vulkan with -ngl N > 0)")
+                  "on a device its weights and KV live there (default: cpu, or vulkan with -ngl N > 0 or auto)")
       ->group(g);
   app->add_option("--n-gpu-layers", a.n_gpu_layers,
-                  "Layers on the device (llama.cpp's -ngl): 0 runs on the CPU; N >= the model's layers (99) puts all "
-                  "there (a split between device and CPU is not supported yet)")
+                  "Layers on the device (llama.cpp's -ngl): 0 runs on the CPU; N puts the last N there and the first "
+                  "ones on the CPU; N >= the model's layers (99) puts all there; auto (the default with --device "
+                  "vulkan) the most that fit --device-memory")
+      ->group(g);
+  app->add_option("--device-memory", a.device_memory,
+                  "Device memory -ngl auto may fill: 4G, 900MiB, 123456 (default: what the device reports); the layers "
+                  "that do not fit (weights and KV at the context) run on the CPU")
       ->group(g);
   app->add_option("--flash-attn", a.flash_attn,
                   "Accepted for llama.cpp's -fa and ignored: ebb's attention always streams the KV in one fused pass")
@@ -295,6 +300,27 @@ void resolve_seed(SamplerOptions& s) {
                static_cast<unsigned long long>(s.seed));
 }
 
+int gpu_layers_of(const ModelArgs& a) {
+  const std::string& v = a.n_gpu_layers;
+  if (v.empty() || v == "auto") return -1;
+  size_t used = 0;
+  long n = -1;
+  try {
+    n = std::stol(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || n < 0)
+    throw UsageError("--n-gpu-layers " + v + ": must be >= 0 (a number of layers) or auto");
+  return static_cast<int>(std::min<long>(n, 1 << 20));
+}
+
+std::string resolve_device(const ModelArgs& a) {
+  if (!a.device.empty()) return a.device;
+  // llama.cpp's -ngl N alone (N > 0, or auto): the first GPU.
+  return !a.n_gpu_layers.empty() && gpu_layers_of(a) != 0 ? "vulkan" : "cpu";
+}
+
 namespace {
 
 void validate(const ModelArgs& a) {
@@ -305,13 +331,18 @@ void validate(const ModelArgs& a) {
   if (a.memory_budget.empty() && !a.budget_system.empty())
     throw UsageError("--budget-system only applies with --memory-budget SIZE");
   if (a.budget_window <= 0) throw UsageError("--budget-window " + std::to_string(a.budget_window) + ": must be >= 1");
-  if (a.n_gpu_layers < -1) throw UsageError("--n-gpu-layers " + std::to_string(a.n_gpu_layers) + ": must be >= 0");
+  const int ngl = gpu_layers_of(a);
   if (!a.device.empty() && a.device != "cpu" && a.device != "vulkan" && a.device.rfind("vulkan:", 0) != 0)
     throw UsageError("--device '" + a.device + "' is not one of cpu, vulkan, vulkan:N");
-  if (a.device == "cpu" && a.n_gpu_layers > 0)
-    throw UsageError("-ngl " + std::to_string(a.n_gpu_layers) + " puts layers on a GPU, but --device cpu asks for none");
-  if (!a.device.empty() && a.device != "cpu" && a.n_gpu_layers == 0)
+  if (a.device == "cpu" && !a.n_gpu_layers.empty() && ngl != 0)
+    throw UsageError("-ngl " + a.n_gpu_layers + " puts layers on a GPU, but --device cpu asks for none");
+  if (!a.device.empty() && a.device != "cpu" && ngl == 0)
     throw UsageError("-ngl 0 puts no layer on the device, but --device " + a.device + " asks for it");
+  if (!a.device_memory.empty() && resolve_device(a) == "cpu")
+    throw UsageError("--device-memory " + a.device_memory + " applies to a device (--device vulkan, -ngl auto)");
+  if (!a.device_memory.empty() && ngl > 0)
+    throw UsageError("--device-memory " + a.device_memory + " sizes -ngl auto, but -ngl " + a.n_gpu_layers +
+                     " fixes the layers");
   if (a.quiet) return;
   if (!a.flash_attn.empty() && a.flash_attn != "off")
     std::fprintf(stderr, "note: -fa/--flash-attn is ignored: ebb's attention always streams the KV in one fused pass\n");
@@ -419,17 +450,15 @@ void print_device(const Engine& e) {
   const DeviceFootprint& d = *f.device;
   std::fprintf(stderr,
                "device: %s (%s) holds weights %s, output head %s, KV %s, scratch %s (ledger: %s in %llu buffers, "
-               "%llu slabs of %s) | RAM holds the embedding %s, scratch %s\n",
+               "%llu slabs of %s) | RAM holds the embedding %s, scratch %s%s\n",
                d.id.c_str(), d.name.c_str(), format_bytes(d.weights()).c_str(), format_bytes(d.globals).c_str(),
                format_bytes(d.kv).c_str(), format_bytes(d.scratch).c_str(), format_bytes(d.ledger.buffer_bytes).c_str(),
                static_cast<unsigned long long>(d.ledger.n_buffers), static_cast<unsigned long long>(d.ledger.n_slabs),
                format_bytes(d.ledger.slab_bytes).c_str(), format_bytes(f.globals).c_str(),
-               format_bytes(f.scratch).c_str());
-}
-
-std::string resolve_device(const ModelArgs& a) {
-  if (!a.device.empty()) return a.device;
-  return a.n_gpu_layers > 0 ? "vulkan" : "cpu";  // llama.cpp's -ngl N alone: the first GPU
+               format_bytes(f.scratch).c_str(),
+               f.weights() + f.kv() > 0  // a split: the CPU's layers
+                   ? (", the CPU's layers " + format_bytes(f.weights()) + " and their KV " + format_bytes(f.kv())).c_str()
+                   : "");
 }
 
 EngineOptions engine_options(const ModelArgs& a) {
@@ -443,7 +472,14 @@ EngineOptions engine_options(const ModelArgs& a) {
     o.isa = *isa;
   }
   o.device = resolve_device(a);
-  o.n_gpu_layers = a.n_gpu_layers;
+  o.n_gpu_layers = gpu_layers_of(a);
+  if (!a.device_memory.empty()) {
+    if (a.device_memory.back() == '%')
+      throw UsageError("--device-memory " + a.device_memory + ": give bytes (4G, 900MiB), not a percentage");
+    o.device_memory = parse_size(a.device_memory, 0);
+    if (o.device_memory == 0) throw UsageError("--device-memory " + a.device_memory + ": must be more than 0 bytes");
+  }
+  o.device_context = a.ctx;
   o.prefill_batch = a.batch;
   o.kv_chunk_size = a.kv_chunk;
   if (!a.memory_budget.empty()) {
@@ -496,6 +532,8 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
     std::fprintf(stderr, "note: %s has no matrix kernels for %s: those weights were dequantised to F16 at load\n",
                  d->device().id.c_str(), formats.c_str());
   }
+  if (const DevicePlan* p = e->device_plan(); p && !a.quiet)
+    std::fprintf(stderr, "%s\n", p->summary(e->device_id()).c_str());
   for (const std::string& f : a.lora) e->adapters().load(f);
   for (size_t i = 0; i + 1 < a.lora_scaled.size(); i += 2) e->adapters().load(a.lora_scaled[i]);
   if (load_seconds) *load_seconds = clock.seconds();

@@ -35,7 +35,8 @@ struct ModelArgs {
   std::string isa;
   int64_t ctx = 0;
   std::string device;                 // --device cpu|vulkan|vulkan:N ("": cpu, or vulkan when -ngl N > 0)
-  int n_gpu_layers = -1;              // llama.cpp's -ngl: layers on the device (-1: all when on a device; 0: CPU)
+  std::string n_gpu_layers;           // llama.cpp's -ngl: N layers on the device (the last N), "auto", or "": not given
+  std::string device_memory;          // --device-memory SIZE: what -ngl auto fills ("": the device's reported memory)
   int64_t kv_chunk = 0;               // 0: Engine::session_chunk_size (adapts to the context)
   std::string kv_type = "f16";
   bool f16_attention = false;
@@ -157,6 +158,8 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds = n
 void print_device(const Engine& e);
 // "cpu", "vulkan" or "vulkan:N": --device, else vulkan when -ngl N > 0.
 std::string resolve_device(const ModelArgs& a);
+// -ngl's value: -1 auto (or not given), else the layers (throws UsageError).
+int gpu_layers_of(const ModelArgs& a);
 EngineOptions engine_options(const ModelArgs& a);
 SessionOptions session_options(const ModelArgs& a);
 // The adapter set --lora and --lora-scaled ask for (make_engine has loaded

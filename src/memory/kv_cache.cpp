@@ -26,6 +26,11 @@ KvCache::KvCache(KvPool& pool, KvCacheOptions opts) : pool_(pool), opts_(opts) {
   }
   if (opts_.max_tokens < 1) throw Error("context size must be at least 1 token");
   const KvShape& s = pool_.shape();
+  if (opts_.host_layers < -1 || opts_.host_layers > s.n_layer) {
+    throw Error("KV host layers " + std::to_string(opts_.host_layers) + " is outside [0, " +
+                std::to_string(s.n_layer) + "] (or -1: all)");
+  }
+  n_host_ = opts_.host_layers < 0 ? s.n_layer : opts_.host_layers;
   row_bytes_ = static_cast<uint64_t>(s.n_kv_heads * s.head_dim) * (opts_.type == DType::kF16 ? 2 : 4);
   // Tables grow with the context; a context whose chunk tables alone would
   // not fit in memory is refused now rather than failing later.
@@ -35,8 +40,8 @@ KvCache::KvCache(KvPool& pool, KvCacheOptions opts) : pool_(pool), opts_(opts) {
     throw Error("a context of " + std::to_string(opts_.max_tokens) + " tokens needs " +
                 std::to_string(table_bytes >> 20) + " MiB of KV chunk tables alone, more than this machine can hold");
   }
-  const uint64_t full = max_chunks * static_cast<uint64_t>(s.n_layer) * chunk_alloc_bytes();
-  capacity_share_ = opts_.storage_elsewhere ? 0 : static_cast<int64_t>(std::min<uint64_t>(full, INT64_MAX / 4));
+  const uint64_t full = max_chunks * static_cast<uint64_t>(n_host_) * chunk_alloc_bytes();
+  capacity_share_ = static_cast<int64_t>(std::min<uint64_t>(full, INT64_MAX / 4));
   pool_.add_capacity(capacity_share_);
   tables_.resize(static_cast<size_t>(s.n_layer));
   refs_.resize(static_cast<size_t>(s.n_layer));
@@ -49,15 +54,13 @@ KvCache::~KvCache() {
 
 void KvCache::set_n_tokens(int64_t n) {
   EBB_CHECK(n >= 0 && n <= opts_.max_tokens);
-  if (opts_.storage_elsewhere) {
-    n_tokens_ = n;
-    return;
-  }
-  for (auto& t : tables_) EBB_CHECK(static_cast<int64_t>(t.size()) * opts_.chunk_size >= n);
-  // Rows below n are written now (the forward pass wrote them).
-  for (int64_t c = n_tokens_ / opts_.chunk_size; c * opts_.chunk_size < n; ++c) {
-    const int64_t rows = std::min(opts_.chunk_size, n - c * opts_.chunk_size);
-    for (auto& t : tables_) t[c]->rows = std::max(t[c]->rows, rows);
+  if (n_host_ > 0) {
+    for (int64_t l = 0; l < n_host_; ++l) EBB_CHECK(static_cast<int64_t>(tables_[l].size()) * opts_.chunk_size >= n);
+    // Rows below n are written now (the forward pass wrote them).
+    for (int64_t c = n_tokens_ / opts_.chunk_size; c * opts_.chunk_size < n; ++c) {
+      const int64_t rows = std::min(opts_.chunk_size, n - c * opts_.chunk_size);
+      for (int64_t l = 0; l < n_host_; ++l) tables_[l][c]->rows = std::max(tables_[l][c]->rows, rows);
+    }
   }
   n_tokens_ = n;
 }
@@ -67,35 +70,38 @@ void KvCache::reserve(int64_t n) {
     throw Error("context full: " + std::to_string(n) + " tokens requested, the session's context holds " +
                 std::to_string(opts_.max_tokens));
   }
-  if (n <= n_tokens_ || opts_.storage_elsewhere) return;
+  if (n <= n_tokens_ || n_host_ == 0) return;
   const int64_t cs = opts_.chunk_size;
   const size_t need = static_cast<size_t>((n + cs - 1) / cs);
   // Copy-on-write: the chunk the next rows land in, when someone else holds
   // it (a shared partial chunk, or a full one after truncate).
   const size_t first = static_cast<size_t>(n_tokens_ / cs);
-  for (auto& t : tables_)
+  for (int64_t l = 0; l < n_host_; ++l) {
+    auto& t = tables_[l];
     for (size_t c = first; c < std::min(need, t.size()); ++c)
       if (t[c].shared()) t[c] = pool_.copy(*t[c]);
+  }
   // Every layer's new chunks in one mapping: a chat turn that crosses a
   // chunk boundary faults them in by huge pages at once (for Qwen3-0.6B's 28
   // layers, 28 MiB in about 2 ms instead of 7 ms page by page).
   std::vector<int32_t> layers;
-  for (size_t l = 0; l < tables_.size(); ++l)
+  for (int64_t l = 0; l < n_host_; ++l)
     for (size_t c = tables_[l].size(); c < need; ++c) layers.push_back(static_cast<int32_t>(l));
   if (layers.empty()) return;
   std::vector<KvChunkHandle> fresh = pool_.create(layers, cs, opts_.type, true);
   size_t next = 0;
-  for (auto& t : tables_)
-    while (t.size() < need) t.push_back(std::move(fresh[next++]));
+  for (int64_t l = 0; l < n_host_; ++l)
+    while (tables_[l].size() < need) tables_[l].push_back(std::move(fresh[next++]));
 }
 
 void KvCache::truncate(int64_t n) {
   EBB_CHECK(n >= 0);
   if (n < n_tokens_) n_tokens_ = n;
-  if (opts_.storage_elsewhere) return;  // the device's rows past n are rewritten before they are read
+  // A device's rows past n are rewritten before they are read.
   const int64_t cs = opts_.chunk_size;
   const size_t keep = static_cast<size_t>((n + cs - 1) / cs);
-  for (auto& t : tables_) {
+  for (int64_t l = 0; l < n_host_; ++l) {
+    auto& t = tables_[l];
     if (t.size() > keep) t.resize(keep);
     // A chunk only this cache holds forgets the rows past n.
     if (keep > 0 && !t[keep - 1].shared()) t[keep - 1]->rows = std::min(t[keep - 1]->rows, n - int64_t(keep - 1) * cs);
@@ -155,7 +161,7 @@ int64_t KvCache::lost_from() const {
 }
 
 void KvCache::share_from(const KvCache& other, int64_t n) {
-  EBB_CHECK_MSG(!opts_.storage_elsewhere && !other.opts_.storage_elsewhere, "KV on a device is not shared");
+  EBB_CHECK_MSG(all_on_host() && other.all_on_host(), "KV on a device is not shared");
   EBB_CHECK(&other.pool_ == &pool_ && other.opts_.chunk_size == opts_.chunk_size && other.opts_.type == opts_.type);
   EBB_CHECK(n >= 0 && n <= other.n_tokens_ && n <= opts_.max_tokens);
   const size_t k = static_cast<size_t>((n + opts_.chunk_size - 1) / opts_.chunk_size);
@@ -165,7 +171,7 @@ void KvCache::share_from(const KvCache& other, int64_t n) {
 }
 
 void KvCache::adopt(std::span<const std::vector<KvChunkHandle>> chunks) {
-  EBB_CHECK_MSG(!opts_.storage_elsewhere, "KV on a device adopts no chunks");
+  EBB_CHECK_MSG(all_on_host(), "KV on a device adopts no chunks");
   const int64_t n = static_cast<int64_t>(chunks.size()) * opts_.chunk_size;
   EBB_CHECK(n <= opts_.max_tokens);
   for (auto& t : tables_) t.clear();

@@ -25,9 +25,13 @@ struct KvCacheOptions {
   // kF16 only: attention over this cache in the reference engine's half
   // precision (AttentionArgs::f16_accumulator) instead of F32.
   bool f16_accumulator = false;
-  // The rows live on a compute device (runtime/device_forward.h): this cache
-  // keeps only the positions, no chunk is taken from the pool.
-  bool storage_elsewhere = false;
+  // Where each layer's rows live. Layers [0, host_layers) keep them here, in
+  // chunks from the pool; the rows of layers [host_layers, n_layer) live on
+  // a compute device (runtime/device_forward.h), and for them this cache
+  // keeps only the positions (no chunk is taken from the pool). -1: every
+  // layer here (the CPU); 0: every layer on the device; between: a split of
+  // the layers (-ngl N: the first layers on the CPU, the last N on the GPU).
+  int64_t host_layers = -1;
 };
 
 class KvCache {
@@ -40,6 +44,11 @@ class KvCache {
   const KvShape& shape() const { return pool_.shape(); }
   const KvCacheOptions& options() const { return opts_; }
   KvPool& pool() const { return pool_; }
+  // Layers [0, n_host_layers()) hold their rows here (KvCacheOptions::host_layers).
+  int64_t n_host_layers() const { return n_host_; }
+  bool on_host(int64_t layer) const { return layer < n_host_; }
+  // Every layer's rows are here (the KV can be shared, adopted, saved).
+  bool all_on_host() const { return n_host_ == shape().n_layer; }
 
   // Positions [0, n_tokens()) hold valid K and V in every layer.
   int64_t n_tokens() const { return n_tokens_; }
@@ -98,6 +107,7 @@ class KvCache {
   KvPool& pool_;
   KvCacheOptions opts_;
   uint64_t row_bytes_ = 0;
+  int64_t n_host_ = 0;  // layers whose rows are here; tables_ of the others stay empty
   int64_t n_tokens_ = 0;
   int64_t capacity_share_ = 0;                         // registered with the pool
   std::vector<std::vector<KvChunkHandle>> tables_;     // [layer][chunk]

@@ -95,6 +95,20 @@ void WeightUnit::convert_slots(uint8_t* base) const {
   }
 }
 
+int WeightUnit::pack_in_place() {
+  EBB_CHECK_MSG(resident(), "pack_in_place() on a unit that is not resident");
+  int n = 0;
+  for (TensorSlot& s : slots_) {
+    if (s.dims.size() != 2 || s.packing != Packing::kRows) continue;
+    const Packing p = packing_for(s.type, s.dims[1], s.dims[0]);
+    if (p == Packing::kRows) continue;
+    pack_rows(p, s.type, buffer_.as<uint8_t>() + s.unit_offset, s.dims[1], s.dims[0]);
+    s.packing = p;
+    ++n;
+  }
+  return n;
+}
+
 void WeightUnit::load(const GgufFile& file, Allocator& alloc) {
   allocate(alloc);
   try {

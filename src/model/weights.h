@@ -82,6 +82,11 @@ class WeightUnit {
   // Turns a unit image at `base`, as read from the file, into what the views
   // expect: widens the F16/BF16 1-D slots to F32 and packs the packed slots.
   void convert_slots(uint8_t* base) const;
+  // Packs the resident unit's matrices for a kernel target that packs
+  // (packing_for), in place, as a load planned with pack would have; later
+  // loads pack them too. For a unit loaded in the file's row layout (a
+  // device's split: the CPU's layers). Returns the matrices packed.
+  int pack_in_place();
 
  private:
   void relayout();

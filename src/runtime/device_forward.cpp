@@ -30,8 +30,8 @@ uint64_t DeviceFootprint::weights() const {
 
 uint64_t DeviceForward::SeqKv::bytes() const {
   uint64_t t = table ? table->size() : 0;
-  for (const auto& b : k) t += b->size();
-  for (const auto& b : v) t += b->size();
+  for (const auto& b : k) t += b ? b->size() : 0;
+  for (const auto& b : v) t += b ? b->size() : 0;
   return t;
 }
 
@@ -115,8 +115,11 @@ DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, Device
   if (c.rope_dim % 2 != 0 || c.rope_dim > c.head_dim)
     throw Error(dev + ": rope_dim " + std::to_string(c.rope_dim) + " must be even and <= head_dim");
   const int64_t B = opts_.max_batch;
+  if (opts_.first_layer < 0 || opts_.first_layer >= model.n_layers())
+    throw Error(dev + ": the first device layer " + std::to_string(opts_.first_layer) + " is outside [0, " +
+                std::to_string(model.n_layers()) + ")");
   layers_.resize(static_cast<size_t>(model.n_layers()));
-  for (int l = 0; l < model.n_layers(); ++l) {
+  for (int l = opts_.first_layer; l < model.n_layers(); ++l) {
     if (!model.layer_unit(l).resident()) throw Error("layer " + std::to_string(l) + " is not resident: nothing to upload");
     upload_layer(l);
   }
@@ -174,12 +177,21 @@ DeviceForward::Evicted DeviceForward::evict(uint64_t bytes) {
   std::lock_guard lock(mu_);
   const uint64_t before = be_.ledger(MemoryPlace::kDevice).buffer_bytes;
   Evicted e;
-  for (int l = model_.n_layers() - 1; l >= 0 && before - be_.ledger(MemoryPlace::kDevice).buffer_bytes < bytes; --l) {
+  for (int l = model_.n_layers() - 1;
+       l >= opts_.first_layer && before - be_.ledger(MemoryPlace::kDevice).buffer_bytes < bytes; --l) {
     if (!layers_[l].buf) continue;
     layers_[l].buf.reset();
     ++e.layers;
   }
   e.freed = before - be_.ledger(MemoryPlace::kDevice).buffer_bytes;
+  // A split: then the CPU's layers, whose units the GGUF backs.
+  for (int l = opts_.first_layer - 1; l >= 0 && e.freed + e.host_freed < bytes; --l) {
+    WeightUnit& u = model_.layer_unit(l);
+    if (!u.resident()) continue;
+    e.host_freed += u.bytes();
+    u.release();
+    ++e.host_layers;
+  }
   return e;
 }
 
@@ -188,9 +200,20 @@ int64_t DeviceForward::restore() {
   return restore_locked();
 }
 
-int64_t DeviceForward::restore_locked() {
+int64_t DeviceForward::restore_host_locked() {
   int64_t n = 0;
-  for (int l = 0; l < model_.n_layers(); ++l) {
+  for (int l = 0; l < opts_.first_layer; ++l) {  // a split's CPU layers: read back and kept on the host
+    WeightUnit& u = model_.layer_unit(l);
+    if (u.resident()) continue;
+    u.load(model_.file(), alloc_);
+    ++n;
+  }
+  return n;
+}
+
+int64_t DeviceForward::restore_locked() {
+  int64_t n = restore_host_locked();
+  for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
     if (layers_[l].buf) continue;
     try {
       restore_layer(l);
@@ -226,7 +249,8 @@ void DeviceForward::set_restore_hooks(DeviceRestoreHooks hooks) {
 int64_t DeviceForward::n_dropped() const {
   std::lock_guard lock(mu_);
   int64_t n = 0;
-  for (const LayerBuf& l : layers_) n += l.buf ? 0 : 1;
+  for (int l = 0; l < model_.n_layers(); ++l)
+    n += (l < opts_.first_layer ? model_.layer_unit(l).resident() : layers_[l].buf != nullptr) ? 0 : 1;
   return n;
 }
 
@@ -255,14 +279,15 @@ DeviceForward::SeqKv& DeviceForward::kv_for(KvCache& kv, int64_t n) {
   const uint64_t held = static_cast<uint64_t>(s.cap_chunks * cs * c.kv_dim()) * 2;
   std::vector<uint8_t> tmp;
   if (held > 0) tmp.resize(held);
-  for (int l = 0; l < model_.n_layers(); ++l) {
+  s.k.resize(static_cast<size_t>(model_.n_layers()));  // a split's CPU layers stay null
+  s.v.resize(static_cast<size_t>(model_.n_layers()));
+  for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
     for (auto* side : {&s.k, &s.v}) {
       auto grown = be_.alloc(bytes, MemoryPlace::kDevice);
       if (held > 0) {
         (*side)[l]->read(0, tmp.data(), held);
         grown->write(0, tmp.data(), held);
       }
-      if (side->size() <= static_cast<size_t>(l)) side->resize(static_cast<size_t>(model_.n_layers()));
       (*side)[l] = std::move(grown);
     }
   }
@@ -344,12 +369,11 @@ void DeviceForward::record_layer(BackendStream& s, const LayerBuf& w, int l, std
   s.add({{x_.get(), 0}, {xn_.get(), 0}, n * D});
 }
 
-void DeviceForward::run_batch(std::span<const StepSeq> seqs) {
-  std::lock_guard lock(mu_);
-  const ModelConfig& c = cfg_;
-  const int64_t D = c.n_embd, V = c.n_vocab;
+void DeviceForward::check_step(std::span<const StepSeq> seqs, int64_t& n, int64_t& n_out) const {
+  const int64_t V = cfg_.n_vocab;
   EBB_CHECK(!seqs.empty());
-  int64_t n = 0, n_out = 0;
+  n = 0;
+  n_out = 0;
   for (const StepSeq& s : seqs) {
     const int64_t ns = static_cast<int64_t>(s.tokens.size());
     EBB_CHECK(ns >= 1 && s.kv && s.logits);
@@ -357,6 +381,7 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs) {
       throw Error("LoRA adapters run on the CPU only for now: run without --device " + be_.info().id +
                   " (or without the adapters)");
     if (s.kv->options().type != DType::kF16) throw Error(be_.info().id + ": the KV cache on the device is F16 only");
+    EBB_CHECK_MSG(s.kv->n_host_layers() == opts_.first_layer, "a KV cache made for another split of the layers");
     for (int32_t t : s.tokens)
       if (t < 0 || t >= V)
         throw Error("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
@@ -364,33 +389,52 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs) {
     n_out += s.all_logits ? ns : 1;
   }
   EBB_CHECK(n <= opts_.max_batch);
-  // Layers evict() dropped come back on a restore thread while the layers
-  // before them run (device_restore.h).
+}
+
+void DeviceForward::prepare(std::span<const StepSeq> seqs) {
+  std::lock_guard lock(mu_);
+  int64_t n = 0, n_out = 0;
+  check_step(seqs, n, n_out);
+  restore_host_locked();  // the CPU's layers evict() dropped come back first; the device's in run_batch
+  for (const StepSeq& s : seqs) kv_for(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
+}
+
+void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
+  std::lock_guard lock(mu_);
+  const ModelConfig& c = cfg_;
+  const int64_t D = c.n_embd, V = c.n_vocab;
+  int64_t n = 0, n_out = 0;
+  check_step(seqs, n, n_out);
+  EBB_CHECK(x || opts_.first_layer == 0);  // a split's rows come from the CPU's layers
+  restore_host_locked();  // prepare() did it in a split
+  // Device layers evict() dropped come back on a restore thread while the
+  // layers before them run (device_restore.h).
   std::vector<int> dropped;
-  for (int l = 0; l < model_.n_layers(); ++l)
+  for (int l = opts_.first_layer; l < model_.n_layers(); ++l)
     if (!layers_[l].buf) dropped.push_back(l);
   std::optional<LayerRestorer> restorer;
   if (!dropped.empty()) restorer.emplace(std::move(dropped), [this](int l) { restore_layer(l); }, &hooks_);
   for (const StepSeq& s : seqs) kv_for(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
-  // Inputs: embeddings and each row's (cos, sin) table, computed here.
+  // Inputs: embeddings (or a split's hidden rows) and each row's (cos, sin)
+  // table, computed here.
   const GlobalWeights g = model_.globals();
   {
     int64_t r = 0;
     for (const StepSeq& s : seqs) {
       const int64_t pos0 = s.kv->n_tokens();
       for (size_t t = 0; t < s.tokens.size(); ++t, ++r) {
-        dequantize_row(ks_, g.token_embd, s.tokens[t], x_host_.data() + r * D);
+        if (!x) dequantize_row(ks_, g.token_embd, s.tokens[t], x_host_.data() + r * D);
         rope_cos_sin(pos0 + static_cast<int64_t>(t), c.rope_dim, c.rope_base, c.rope_freq_scale,
                      rope_host_.data() + r * c.rope_dim,
                      c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
       }
     }
   }
-  x_->write(0, x_host_.data(), f32_bytes(n * D));
+  x_->write(0, x ? x : x_host_.data(), f32_bytes(n * D));
   rope_->write(0, rope_host_.data(), f32_bytes(n * c.rope_dim));
   BackendStream& s = *stream_;
   try {
-    for (int l = 0; l < model_.n_layers(); ++l) {
+    for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
       if (restorer && restorer->pending(l) && !restorer->ready(l)) {
         // Layer l is still being read: the device runs what is recorded
         // meanwhile; recording goes on once l is back and the stream is free.

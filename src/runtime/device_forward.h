@@ -12,10 +12,14 @@
 // unchanged. The session's KvCache keeps the positions (bookkeeping); its
 // rows live here, keyed by the KvCache, until release().
 //
+// A split of the layers (llama.cpp's -ngl N < n_layers): layers [0,
+// first_layer) run on the CPU (Forward, with their weights and KV on the
+// host), the rest and the output head here. Forward::run_batch runs the CPU
+// layers, then hands the hidden rows to run_batch(seqs, x).
+//
 // Not yet on the device: LoRA adapters (a step that binds one is refused),
-// a split of the layers between device and CPU (all or nothing), eviction
-// of the KV (evict() and restore() below move whole layers' weights; a step
-// that finds layers dropped restores them while it runs:
+// eviction of the KV (evict() and restore() below move whole layers'
+// weights; a step that finds layers dropped restores them while it runs:
 // runtime/device_restore.h).
 #pragma once
 
@@ -55,6 +59,9 @@ struct DeviceFootprint {
 struct DeviceForwardOptions {
   int64_t max_batch = 64;  // rows per step (all sequences together)
   Isa isa = Isa::kScalar;  // the host's kernels for the embedding lookup and format conversion
+  // Layers [first_layer, n_layers) and the head run here; [0, first_layer)
+  // on the CPU (their units stay resident on the host). 0: all here.
+  int first_layer = 0;
 };
 
 class DeviceForward {
@@ -72,7 +79,15 @@ class DeviceForward {
   // positions [kv->n_tokens(), + tokens.size()), its K and V stored on the
   // device, kv->n_tokens() advanced, the wanted logits rows written to
   // seq.logits. One submission for the whole step.
-  void run_batch(std::span<const StepSeq> seqs);
+  //   x: nullptr (the embeddings are looked up here), or in a split the
+  //      hidden rows after the CPU's layers: [n rows of the step, n_embd].
+  void run_batch(std::span<const StepSeq> seqs, const float* x = nullptr);
+  // Before the CPU's layers of a split step: refuses what the device cannot
+  // run (nothing has been computed yet), brings dropped layers back on both
+  // sides and grows the sequences' device KV.
+  void prepare(std::span<const StepSeq> seqs);
+  int first_layer() const { return opts_.first_layer; }
+  int n_device_layers() const { return model_.n_layers() - opts_.first_layer; }
 
   // Frees the device KV of a cache (its session is going away).
   void release(const KvCache* kv);
@@ -80,17 +95,21 @@ class DeviceForward {
   // Elastic memory on the device, weights only for now (the sessions' KV
   // stays): evict() frees whole layers' device buffers, the last layer
   // first, until at least `bytes` are given back (the device ledger's delta
-  // is returned); restore() uploads every dropped layer again from the model
-  // file (through a transient host copy). A step that finds layers dropped
-  // records and submits the layers before the first dropped one while a
-  // restore thread brings the dropped ones back, lowest first, and runs each
-  // as soon as it is back (device_restore.h); a layer whose read fails
-  // fails the step naming it and stays dropped. Reads are checked as the CPU
-  // path's are (memory/weight_verify.h): a file changed on disk since load
-  // is refused. Between steps only.
+  // is returned), then in a split the CPU layers' host units, again the last
+  // first; restore() uploads every dropped device layer again from the model
+  // file (through a transient host copy) and reads the CPU layers back. A
+  // step that finds device layers dropped records and submits the layers
+  // before the first dropped one while a restore thread brings the dropped
+  // ones back, lowest first, and runs each as soon as it is back
+  // (device_restore.h); a layer whose read fails fails the step naming it
+  // and stays dropped. Reads are checked as the CPU path's are
+  // (memory/weight_verify.h): a file changed on disk since load is refused.
+  // Between steps only.
   struct Evicted {
     uint64_t freed = 0;  // device ledger bytes given back
     int64_t layers = 0;
+    uint64_t host_freed = 0;  // host bytes of the CPU layers' units dropped
+    int64_t host_layers = 0;
   };
   Evicted evict(uint64_t bytes);
   int64_t restore();  // layers uploaded
@@ -139,7 +158,10 @@ class DeviceForward {
 
   void upload_layer(int l);  // layer l's unit must be resident on the host
   int64_t restore_locked();
+  int64_t restore_host_locked();  // a split's CPU layers only
   void restore_layer(int l);  // reads layer l from the file and uploads it (any thread; throws)
+  // Refuses a step the device cannot run; n, n_out: its rows and logits rows.
+  void check_step(std::span<const StepSeq> seqs, int64_t& n, int64_t& n_out) const;
   // Grows kv's device KV to hold n positions (copying what it held).
   SeqKv& kv_for(KvCache& kv, int64_t n);
   void record_layer(BackendStream& s, const LayerBuf& w, int l, std::span<const StepSeq> seqs, int64_t n);

@@ -87,9 +87,10 @@ Engine::Engine(const EngineOptions& opts)
   const KernelSet& ks = kernel_set(isa_);
   // Packed units when the target has packed kernels for every format that
   // packs (on a device: GGUF's own rows, as the shaders read them).
-  bool pack = !on_device;
+  bool target_packs = true;
   for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
-    pack = pack && ks.format(t) && ks.format(t)->x8_gemm;
+    target_packs = target_packs && ks.format(t) && ks.format(t)->x8_gemm;
+  const bool pack = target_packs && !on_device;
   model_ = Model::load(opts_.model_path, alloc_,
                        {.load_weights = !budget_mode, .pack_weights = pack, .progress = opts_.load_progress});
   opts_.load_progress = nullptr;  // it may capture the caller's state, which need not outlive the load
@@ -115,18 +116,22 @@ Engine::Engine(const EngineOptions& opts)
   forward_ = std::make_unique<Forward>(*model_, isa_, pool_, alloc_, fo);
   if (on_device) {
     const int nl = model_->n_layers();
-    if (opts_.n_gpu_layers > 0 && opts_.n_gpu_layers < nl) {
-      throw Error("-ngl " + std::to_string(opts_.n_gpu_layers) + ": a split of the " + std::to_string(nl) +
-                  " layers between " + opts_.device +
-                  " and the CPU is not supported yet; use -ngl " + std::to_string(nl) + " (or 99: all) or -ngl 0 (CPU)");
-    }
-    device_ = std::make_unique<DeviceForward>(opts_.backend ? *opts_.backend : *backend_, *model_, alloc_,
-                                              DeviceForwardOptions{.max_batch = fo.max_batch, .isa = isa_});
+    Backend& be = opts_.backend ? *opts_.backend : *backend_;
+    const int64_t ctx = opts_.device_context > 0 ? opts_.device_context : std::min<int64_t>(c.n_ctx_train, 4096);
+    device_plan_ = plan_device_layers(be, *model_,
+                                      {.n_gpu_layers = opts_.n_gpu_layers, .budget = opts_.device_memory,
+                                       .n_ctx = ctx > 0 ? ctx : 4096, .max_batch = fo.max_batch});
+    device_ = std::make_unique<DeviceForward>(
+        be, *model_, alloc_,
+        DeviceForwardOptions{.max_batch = fo.max_batch, .isa = isa_, .first_layer = device_plan_.first_layer});
     forward_->set_device(device_.get());
-    // The device holds the layers now; the host keeps the globals (the
-    // embedding lookup runs here).
-    for (int l = 0; l < nl; ++l) model_->layer_unit(l).release();
-    opts_.elastic = false;  // the host's elastic memory: the device evicts its own layers (evict())
+    // The device holds its layers now; the host keeps the globals (the
+    // embedding lookup runs here) and, in a split, the CPU's layers.
+    for (int l = device_plan_.first_layer; l < nl; ++l) model_->layer_unit(l).release();
+    // A split's CPU layers run with the CPU's kernels: packed as a CPU engine's.
+    if (target_packs)
+      for (int l = 0; l < device_plan_.first_layer; ++l) model_->layer_unit(l).pack_in_place();
+    opts_.elastic = false;  // the host's elastic memory: the device evicts layers on both sides (evict())
   }
   adapters_ = std::make_unique<AdapterRegistry>(model_->config(), alloc_);
   kv_pool_ = std::make_unique<KvPool>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, &alloc_);
@@ -165,16 +170,17 @@ Engine::Engine(const EngineOptions& opts)
 
 EvictReport Engine::evict(uint64_t bytes) {
   if (device_) {
-    // On a device: whole layers' weights leave device memory (the sessions'
-    // KV stays there for now); the next step or restore() uploads them again.
+    // On a device: whole layers' weights leave device memory, then a split's
+    // CPU layers leave the host (the sessions' KV stays, on both sides, for
+    // now); the next step or restore() brings them back.
     const Stopwatch sw;
     const DeviceForward::Evicted d = device_->evict(bytes);
     EvictReport r;
     r.requested = bytes;
-    r.freed = d.freed;
-    r.weights_dropped = d.layers;
+    r.freed = d.freed + d.host_freed;
+    r.weights_dropped = d.layers + d.host_layers;
     r.seconds = sw.seconds();
-    r.note = device_->device().id + ": weight layers only (the KV stays on the device)";
+    r.note = device_->device().id + ": weight layers only (the KV stays where it is)";
     return r;
   }
   if (!elastic_) throw Error("elastic memory is off (budget mode); nothing can be evicted");
@@ -269,7 +275,12 @@ Footprint Engine::footprint() const {
     f.kv_stored = e.kv_stored;
     f.weights_stored = e.weights_stored;
   }
-  if (device_) f.device = device_->footprint();
+  if (device_) {
+    f.device = device_->footprint();
+    // A split's CPU layers that evict() dropped: the GGUF backs them.
+    for (int l = 0; l < device_->first_layer(); ++l)
+      if (!model_->layer_unit(l).resident()) f.weights_stored += model_->layer_unit(l).bytes();
+  }
   return f;
 }
 

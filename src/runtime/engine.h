@@ -23,6 +23,7 @@
 #include "backend/backend.h"
 #include "runtime/adapters.h"
 #include "runtime/device_forward.h"
+#include "runtime/device_plan.h"
 #include "runtime/forward.h"
 
 namespace ebb {
@@ -45,9 +46,15 @@ struct EngineOptions {
   // prefix cache and LoRA adapters stay CPU-only for now (refused with a
   // message). "" is "cpu".
   std::string device = "cpu";
-  // Layers on the device (llama.cpp's -ngl): -1 or >= n_layers: all; a
-  // split between device and CPU is not supported yet (refused).
+  // Layers on the device (llama.cpp's -ngl; runtime/device_plan.h): -1
+  // auto, the most that fit device_memory; N >= n_layers all; 0 < N <
+  // n_layers a split: the first n_layers - N layers (weights and KV) on the
+  // CPU, the last N and the output head on the device.
   int n_gpu_layers = -1;
+  // The device memory -ngl auto fills (0: what the device reports).
+  uint64_t device_memory = 0;
+  // Tokens of KV per layer -ngl auto keeps room for (0: min(training context, 4096)).
+  int64_t device_context = 0;
   // A device the caller opened (must outlive the engine; its id is used in
   // place of `device`): tests read its ledger after the engine has gone.
   Backend* backend = nullptr;
@@ -135,6 +142,8 @@ class Engine {
   Isa isa() const { return isa_; }
   // The device the forward pass runs on (nullptr: the CPU).
   DeviceForward* device() const { return device_.get(); }
+  // Which layers run on the device (nullptr on the CPU).
+  const DevicePlan* device_plan() const { return device_ ? &device_plan_ : nullptr; }
   // "cpu" or the device's id ("vulkan:0").
   std::string device_id() const { return device_ ? device_->device().id : "cpu"; }
 
@@ -188,6 +197,7 @@ class Engine {
   std::unique_ptr<Forward> forward_;
   std::unique_ptr<Backend> backend_;        // the device (nullptr: CPU); outlives device_
   std::unique_ptr<DeviceForward> device_;   // its weights, KV and step
+  DevicePlan device_plan_;
   std::unique_ptr<AdapterRegistry> adapters_;
   uint64_t fingerprint_ = 0;
   WeightSource* weight_source_ = nullptr;

@@ -205,10 +205,15 @@ void Forward::run(std::span<const int32_t> tokens, KvCache& kv, float* logits, b
 }
 
 void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
-  if (device_) {  // the engine runs on a device: weights there, no weight source
+  if (device_ && device_->first_layer() == 0) {  // the engine runs on a device: weights there, no weight source
     device_->run_batch(seqs);
     return;
   }
+  // A split (-ngl N < n_layers): the first layers here, the rest and the
+  // head on the device. What the device refuses is refused before anything
+  // runs; its dropped layers (and ours) come back first.
+  if (device_) device_->prepare(seqs);
+  const int n_host_layers = device_ ? device_->first_layer() : model_.n_layers();
   WeightSource& src = source ? *source : resident_;
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd;
@@ -244,7 +249,7 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
   // Several sequences: logits land in a planned block, then go to each
   // sequence's own buffer. One sequence writes straight into its buffer.
   float* head_out = seqs[0].logits;
-  if (seqs.size() > 1) {
+  if (seqs.size() > 1 && !device_) {
     // Grows to the most rows a step has asked for, then stays.
     const size_t bytes = static_cast<size_t>(n_out * c.n_vocab) * sizeof(float);
     if (head_scratch_.size() < bytes) {
@@ -252,6 +257,8 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
       head_scratch_ = alloc_.allocate(bytes, MemCategory::kScratch);
     }
     head_out = head_scratch_.as<float>();
+  }
+  if (seqs.size() > 1) {
     joined_.clear();
     for (const StepSeq& s : seqs) joined_.insert(joined_.end(), s.tokens.begin(), s.tokens.end());
   }
@@ -292,11 +299,15 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
   const AttentionRows ar{.x_in = x_, .x_out = x_, .y = xn_, .xn = xn_, .q = q_, .k = k_, .v = v_, .att = att_,
                          .rope = rope_};
   const FfnRows fr{.x_in = x_, .x_out = x_, .y = xn_, .xn = xn_, .gate = gate_, .up = up_, .h = gate_};
-  for (int l = 0; l < model_.n_layers(); ++l) {
+  for (int l = 0; l < n_host_layers; ++l) {
     const LayerWeights w = src.acquire_layer(l);
     attention_block(bk, w, l, hooks, ar, n);
     ffn_block(bk, w, l, hooks, fr, n);
     src.release_layer(l);
+  }
+  if (device_) {  // the hidden rows go up; the device runs its layers and the head, and advances the KV
+    device_->run_batch(seqs, x_);
+    return;
   }
   for (const StepSeq& s : seqs) s.kv->set_n_tokens(s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
 

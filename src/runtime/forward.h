@@ -74,7 +74,10 @@ class Forward {
   void ensure_lora_rank(int64_t rank);
 
   // Steps run on a compute device from now on (runtime/device_forward.h;
-  // nullptr: on the CPU, here). Set once by the engine, before any session.
+  // nullptr: on the CPU, here); in a split (DeviceForward::first_layer() >
+  // 0) the layers before first_layer run here, and the hidden rows go to
+  // the device for the rest and the head. Set once by the engine, before
+  // any session.
   void set_device(DeviceForward* device) { device_ = device; }
   DeviceForward* device() const { return device_; }
 

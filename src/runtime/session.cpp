@@ -19,11 +19,13 @@ Session::Session(Engine& engine, SessionOptions opts) : engine_(engine), opts_(o
   ko.max_tokens = opts_.n_ctx;
   ko.f16_accumulator = opts_.f16_attention;
   if (engine_.device()) {
-    // The KV lives on the device (F16, F32 attention); this cache keeps the positions.
+    // The device layers' KV lives on the device (F16, F32 attention); this
+    // cache keeps their positions, and the rows of the layers that run on
+    // the CPU (a split: -ngl N < n_layers).
     const std::string dev = engine_.device_id();
     if (opts_.kv_type != DType::kF16) throw Error("--kv-type f32: the KV cache on " + dev + " is F16 only");
     if (opts_.f16_attention) throw Error("--f16-attention runs on the CPU only, not on " + dev);
-    ko.storage_elsewhere = true;
+    ko.host_layers = engine_.device()->first_layer();
   }
   kv_ = std::make_unique<KvCache>(engine_.kv_pool(), ko);
   engine_.forward().ensure_chunk_size(opts_.kv_chunk_size);

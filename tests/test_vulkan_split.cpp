@@ -1,0 +1,367 @@
+// A split of the layers between the CPU and a Vulkan device (llama.cpp's
+// -ngl N < n_layers: the first layers on the CPU, the last N and the output
+// head on the device; runtime/device_plan.h) and -ngl auto within a device
+// memory budget. Against ebb's CPU engine and the all-device engine on the
+// same model files: a prefill, decode steps and a step of two sessions; the
+// footprint split between host and device; auto picking the layers a budget
+// fits; evict -> restore -> generate on both sides; the command line.
+// Skips without a Vulkan device unless EBB_TEST_REQUIRE_VULKAN=1.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "platform/error.h"
+#include "runtime/batch.h"
+#include "runtime/device_plan.h"
+#include "runtime/engine.h"
+#include "runtime/session.h"
+#include "support.h"
+#include "vulkan_support.h"
+
+namespace ebb {
+namespace {
+
+double nmse(std::span<const float> got, std::span<const float> ref) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    err += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    norm += double(ref[i]) * ref[i];
+  }
+  return err / std::max(norm, 1e-30);
+}
+
+int32_t argmax(std::span<const float> v) { return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+EngineOptions cpu_options(const std::string& model) {
+  EngineOptions eo;
+  eo.model_path = test::model_path(model + ".gguf");
+  eo.n_threads = 1;
+  eo.isa = Isa::kScalar;
+  return eo;
+}
+
+EngineOptions device_options(const std::string& model, Backend* be, int ngl) {
+  EngineOptions eo = cpu_options(model);
+  eo.backend = be;
+  eo.n_gpu_layers = ngl;
+  return eo;
+}
+
+std::vector<float> copy(std::span<const float> s) { return {s.begin(), s.end()}; }
+
+// The bytes of layers [0, first)'s units (the CPU's part of a split).
+uint64_t host_layer_bytes(const Engine& e, int first) {
+  uint64_t t = 0;
+  for (int l = 0; l < first; ++l) t += e.model().layer_unit(l).bytes();
+  return t;
+}
+
+// Logits of a prefill and then `steps` decode steps of the given tokens.
+std::vector<std::vector<float>> run_steps(Engine& e, const std::vector<int32_t>& prompt,
+                                          const std::vector<int32_t>& next) {
+  Session s(e);
+  std::vector<std::vector<float>> out;
+  out.push_back(copy(s.feed(prompt)));
+  for (int32_t t : next) out.push_back(copy(s.feed({&t, 1})));
+  return out;
+}
+
+// Logits of two sessions stepped together (run_step: one step for both rows).
+std::vector<std::vector<float>> run_two(Engine& e, const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  Session s0(e), s1(e);
+  s0.append(a);
+  s1.append(b);
+  Session* both[] = {&s0, &s1};
+  while (s0.n_pending() > 0 || s1.n_pending() > 0)
+    if (run_step(e, both) <= 0) ADD_FAILURE() << "run_step made no progress";
+  return {copy(s0.last_logits()), copy(s1.last_logits())};
+}
+
+struct SplitCase {
+  const char* model;
+  double max_nmse;  // per step, against the CPU engine and the all-device one (test_vulkan_engine's tolerances)
+  double min_top1;  // share of steps whose top token is the CPU's
+  bool best_isa = false;  // the CPU's best target (packed quantised layers) instead of scalar
+};
+
+class VulkanSplit : public ::testing::TestWithParam<SplitCase> {};
+
+// -ngl 1, n/2 and n-1: each step's logits (a prefill, decode steps, and a
+// step of two sessions) equal the all-CPU and the all-device engines' within
+// the F16 tolerance (Q8_0's for a Q8_0 model), and the greedy token is theirs.
+TEST_P(VulkanSplit, LayersOnBothSidesMatchCpuAndDevice) {
+  EBB_REQUIRE_VULKAN(be);
+  const SplitCase sc = GetParam();
+  const std::vector<test::GoldenCase> golden = test::load_golden(sc.model);
+  ASSERT_GE(golden.size(), 2u);
+  const std::vector<int32_t>& prompt = golden[0].prompt_tokens;
+  auto options = [&](int ngl) {
+    EngineOptions eo = ngl == 0 ? cpu_options(sc.model) : device_options(sc.model, be, ngl);
+    if (sc.best_isa) eo.isa.reset();
+    return eo;
+  };
+  Engine cpu(options(0));
+  const int nl = cpu.model().n_layers();
+  ASSERT_GE(nl, 3) << "a split needs a model of several layers";
+  // The CPU's greedy continuation, fed to every engine.
+  std::vector<int32_t> next;
+  {
+    Session s(cpu);
+    std::span<const float> l = s.feed(prompt);
+    for (int i = 0; i < 6; ++i) {
+      next.push_back(argmax(l));
+      l = s.feed({&next.back(), 1});
+    }
+  }
+  const auto ref_cpu = run_steps(cpu, prompt, next);
+  const auto two_cpu = run_two(cpu, golden[0].prompt_tokens, golden[1].prompt_tokens);
+  std::vector<std::vector<float>> ref_dev;
+  {
+    Engine dev(options(99));
+    ASSERT_EQ(dev.device()->first_layer(), 0);
+    ref_dev = run_steps(dev, prompt, next);
+  }
+  for (const int ngl : {1, nl / 2, nl - 1}) {
+    Engine split(options(ngl));
+    ASSERT_NE(split.device(), nullptr);
+    ASSERT_EQ(split.device()->first_layer(), nl - ngl) << "llama.cpp's order: the last N layers on the GPU";
+    ASSERT_EQ(split.device_plan()->n_device(), ngl);
+    const auto got = run_steps(split, prompt, next);
+    // The CPU's layers run with the CPU engine's kernels: packed where its target packs.
+    int packed = 0;
+    for (int l = 0; l < nl - ngl; ++l) {
+      const std::vector<TensorSlot>& got_slots = split.model().layer_unit(l).slots();
+      const std::vector<TensorSlot>& cpu_slots = cpu.model().layer_unit(l).slots();
+      ASSERT_EQ(got_slots.size(), cpu_slots.size());
+      for (size_t i = 0; i < got_slots.size(); ++i) {
+        EXPECT_EQ(got_slots[i].packing, cpu_slots[i].packing) << "layer " << l << " " << got_slots[i].name;
+        packed += got_slots[i].packing != Packing::kRows;
+      }
+    }
+    double worst = 0;
+    int agree = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double e_cpu = nmse(got[i], ref_cpu[i]), e_dev = nmse(got[i], ref_dev[i]);
+      worst = std::max({worst, e_cpu, e_dev});
+      EXPECT_LE(e_cpu, sc.max_nmse) << sc.model << " -ngl " << ngl << " step " << i << " vs CPU";
+      EXPECT_LE(e_dev, sc.max_nmse) << sc.model << " -ngl " << ngl << " step " << i << " vs device";
+      agree += argmax(got[i]) == argmax(ref_cpu[i]);
+    }
+    EXPECT_GE(agree, sc.min_top1 * static_cast<double>(got.size())) << sc.model << " -ngl " << ngl;
+    // Two sessions in one step: each as the CPU's (the first alone is got[0]).
+    const auto two = run_two(split, golden[0].prompt_tokens, golden[1].prompt_tokens);
+    EXPECT_LE(nmse(two[0], got[0]), 1e-10) << sc.model << " -ngl " << ngl;
+    for (int i = 0; i < 2; ++i)
+      EXPECT_LE(nmse(two[i], two_cpu[i]), sc.max_nmse) << sc.model << " -ngl " << ngl << " session " << i;
+    if (ngl == nl / 2) {
+      // Evicted on both sides, the next step restores them (the CPU's
+      // layers packed again on the way) and computes the same prefill.
+      const EvictReport r = split.evict(UINT64_MAX);
+      EXPECT_EQ(r.weights_dropped, nl);
+      EXPECT_LE(nmse(run_steps(split, prompt, {})[0], got[0]), 0.0) << sc.model << " after evict";
+    }
+    std::printf("%s -ngl %d of %d: worst NMSE vs CPU or device over %zu steps %.3g, top token = CPU's at %d; "
+                "%d matrices of the CPU's layers packed\n",
+                sc.model, ngl, nl, got.size(), worst, agree, packed);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, VulkanSplit,
+                         ::testing::Values(SplitCase{"stories260K-f16", 2e-5, 1.0}, SplitCase{"tiny-llama-f16", 2e-5, 1.0},
+                                           SplitCase{"tiny-qwen2-f16", 2e-5, 1.0},
+                                           // Q8_0 on the CPU's best target: its layers packed, activations
+                                           // quantised to Q8_0 (the shaders multiply F32 ones).
+                                           SplitCase{"tiny-llama-q8_0", 4e-3, 0.8, true}),
+                         [](const auto& info) {
+                           std::string s = info.param.model;
+                           for (char& ch : s)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return s;
+                         });
+
+// The footprint splits: the host holds the CPU layers' weights and KV, the
+// device the rest (each layer's device bytes as the plan counted them), and
+// the device ledger is back where it was once the engine has gone.
+TEST(VulkanSplitMemory, FootprintSplitsBetweenHostAndDevice) {
+  EBB_REQUIRE_VULKAN(be);
+  const MemoryLedger before = be->ledger(MemoryPlace::kDevice);
+  {
+    Engine e(device_options("tiny-llama-f16", be, 2));
+    const int nl = e.model().n_layers(), first = nl - 2;
+    ASSERT_EQ(e.device()->first_layer(), first);
+    Session s(e);
+    s.feed(test::load_golden("tiny-llama-f16")[0].prompt_tokens);
+    const Footprint f = e.footprint();
+    ASSERT_TRUE(f.device.has_value());
+    for (int l = 0; l < nl; ++l) {
+      const bool host = l < first;
+      EXPECT_EQ(f.weights_per_layer[l] > 0, host) << "layer " << l;
+      EXPECT_EQ(f.kv_per_layer[l] > 0, host) << "layer " << l;
+      EXPECT_EQ(f.device->weights_per_layer[l] > 0, !host) << "layer " << l;
+      if (!host) {
+        EXPECT_EQ(f.device->weights_per_layer[l], device_layer_weight_bytes(*be, e.model(), l, 64)) << "layer " << l;
+      }
+    }
+    EXPECT_GT(f.device->kv, 0u);
+    EXPECT_EQ(f.weights(), host_layer_bytes(e, first));
+    const DevicePlan& p = *e.device_plan();
+    EXPECT_FALSE(p.automatic);
+    EXPECT_NE(p.summary(e.device_id()).find("2 of " + std::to_string(nl) + " layers"), std::string::npos)
+        << p.summary(e.device_id());
+    EXPECT_NE(p.summary(e.device_id()).find(std::to_string(first) + " on the CPU"), std::string::npos);
+  }
+  const MemoryLedger after = be->ledger(MemoryPlace::kDevice);
+  EXPECT_EQ(after.buffer_bytes, before.buffer_bytes);
+  EXPECT_EQ(after.n_buffers, before.n_buffers);
+}
+
+// -ngl auto: a budget that fits the head, the scratch and k layers (weights
+// and KV at the context) puts exactly the last k layers on the device.
+TEST(VulkanSplitMemory, AutoPicksTheLayersTheBudgetFits) {
+  EBB_REQUIRE_VULKAN(be);
+  const std::string model = "stories260K-f16";
+  EngineOptions all = device_options(model, be, 99);
+  all.device_context = 128;
+  DevicePlan p;
+  {
+    Engine e(all);
+    p = *e.device_plan();
+  }
+  const int nl = p.n_layers;
+  ASSERT_GE(nl, 3);
+  for (const int k : {1, 2, nl}) {
+    uint64_t budget = p.fixed;
+    for (int l = nl - k; l < nl; ++l) budget += p.layer_bytes[l];
+    // Room for half another layer, not a whole one.
+    if (k < nl) budget += p.layer_bytes[nl - k - 1] / 2;
+    EngineOptions eo = device_options(model, be, -1);
+    eo.device_context = 128;
+    eo.device_memory = budget;
+    Engine e(eo);
+    EXPECT_EQ(e.device()->first_layer(), nl - k) << "budget " << budget;
+    EXPECT_TRUE(e.device_plan()->automatic);
+    EXPECT_LE(e.device_plan()->device_bytes(), budget);
+    Session s(e);
+    EXPECT_EQ(s.feed(test::load_golden(model)[0].prompt_tokens).size(), static_cast<size_t>(e.config().n_vocab));
+  }
+  // Less than the head, the scratch and one layer: refused, naming the sizes.
+  EngineOptions eo = device_options(model, be, -1);
+  eo.device_context = 128;
+  eo.device_memory = p.fixed + p.layer_bytes.back() - 1;
+  try {
+    Engine e(eo);
+    ADD_FAILURE() << "a budget that holds no layer was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("holds no layer"), std::string::npos) << err.what();
+  }
+}
+
+// Elastic memory on a split engine: evict() drops the device's layers (the
+// last first), then the CPU's; restore() brings both back with both ledgers
+// exactly where they were; the next step after an eviction restores first
+// and computes the same logits.
+TEST(VulkanSplitMemory, EvictRestoreGenerate) {
+  EBB_REQUIRE_VULKAN(be);
+  Engine e(device_options("tiny-llama-f16", be, 2));
+  const int nl = e.model().n_layers(), first = nl - 2;
+  const std::vector<int32_t> prompt = test::load_golden("tiny-llama-f16")[0].prompt_tokens;
+  Session s(e);
+  const std::vector<float> logits = copy(s.feed(prompt));
+  const int32_t next = argmax(logits);
+  const MemoryLedger held = be->ledger(MemoryPlace::kDevice);
+  const int64_t host_held = e.ledger().total();
+  const Footprint f = e.footprint();
+  EvictReport r = e.evict(1);  // one byte: the last layer, on the device
+  EXPECT_EQ(r.weights_dropped, 1);
+  EXPECT_EQ(r.freed, held.buffer_bytes - be->ledger(MemoryPlace::kDevice).buffer_bytes);
+  EXPECT_EQ(e.footprint().weights(), f.weights()) << "the CPU's layers stay while the device gives enough";
+  const uint64_t dev_after_one = be->ledger(MemoryPlace::kDevice).buffer_bytes;
+  r = e.evict(UINT64_MAX);  // everything: the other device layer, then the CPU's
+  EXPECT_EQ(r.weights_dropped, nl - 1);
+  EXPECT_EQ(e.footprint().device->weights(), 0u);
+  EXPECT_EQ(e.footprint().weights(), 0u);
+  EXPECT_EQ(e.footprint().weights_stored, f.weights()) << "the CPU's dropped layers, backed by the GGUF";
+  // What it reports: the device ledger's delta and the CPU layers' host bytes (the host ledger's delta).
+  EXPECT_EQ(r.freed, (dev_after_one - be->ledger(MemoryPlace::kDevice).buffer_bytes) + f.weights());
+  EXPECT_EQ(host_held - e.ledger().total(), static_cast<int64_t>(f.weights()));
+  EXPECT_EQ(e.footprint().device->kv, f.device->kv) << "the KV stays";
+  EXPECT_EQ(e.footprint().kv(), f.kv());
+  const RestoreReport rr = e.restore();
+  EXPECT_EQ(rr.weights_loaded, nl);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).buffer_bytes, held.buffer_bytes);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, held.n_buffers);
+  EXPECT_EQ(e.ledger().total(), host_held);
+  EXPECT_EQ(e.footprint().weights(), f.weights());
+  EXPECT_EQ(e.footprint().device->weights(), f.device->weights());
+  EXPECT_EQ(e.footprint().weights_stored, 0u);
+  // Evicted again: the next step brings both sides back first.
+  e.evict(UINT64_MAX);
+  EXPECT_EQ(e.device()->n_dropped(), nl);
+  {
+    Session t(e);
+    EXPECT_LE(nmse(t.feed(prompt), logits), 0.0);
+    EXPECT_EQ(e.device()->n_dropped(), 0);
+    const std::vector<float> l1 = copy(s.feed({&next, 1}));
+    std::vector<int32_t> longer = prompt;
+    longer.push_back(next);
+    Session u(e);
+    EXPECT_LE(nmse(l1, u.feed(longer)), 1e-10);
+  }
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, held.n_buffers);
+  EXPECT_EQ(e.ledger().total(), host_held);
+  EXPECT_EQ(e.footprint().weights(), host_layer_bytes(e, first));
+}
+
+// ---- the command line ----
+
+using test::run_cli;
+
+TEST(VulkanSplitCli, NglSplitsAndAutoFitsTheBudget) {
+  EBB_REQUIRE_VULKAN(be);
+  const std::string m = "run -m " + test::model_path("stories260K.gguf") + " -p Lily --temp 0 -n 24 --threads 1 ";
+  const test::CliResult cpu = run_cli(m);
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  // stories260K has 5 layers.
+  for (const std::string ngl : {"1", "3", "4"}) {
+    const test::CliResult r = run_cli(m + "-ngl " + ngl);
+    EXPECT_EQ(r.status, 0) << ngl << ": " << r.err;
+    EXPECT_EQ(r.out, cpu.out) << "-ngl " << ngl;
+    EXPECT_NE(r.err.find(be->info().id + ": " + ngl + " of 5 layers"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(std::to_string(5 - std::stoi(ngl)) + " on the CPU"), std::string::npos) << r.err;
+  }
+  const test::CliResult a = run_cli(m + "-ngl auto");
+  EXPECT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(a.out, cpu.out);
+  EXPECT_NE(a.err.find("5 of 5 layers"), std::string::npos) << a.err;
+  test::CliResult r = run_cli(m + "--device vulkan --device-memory 1K");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("holds no layer"), std::string::npos) << r.err;
+  r = run_cli(m + "--device vulkan --device-memory 10%");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("not a percentage"), std::string::npos) << r.err;
+  r = run_cli(m + "-ngl 2 --device-memory 1G");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("fixes the layers"), std::string::npos) << r.err;
+  // bench speed on a split: the decode bound adds the CPU's layers at the host's bandwidth.
+  r = run_cli("bench speed -m " + test::model_path("stories260K.gguf") +
+              " -p 16 -n 4 --reps 1 --membw-mib 8 --threads 1 -ngl 2 --device-gbps 100 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["host_layer_bytes_per_token"].get<double>(), 0);
+  EXPECT_GT(j["device_bytes_per_token"].get<double>(), 0);
+  EXPECT_GT(j["mem_bw_gbps"].get<double>(), 0);
+  const double bound = 1.0 / (j["device_bytes_per_token"].get<double>() / 100e9 +
+                              j["host_layer_bytes_per_token"].get<double>() / (j["mem_bw_gbps"].get<double>() * 1e9));
+  EXPECT_NEAR(j["device_decode_bound_tok_s"].get<double>(), bound, bound * 1e-9);
+  r = run_cli(m + "-ngl lots");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("or auto"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace ebb
