@@ -588,12 +588,16 @@ Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
   switch (opts_.policy) {
     case SchedPolicy::kForegroundFirst: {
       if (fg_ready) {
-        // A kind below its guaranteed share takes one bounded step first.
-        if (BgItem* b = owed_over_foreground_locked(ok)) {
+        // A kind below its guaranteed share takes one bounded step first,
+        // at most one between two foreground rounds.
+        BgItem* b = owed_ran_last_ ? nullptr : owed_over_foreground_locked(ok);
+        if (b) {
           ++m_.bg_share_fg;
+          owed_ran_last_ = true;
           u.type = Unit::Type::kBackground;
           u.bg = b;
         } else {
+          owed_ran_last_ = false;
           admit(kNoLimit);
         }
       } else if (BgItem* b = best_of(nullptr)) {

@@ -226,8 +226,9 @@ struct SchedulerOptions {
   //     beside high-utility cache work: aging alone gives it one step per
   //     background_aging_s of that work);
   //   - under foreground-first, before waiting or running foreground work,
-  //     one step at a time (a foreground that saturates the engine would
-  //     otherwise leave the kind nothing). The step is still bounded by the
+  //     one step at a time, at most one between two foreground rounds (a
+  //     foreground that saturates the engine would otherwise leave the kind
+  //     nothing). The step is still bounded by the
   //     window rule (ŷ + δ <= W_bg: no starvation exception while
   //     foreground work is there), so a foreground arrival waits for at
   //     most one such step; SchedulerMetrics::bg_share_fg counts them.
@@ -430,6 +431,7 @@ class Scheduler {
   // Under foreground-first with foreground work there: the admissible task
   // of the kind furthest below its guaranteed share, if any.
   BgItem* owed_over_foreground_locked(const std::vector<BgItem*>& ok);
+  bool owed_ran_last_ = false;  // the last unit picked was such a step: the foreground goes next
   // Kinds whose tasks were held back by the window on an idle engine: when
   // the episode began (window_starvation_s). Cleared by foreground work.
   std::map<std::string, double> window_since_kind_;

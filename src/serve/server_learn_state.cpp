@@ -20,21 +20,12 @@
 
 #include "platform/error.h"
 #include "platform/timer.h"
+#include "platform/wall_clock.h"
 #include "serve/server_learning.h"
 
 namespace ebb::serve {
 
 using nlohmann::json;
-
-namespace {
-
-double wall_now() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
-
-}  // namespace
 
 void Server::Impl::LearnState::trim_versions(const std::vector<AdapterInfo>& registry) {
   const auto published = [&](const VersionRecord& v) {
@@ -56,7 +47,7 @@ bool Server::Impl::submit_judge(const AgentSpec& a, const std::string& response_
     s.dirty = true;
     s.last_error = "judge of agent '" + a.name + "': " + why;
     s.judge_log.push_back(json{{"id", response_id}, {"agent", a.name}, {"answer", nullptr}, {"reward", nullptr},
-                               {"ok", false}, {"error", why}, {"at", wall_now()}});
+                               {"ok", false}, {"error", why}, {"at", unix_now()}});
     while (s.judge_log.size() > LearnState::kMaxJudgeLog) s.judge_log.pop_front();
     if (why_not) *why_not = "the judge call could not run: " + why;
     return false;
@@ -90,7 +81,7 @@ bool Server::Impl::submit_judge(const AgentSpec& a, const std::string& response_
         LearnState& ls = *learn_state;
         {
           std::lock_guard lock(ls.mu);
-          ls.judged.push_back(LearnState::Judged{response_id, agent, correction, std::move(r), wall_now()});
+          ls.judged.push_back(LearnState::Judged{response_id, agent, correction, std::move(r), unix_now()});
         }
         ls.cv.notify_all();
       },
@@ -158,7 +149,7 @@ void Server::Impl::learner_chores(std::unique_lock<std::mutex>& lock, bool force
 
   // The state on disk.
   if (!s.store || (!s.dirty && s.weights_pending.empty())) return;
-  const double now = wall_now();
+  const double now = unix_now();
   if (!force_save && now - s.last_save < LearnState::kSaveInterval) return;
   std::deque<std::pair<std::string, uint64_t>> pending;
   pending.swap(s.weights_pending);
