@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "model/chat_template.h"
 #include "platform/cgroup.h"
 #include "platform/error.h"
+#include "runtime/agents.h"
 #include "runtime/offload_admission.h"
 #include "runtime/scheduler.h"
 #include "serve/server.h"
@@ -41,6 +43,7 @@ struct ServeArgs {
   int port = 8080;
   std::string api_key;
   std::string max_body = "4MiB";
+  std::string judge;  // --judge: the default judge of agents that name none
   std::string kv_spare = "256MiB";
   std::string background_memory;  // "": the machine's free memory
   std::string policy = "foreground-first";
@@ -188,6 +191,27 @@ int serve(ServeArgs& a) {
   if (a.learn.learn && a.learn.state_dir.empty())
     throw UsageError("--learn needs --state-dir DIR (the traces database and the agents are kept there)");
   if (a.learn.gate != "loss" && a.learn.gate != "off") throw UsageError("--learn-gate must be loss or off");
+  if (!a.judge.empty()) {
+    if (!a.learn.learn) throw UsageError("--judge needs --learn (judges turn learning agents' feedback into rewards)");
+    nlohmann::json j;
+    if (a.judge.front() == '{') {
+      j = nlohmann::json::parse(a.judge, nullptr, false);
+      if (j.is_discarded()) throw UsageError("--judge: '" + a.judge + "' is not a JSON object");
+    } else if (a.judge.rfind("prompt:", 0) == 0) {
+      const std::string file = a.judge.substr(7);
+      std::ifstream in(file, std::ios::binary);
+      if (file.empty() || !in) throw UsageError("--judge prompt:FILE: cannot read '" + file + "'");
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      j = {{"kind", "prompt"}, {"prompt", text}};
+    } else {
+      j = {{"kind", a.judge}};
+    }
+    try {
+      a.learn.judge = judge_from_json(j);
+    } catch (const AgentError& e) {
+      throw UsageError(std::string("--judge: ") + e.what());
+    }
+  }
   if (a.learn.steps < 1 || a.learn.commit_every < 1) throw UsageError("--learn-steps and --commit-every must be >= 1");
   if (!(a.learn.lr > 0 && a.learn.lr <= 1)) throw UsageError("--learn-lr must be in (0, 1]");
   if (a.learn.rank < 1 || a.learn.rank > 256) throw UsageError("--learn-rank must be in [1, 256]");
@@ -388,6 +412,9 @@ void add_serve_command(CLI::App& app, int* rc) {
                   "Learning: loss (publish a version whose held-back loss is not worse than the published "
                   "version's) or off (publish every version)")
       ->capture_default_str();
+  sub->add_option("--judge", a->judge,
+                  "Learning: the judge of agents that name none: rule (default), client, prompt:FILE (FILE holds "
+                  "the judge prompt template), or a JSON object as the agents' \"judge\" field");
   sub->add_option("--learn-lr", a->learn.lr, "Learning: AdamW peak learning rate")->capture_default_str();
   sub->add_option("--learn-rank", a->learn.rank, "Learning: rank of an agent's new adapter")->capture_default_str();
   sub->add_option("--learn-min-samples", a->learn.min_samples,

@@ -52,28 +52,29 @@ bool Server::Impl::submit_judge(const AgentSpec& a, const std::string& response_
     if (why_not) *why_not = "the judge call could not run: " + why;
     return false;
   };
+  const JudgeSpec& judge = judge_of(a);
   JudgeCall call;
   try {
-    const std::string text = render_judge_prompt(a.judge.prompt, prompt_text, response_text, feedback);
+    const std::string text = render_judge_prompt(judge.prompt, prompt_text, response_text, feedback);
     EncodeOptions eo;
     eo.add_bos = engine.tokenizer().add_bos_default();
     call.prompt = engine.tokenizer().encode(text, eo);
-    if (!a.judge.grammar.empty()) {
-      call.grammar = grammar::Grammar::parse(a.judge.grammar);
+    if (!judge.grammar.empty()) {
+      call.grammar = grammar::Grammar::parse(judge.grammar);
       call.vocab = token_trie();
     }
   } catch (const Error& e) {
     return fail(e.what());
   }
   if (call.prompt.empty()) return fail("the rendered judge prompt has no tokens");
-  if (static_cast<int64_t>(call.prompt.size()) + a.judge.max_tokens > opts.n_ctx)
+  if (static_cast<int64_t>(call.prompt.size()) + judge.max_tokens > opts.n_ctx)
     return fail("the rendered judge prompt has " + std::to_string(call.prompt.size()) + " tokens; with max_tokens " +
-                std::to_string(a.judge.max_tokens) + " it does not fit the context (" + std::to_string(opts.n_ctx) +
+                std::to_string(judge.max_tokens) + " it does not fit the context (" + std::to_string(opts.n_ctx) +
                 ", --ctx)");
-  if (!a.judge.adapter.empty() && !has_adapter(a.judge.adapter))
-    return fail("no adapter '" + a.judge.adapter + "' is loaded (judge.adapter)");
-  call.adapter = a.judge.adapter;
-  call.max_tokens = a.judge.max_tokens;
+  if (!judge.adapter.empty() && !has_adapter(judge.adapter))
+    return fail("no adapter '" + judge.adapter + "' is loaded (judge.adapter)");
+  call.adapter = judge.adapter;
+  call.max_tokens = judge.max_tokens;
   const std::string agent = a.name, correction = feedback;
   Task t = judge_task(
       engine, std::move(call),

@@ -377,6 +377,7 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
     std::vector<TrainSample> heldout;
     size_t next = 0;  // [0, n): the new version's samples, [n, 2n): the published version's
     LossSum mine, theirs;
+    bool superseded = false;  // the round's next commit dropped it before its gate began
   };
   auto run = std::make_shared<GateRun>();
   run->v = v;
@@ -392,7 +393,16 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
   t.step = [this, run] {
     // What it is measured against, as the gate starts (not at the commit: a
     // first version rejected meanwhile leaves the base model to beat).
-    if (run->next == 0) run->first = gate_baseline(run->v);
+    if (run->next == 0) {
+      bool present = false;
+      for (const AdapterInfo& i : engine.adapters().list())
+        present = present || (i.name == run->v.adapter && i.version == run->v.version);
+      if (!present) {
+        run->superseded = true;
+        return false;
+      }
+      run->first = gate_baseline(run->v);
+    }
     const size_t n = run->heldout.size();
     const bool mine = run->next < n;
     const TrainSample& s = run->heldout[run->next % n];
@@ -405,6 +415,14 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
   };
   t.on_done = [this, run](TaskOutcome outcome, const std::string& error) {
     VersionRecord& v = run->v;
+    if (run->superseded) {
+      // A newer version of the round replaced it (the job drops a staged
+      // version at its next commit): that one is gated instead.
+      v.published = false;
+      v.gate = "superseded";
+      finish_gate(v, false, run->dropped);
+      return;
+    }
     if (outcome == TaskOutcome::kCompleted) {
       v.loss = run->mine.tokens ? run->mine.sum / static_cast<double>(run->mine.tokens) : 0.0;
       v.loss_published = run->theirs.tokens ? run->theirs.sum / static_cast<double>(run->theirs.tokens) : 0.0;
@@ -488,7 +506,7 @@ void Server::Impl::finish_gate(VersionRecord v, bool first, uint64_t dropped) {
   if (v.published) learn_state->ungated_first.erase(v.adapter);  // a rejected first keeps the agent on the base
   ++learn_state->committed;
   if (v.published) ++learn_state->published;
-  else ++learn_state->rejected;
+  else if (v.gate != "superseded") ++learn_state->rejected;
   learn_state->versions.push_back(v);
   learn_state->dirty = true;
   if (v.published) learn_state->weights_pending.emplace_back(v.adapter, v.version);  // kept across a restart
@@ -505,14 +523,14 @@ bool Server::Impl::give_feedback(const std::string& id, const TraceFeedback& fb,
   Judged j;
   const std::optional<AgentSpec> a = s.agents->get(t->agent);
   // The agent's judge prompt scores feedback without a reward, in the background.
-  const bool by_prompt = a && a->learn && a->feedback != "off" && a->judge.kind == "prompt" && !fb.reward;
+  const bool by_prompt = a && a->learn && a->feedback != "off" && judge_of(*a).kind == "prompt" && !fb.reward;
   {
     std::lock_guard lock(s.mu);
     if (fb.source != "judge") ++s.feedback;  // a judge call's reward is the same feedback, scored
     s.dirty = true;
     if (by_prompt) {
       j.why_not = "scored by the agent's judge prompt in the background (judge_calls in /v1/learning)";
-    } else if (a && a->learn && a->feedback != "off" && a->judge.kind == "client" && !fb.reward) {
+    } else if (a && a->learn && a->feedback != "off" && judge_of(*a).kind == "client" && !fb.reward) {
       j.why_not = "the agent's judge takes client rewards only (judge.kind \"client\")";
       ++s.feedback_unapplied;
     } else if (a && a->learn && a->feedback != "off") {
