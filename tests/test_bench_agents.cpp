@@ -49,8 +49,10 @@ TEST(BenchAgents, EachSystemReportsItsRowAndPrePrefillFillsTheCache) {
   EXPECT_GT(ebb["cached_tokens"].get<int>(), nopp["cached_tokens"].get<int>());
   EXPECT_GT(stw["train_windows"].get<int>(), 0);
   // Each window: a sleep, --window-steps (5) optimizer steps with their
-  // commits staged before serving resumes, a wake that reads the model back.
-  EXPECT_EQ(stw["commits"].get<int>(), 5 * stw["train_windows"].get<int>());
+  // commits staged before serving resumes, a wake that reads the model back
+  // (counted at T: a window in progress then has made some of its commits).
+  EXPECT_GE(stw["commits"].get<int>(), 5 * stw["train_windows"].get<int>());
+  EXPECT_LE(stw["commits"].get<int>(), 5 * (stw["train_windows"].get<int>() + 1));
   EXPECT_GT(stw["train_window_wake_s"].get<double>(), 0);
   EXPECT_GE(stw["train_window_sleep_s"].get<double>(), 0);
   EXPECT_EQ(ebb["train_windows"], 0);
