@@ -51,6 +51,7 @@ struct ServeArgs {
   std::string chat_template;  // --chat-template NAME|FILE
   int max_batch = 8;
   double background_window = 0.5;  // W_bg, seconds
+  double train_share = 0.5;        // training's guaranteed share of the engine's time
   double background_starvation = 5;  // seconds
   int max_queue = 64;
   double grace = 5.0;
@@ -170,6 +171,7 @@ int serve(ServeArgs& a) {
   if (a.max_batch < 1) throw UsageError("--max-batch must be >= 1");
   if (!(a.background_window > 0 && a.background_window <= 60))
     throw UsageError("--background-window must be in (0, 60] seconds");
+  if (!(a.train_share >= 0 && a.train_share <= 1)) throw UsageError("--train-share must be in [0, 1]");
   if (!(a.background_starvation >= 0 && a.background_starvation <= 3600))
     throw UsageError("--background-starvation must be in [0, 3600] seconds (0: never)");
   if (a.max_queue < 1) throw UsageError("--max-queue must be >= 1");
@@ -302,6 +304,8 @@ int serve(ServeArgs& a) {
   sched_opts.max_batch = a.max_batch;
   sched_opts.background_window_s = a.background_window;
   sched_opts.window_starvation_s = a.background_starvation;
+  sched_opts.background_shares.clear();
+  if (a.train_share > 0) sched_opts.background_shares["train"] = a.train_share;
   sched_opts.max_queue = a.max_queue;
   sched_opts.kv_spare_bytes = kv_spare;
   if (background_memory > 0) {
@@ -386,6 +390,11 @@ void add_serve_command(CLI::App& app, int* rc) {
                   "A Jinja chat template FILE (1 MiB at most) to render chat prompts with, or a marker format NAME "
                   "(chatml, llama3, llama2, plain); default: the model's template");
   sub->add_option("--max-batch", a->max_batch, "Requests decoded together at most")->capture_default_str();
+  sub->add_option("--train-share", a->train_share,
+                  "Training's guaranteed share of the engine's recent time: below it, a training step (one that "
+                  "fits --background-window) goes before other background work and between requests' rounds "
+                  "(0: training only in idle time)")
+      ->capture_default_str();
   sub->add_option("--background-window", a->background_window,
                   "W_bg: the longest a new request may wait for a background step (training, warm-up), seconds")
       ->capture_default_str();
