@@ -318,5 +318,16 @@ TEST(CliInspectOrder, SummaryFirstThenTensorsAndTheChatTemplate) {
   EXPECT_NE(none.out.find("chat template: none"), std::string::npos) << none.out;
 }
 
+// ebb serve --train-share: training's guaranteed share of the engine's
+// time (scheduler test AGuaranteedShareHoldsWhileTheForegroundSaturatesTheEngine
+// for what it does), checked at start.
+TEST(CliOptions, ServeTrainShareIsAFraction) {
+  for (const char* bad : {"-0.1", "1.5"}) {
+    const Result r = run_cli("serve -m " + stories() + " --port 0 --train-share " + bad);
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_NE(r.err.find("--train-share must be in [0, 1]"), std::string::npos) << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace ebb

@@ -387,6 +387,45 @@ TEST(ServeLearning, GateRejectsAWorseVersion) {
   EXPECT_TRUE(get(*c, "/v1/learning/traces/" + t.first).body["adapter_version"].is_null());
 }
 
+// A round of several commits whose first version fails its gate: the
+// rejected version goes (the agent stays on the base model) and the round
+// goes on; its later versions are gated against the base model, never with
+// an error (a version the next commit replaced before its gate began is
+// "superseded"), and no rejected version is ever served.
+TEST(ServeLearning, ARejectedFirstVersionLeavesTheRoundsNextCommitsGatedNormally) {
+  test::TempDir dir("ebb-serve-gate-first");
+  ServerProcess s(args(dir.path(), {"--learn", "--learn-min-samples", "3", "--learn-lr", "0.05", "--learn-steps", "8",
+                                    "--commit-every", "2"}));
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  learning_agent(*c, "teller", "names");
+  // As in GateRejectsAWorseVersion: the held-back story rewarded, the
+  // punished ones make every version worse on it.
+  for (int i = 0; i < 4; ++i) {
+    const auto t = story(*c, "teller", 7, 24);
+    ASSERT_EQ(post(*c, "/v1/feedback", json{{"id", t.first}, {"reward", i == 0 ? 1.0 : -1.0}}).status, 200);
+  }
+  const json l = poll_learning(*c, [](const json& j) { return j["committed_versions"] == 4 && idle(j, "teller"); });
+  ASSERT_EQ(l["versions"].size(), 4u) << l.dump();
+  EXPECT_EQ(l["versions"][0]["gate"], "rejected") << l.dump();
+  int gated = 0;
+  for (const json& v : l["versions"]) {
+    const std::string g = v["gate"].get<std::string>();
+    EXPECT_EQ(g.find("error"), std::string::npos) << l.dump();
+    EXPECT_TRUE(g == "rejected" || g == "superseded") << l.dump();
+    if (g == "rejected") {
+      ++gated;
+      EXPECT_TRUE(v["gated_against"].is_null()) << "no version passed: against the base model; " << l.dump();
+    }
+  }
+  EXPECT_GE(gated, 2) << "the round's last version is gated too; " << l.dump();
+  EXPECT_EQ(l["published_versions"], 0);
+  EXPECT_TRUE(l["published"].empty()) << l.dump();
+  EXPECT_EQ(l["train_steps"], 8);
+  const auto t = story(*c, "teller", 8, 4);
+  EXPECT_TRUE(get(*c, "/v1/learning/traces/" + t.first).body["adapter_version"].is_null());
+}
+
 // With the gate off every version is published; rollback publishes an
 // earlier one again, and the agent's next turn runs on it.
 TEST(ServeLearning, Rollback) {
@@ -418,6 +457,66 @@ TEST(ServeLearning, Rollback) {
   test::expect_openai_error(post(*c, "/v1/learning/rollback", json{{"adapter", "nope"}, {"version", 1}}), 404,
                             "adapter_not_found", "adapter");
   test::expect_openai_error(post(*c, "/v1/learning/rollback", json{{"adapter", "names"}}), 400, "", "version");
+}
+
+// ebb serve --judge: the judge of agents that name none (their "judge" is
+// null), checked at start (a bad value is a usage error, exit 2); an agent
+// that names its own keeps it.
+TEST(ServeLearning, AServerWideJudgeAppliesToAgentsThatNameNone) {
+  test::TempDir dir("ebb-serve-default-judge");
+  const std::string model = test::model_path("stories260K.gguf");
+  const std::string serve = "serve -m " + model + " --learn --state-dir " + dir.path() + " --port 0 ";
+  test::CliResult bad = test::run_cli(serve + "--judge oracle");
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--judge"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("judge.kind"), std::string::npos) << bad.err;
+  bad = test::run_cli(serve + "--judge prompt:" + dir.path() + "/missing.txt");
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_NE(bad.err.find("missing.txt"), std::string::npos) << bad.err;
+  const std::string bad_tmpl = dir.path() + "/bad.txt", good_tmpl = dir.path() + "/judge.txt";
+  std::ofstream(bad_tmpl) << "Score {answer}: ";
+  bad = test::run_cli(serve + "--judge prompt:" + bad_tmpl);
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_NE(bad.err.find("judge.prompt"), std::string::npos) << bad.err;
+  bad = test::run_cli("serve -m " + model + " --port 0 --judge client");
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--judge needs --learn"), std::string::npos) << bad.err;
+
+  // --judge client: a correction to an agent without a judge trains nothing;
+  // one that names the rule judge takes it.
+  {
+    ServerProcess s(args(dir.path() + "/a", {"--learn", "--learn-min-samples", "1000", "--judge", "client"}));
+    ASSERT_GT(s.port(), 0) << s.first_line();
+    auto c = client(s.port());
+    Reply r = post(*c, "/v1/agents", json{{"name", "plain"}, {"adapter", "p"}, {"learn", true}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_TRUE(r.body["judge"].is_null()) << r.raw;  // the server's
+    r = post(*c, "/v1/agents", json{{"name", "ruled"}, {"adapter", "q"}, {"learn", true}, {"judge", "rule"}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["judge"]["kind"], "rule");
+    const auto tp = story(*c, "plain", 1, 8), tr = story(*c, "ruled", 1, 8);
+    r = post(*c, "/v1/feedback", json{{"id", tp.first}, {"correction", "Once upon a time there was a cat."}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["applied"], false) << r.raw;
+    EXPECT_NE(r.body["reason"].get<std::string>().find("client"), std::string::npos) << r.raw;
+    r = post(*c, "/v1/feedback", json{{"id", tr.first}, {"correction", "Once upon a time there was a cat."}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["applied"], true) << r.raw;
+  }
+  // --judge prompt:FILE: the file's template scores an agent's correction
+  // in the background.
+  std::ofstream(good_tmpl) << "Story: {response}\nThe reader said: {feedback}\nScore from 0 to 9: ";
+  ServerProcess s(args(dir.path() + "/b", {"--learn", "--learn-min-samples", "1000", "--judge", "prompt:" + good_tmpl}));
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  learning_agent(*c, "teller", "names");
+  const auto t = story(*c, "teller", 2, 8);
+  const Reply r = post(*c, "/v1/feedback", json{{"id", t.first}, {"correction", "call her Zorba, not Lily"}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["judging"], true) << r.raw;
+  const json l = poll_learning(*c, [](const json& j) { return j["judge_calls"] == 1 && j["judge_pending"] == 0; });
+  ASSERT_EQ(l["judges"].size(), 1u) << l.dump();
+  EXPECT_EQ(l["judges"][0]["id"], t.first);
 }
 
 // A judge prompt (judge.kind "prompt") scores feedback that has no reward:

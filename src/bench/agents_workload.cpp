@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -59,8 +60,11 @@ struct Agent {
 }  // namespace
 
 void validate(const AgentsWorkload& w) {
-  if (w.tasks < 1 || w.concurrency < 1 || w.steps < 1)
-    throw UsageError("bench agents: --tasks, --concurrency and --steps must be at least 1");
+  if (w.tasks < 0) throw UsageError("bench agents: --tasks must be >= 0 (0: tasks until --duration)");
+  if (w.concurrency < 1 || w.steps < 1)
+    throw UsageError("bench agents: --concurrency and --steps must be at least 1");
+  if (!(w.learn.duration_s > 0))
+    throw UsageError("bench agents: --duration must be > 0 (every system runs exactly that long)");
   if (w.system_tokens < 1 || w.user_tokens < 1 || w.context_tokens < 0 || w.tool_result_tokens < 0 ||
       w.instruction_tokens < 1 || w.gen < 1)
     throw UsageError("bench agents: --system-tokens, --user-tokens, --gen and --instruction-tokens must be at least 1, "
@@ -169,6 +173,9 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
 
   std::mutex mu;  // run's vectors
   std::string failure;
+  const double t0 = now_seconds();
+  const double deadline = t0 + w.learn.duration_s;  // T
+  const auto past_t = [deadline] { return now_seconds() >= deadline; };
   const auto bindings = [&](const Agent& a) {
     std::vector<AdapterBinding> b;
     if (a.learns && learn.published()) b.push_back({kLearnedAdapter, 1.0f, 0});
@@ -181,8 +188,10 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
     return s;
   };
   // One foreground turn: the agent's system prompt + history + its
-  // instruction; returns when the answer is done.
-  const auto turn = [&](const Agent& a, const Tokens& history, const Tokens& instruction) {
+  // instruction; returns its prompt when the answer is done, nullopt when
+  // T came first (none starts at or after T; one in flight is cancelled).
+  const auto turn = [&](const Agent& a, const Tokens& history, const Tokens& instruction) -> std::optional<Tokens> {
+    if (past_t()) return std::nullopt;
     GenerationRequest req;
     req.prompt = cat(cat(a.system, history), instruction);
     req.options.max_tokens = w.gen;
@@ -192,12 +201,25 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
     req.adapters = bindings(a);
     const double t_submit = now_seconds();
     std::shared_ptr<GenerationStream> s = sched.submit_generation(req);
+    bool cut = false;
     for (;;) {
-      std::optional<GenerationEvent> e = s->next(120.0);
-      if (!e) throw Error("bench agents: no answer within 120 s");
+      if (!cut && past_t()) {
+        s->cancel();  // in flight at T: ends before its next step, not counted
+        cut = true;
+      }
+      std::optional<GenerationEvent> e = s->next(0.05);
+      if (!e) {
+        if (now_seconds() > deadline + 120.0) throw Error("bench agents: a turn did not end within 120 s of T");
+        continue;
+      }
       if (e->kind == GenerationEvent::Kind::kText) continue;
       if (e->kind == GenerationEvent::Kind::kError) throw Error("bench agents: a turn failed: " + e->error);
       break;
+    }
+    if (cut || past_t()) {
+      std::lock_guard lock(mu);
+      ++run.cut_turns;
+      return std::nullopt;
     }
     const double ttft = (s->first_token_at() > 0 ? s->first_token_at() : now_seconds()) - t_submit;
     std::lock_guard lock(mu);
@@ -218,34 +240,51 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
     if (pp && id) pp->consume(id, a.name);
   };
   const auto pause = [&] {
-    std::this_thread::sleep_for(std::chrono::duration<double>(w.handoff_delay_s));
+    const double until = std::min(now_seconds() + w.handoff_delay_s, deadline);
+    while (now_seconds() < until)
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.05, until - now_seconds())));
   };
 
-  const double t0 = now_seconds();
   std::vector<std::thread> workers;
   for (int k = 0; k < w.concurrency; ++k) {
     workers.emplace_back([&, k] {
       try {
-        for (int task = k; task < w.tasks; task += w.concurrency) {
+        for (int64_t task = k; (w.tasks == 0 || task < w.tasks) && !past_t(); task += w.concurrency) {
+          {
+            std::lock_guard lock(mu);
+            ++run.tasks_started;
+          }
+          bool done = true;
           // The task's script: seeded by the task alone, the same for every system.
           std::mt19937_64 rng(w.learn.seed * 1000003 + static_cast<uint64_t>(task));
           Tokens history = cat(random_tokens(rng, w.user_tokens, n_vocab), random_tokens(rng, w.context_tokens, n_vocab));
           uint64_t to_planner = 0;
-          for (int step = 0; step < w.steps; ++step) {
-            turn(planner, history, random_tokens(rng, w.instruction_tokens, n_vocab));
+          for (int step = 0; step < w.steps && done; ++step) {
+            if (!turn(planner, history, random_tokens(rng, w.instruction_tokens, n_vocab))) {
+              done = false;
+              break;
+            }
             consume(to_planner, planner);
             history = cat(history, random_tokens(rng, w.gen, n_vocab));  // the plan
             const uint64_t to_tool = handoff("planner", {&tool, &critic}, history);
             pause();
             consume(to_tool, tool);
-            turn(tool, history, random_tokens(rng, w.instruction_tokens, n_vocab));
+            if (!turn(tool, history, random_tokens(rng, w.instruction_tokens, n_vocab))) {
+              done = false;
+              break;
+            }
             history = cat(history, random_tokens(rng, w.gen, n_vocab));                 // the tool call
             history = cat(history, random_tokens(rng, w.tool_result_tokens, n_vocab));  // its result
             const uint64_t to_critic = handoff("tool", {&critic}, history);
             pause();
             consume(to_tool, critic);
             consume(to_critic, critic);
-            const Tokens critic_prompt = turn(critic, history, random_tokens(rng, w.instruction_tokens, n_vocab));
+            const std::optional<Tokens> critic_turn = turn(critic, history, random_tokens(rng, w.instruction_tokens, n_vocab));
+            if (!critic_turn) {
+              done = false;
+              break;
+            }
+            const Tokens& critic_prompt = *critic_turn;
             const Tokens verdict = random_tokens(rng, w.gen, n_vocab);
             history = cat(history, verdict);
             // The judge scores the step: the critic's prompt, its verdict, a short ask.
@@ -257,6 +296,10 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
               pause();
             }
           }
+          if (done) {
+            std::lock_guard lock(mu);
+            ++run.tasks_completed;
+          }
         }
       } catch (const std::exception& e) {
         std::lock_guard lock(mu);
@@ -264,18 +307,26 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
       }
     });
   }
-  for (auto& t : workers) t.join();
+  // Everything is counted as it stands at T.
+  while (!past_t()) {
+    {
+      std::lock_guard lock(mu);
+      if (!failure.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   run.wall_s = now_seconds() - t0;
-  // Training and publishing go on to the run's fixed length, so every
-  // system's training gets the same wall time.
-  while (failure.empty() && now_seconds() - t0 < w.learn.duration_s)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  run.run_s = now_seconds() - t0;
-  learn.stop();
   const SchedulerMetrics m = sched.metrics();
-  sched.shutdown(0);
-  if (!failure.empty()) throw Error(failure);
+  const LearningResult lr = learn.result();
+  const PrePrefillStats ps = pp ? pp->stats() : PrePrefillStats{};
   run.peak_rss_bytes = peak_rss();
+  // Then the work in flight ends: turns cancelled, training stopped at its
+  // next step boundary, waiting background tasks cancelled.
+  for (auto& t : workers) t.join();
+  learn.stop();
+  sched.shutdown(0);
+  run.run_s = now_seconds() - t0;
+  if (!failure.empty()) throw Error(failure);
   run.wait_p50 = m.wait_p50_s;
   run.wait_p95 = m.wait_p95_s;
   run.wait_p99 = m.wait_p99_s;
@@ -289,13 +340,13 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
   run.bg_over_window = m.bg_over_window;
   run.bg_aged = m.bg_aged;
   run.bg_share = m.bg_share;
+  run.bg_share_fg = m.bg_share_fg;
   run.cached_tokens = m.cached_tokens;
   run.prompt_tokens = m.prompt_tokens;
   run.offload_requests = m.offload_requests;
   run.offload_short = m.offload_short;
   run.offload_freed = m.offload_freed_bytes;
   run.bg_pending_memory = m.bg_pending_memory;
-  const LearningResult lr = learn.result();
   run.commits = lr.commits;
   run.publishes = lr.publishes;
   run.publish_failures = lr.publish_failures;
@@ -311,7 +362,6 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
   run.stale_completed = lr.stale_completed;
   run.stale_tokens = lr.stale_tokens;
   if (pp) {
-    const PrePrefillStats ps = pp->stats();
     run.preprefill_tasks = ps.tasks_submitted;
     run.preprefill_completed = ps.tasks_completed;
     run.preprefill_tokens = ps.tokens_prefilled;

@@ -26,6 +26,17 @@
 //              tokens of the answers' length), so every system sees the
 //              same foreground sequence whatever its adapter versions
 //              generate.
+//   time       every system runs for exactly learn.duration_s (T) of wall
+//              time: `concurrency` workers replay tasks closed-loop (task
+//              i's script seeded by i; a worker starts the next task when
+//              its last ends) until T, or until `tasks` tasks when tasks >
+//              0. At T no new turn starts, and everything is counted as it
+//              stands at T: turns completed by T, commits and publishes
+//              completed by T, the scheduler's metrics at T. Work in flight
+//              at T is not counted: a turn not finished is cancelled (its
+//              TTFT left out: AgentsRun::cut_turns counts them), a training
+//              step or window ends at its next step boundary, waiting judge
+//              calls and pre-prefill are cancelled at shutdown.
 //
 // Systems: ebb (foreground-first, cross-agent pre-prefill, stale-coverage
 // prefill, phase-sized training), no-preprefill, no-stale-prefill,
@@ -52,7 +63,7 @@
 namespace ebb::cli {
 
 struct AgentsWorkload {
-  int tasks = 6;
+  int tasks = 0;                 // tasks at most (0: closed loop until the run's end)
   int concurrency = 2;           // tasks in flight
   int steps = 3;                 // planner -> tool -> critic steps per task
   int64_t system_tokens = 48;    // each agent's system prompt
@@ -83,8 +94,11 @@ struct AgentsRun {
   uint64_t kv_budget = 0;
   int hot_prefixes = 0;
   int64_t chunk_tokens = 0;
-  double wall_s = 0, run_s = 0;
-  int64_t turns = 0;
+  double wall_s = 0;   // T: the window everything is counted over
+  double run_s = 0;    // T and the teardown after it (work in flight ending)
+  int64_t turns = 0;   // completed by T
+  int64_t tasks_started = 0, tasks_completed = 0;
+  int64_t cut_turns = 0;  // in flight at T: cancelled, not counted
   std::vector<double> ttft_s;  // per turn, submission to the first sampled token
   std::map<std::string, std::vector<double>> ttft_by_agent;
   double wait_p50 = 0, wait_p95 = 0, wait_p99 = 0, wait_max = 0;
@@ -109,11 +123,11 @@ struct AgentsRun {
   // picked one ahead of higher utility, or a guaranteed share did.
   double fg_busy_s = 0, idle_s = 0, idle_bg_waiting_s = 0;
   std::map<std::string, double> bg_busy_s;
-  int64_t bg_deferred_window = 0, bg_over_window = 0, bg_aged = 0, bg_share = 0;
+  int64_t bg_deferred_window = 0, bg_over_window = 0, bg_aged = 0, bg_share = 0, bg_share_fg = 0;
 };
 
-// Runs the workload to its end on `engine` (fresh: nothing cached, no
-// adapter) under `system`.
+// Runs the workload for exactly w.learn.duration_s on `engine` (fresh:
+// nothing cached, no adapter) under `system`.
 AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std::string& system);
 
 }  // namespace ebb::cli

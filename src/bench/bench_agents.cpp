@@ -3,8 +3,9 @@
 // multi-step retail tasks with tool calls, synthetic tool results, handoffs
 // carrying long shared contexts, judge calls, training, commits and
 // publishes — replayed under several systems on a fresh engine each (the
-// same foreground sequence for all), then, with --kv-budget, ebb under a
-// sweep of KV budgets, hot-prefix counts and prefill chunk sizes.
+// same foreground sequence for all, each for exactly --duration seconds of
+// wall time), then, with --kv-budget, ebb under a sweep of KV budgets,
+// hot-prefix counts and prefill chunk sizes.
 //
 // Per system: TTFT (client side, submission to the first sampled token)
 // mean/p50/p95/p99, foreground queue wait (the scheduler's) p50/p95/p99,
@@ -58,6 +59,8 @@ double cached_share(const AgentsRun& r) {
   return r.prompt_tokens > 0 ? static_cast<double>(r.cached_tokens) / static_cast<double>(r.prompt_tokens) : 0;
 }
 
+double per_min(int64_t n, const AgentsRun& r) { return r.wall_s > 0 ? 60.0 * static_cast<double>(n) / r.wall_s : 0; }
+
 json result_json(const AgentsRun& r) {
   json attr = json::object();
   for (const auto& [k, s] : r.wait_behind_s) attr[k] = s;
@@ -70,6 +73,11 @@ json result_json(const AgentsRun& r) {
           {"wall_s", r.wall_s},
           {"run_s", r.run_s},
           {"turns", r.turns},
+          {"cut_turns", r.cut_turns},
+          {"tasks_started", r.tasks_started},
+          {"tasks_completed", r.tasks_completed},
+          {"commits_per_min", per_min(r.commits, r)},
+          {"train_steps_per_min", per_min(r.train_steps, r)},
           {"ttft_mean_s", mean(r.ttft_s)},
           {"ttft_p50_s", pct(r.ttft_s, 0.5)},
           {"ttft_p95_s", pct(r.ttft_s, 0.95)},
@@ -120,13 +128,14 @@ json result_json(const AgentsRun& r) {
           {"bg_over_window", r.bg_over_window},
           {"bg_aged", r.bg_aged},
           {"bg_share", r.bg_share},
+          {"bg_share_over_foreground", r.bg_share_fg},
           {"peak_rss_bytes", r.peak_rss_bytes}};
 }
 
 void print_row(const AgentsRun& r) {
-  std::printf("%-17s %5lld | %6.3f %6.3f %6.3f | %6.3f %6.3f | %4lld %4lld | %4lld %6.2f | %5.1f%% | %7.1f\n",
+  std::printf("%-17s %5lld | %6.3f %6.3f %6.3f | %6.3f %6.3f | %4lld %6.2f %4lld | %4lld %6.2f | %5.1f%% | %7.1f\n",
               r.system.c_str(), static_cast<long long>(r.turns), mean(r.ttft_s), pct(r.ttft_s, 0.95),
-              pct(r.ttft_s, 0.99), r.wait_p95, r.wait_p99, static_cast<long long>(r.commits),
+              pct(r.ttft_s, 0.99), r.wait_p95, r.wait_p99, static_cast<long long>(r.commits), per_min(r.commits, r),
               static_cast<long long>(r.publishes), static_cast<long long>(r.preprefill_tasks), r.preprefill_s,
               100 * cached_share(r), static_cast<double>(r.peak_rss_bytes) / (1 << 20));
 }
@@ -215,11 +224,15 @@ int run_agents_bench(AgentsBenchArgs& a) {
     return 0;
   }
   std::printf("ebb bench agents: %s; %s\n", a.model.model.c_str(), workload_json(a.w).dump().c_str());
-  const char* header = "%-17s %5s | %20s | %13s | %9s | %11s | %6s | %7s\n";
+  const char* header = "%-17s %5s | %20s | %13s | %16s | %11s | %6s | %7s\n";
   if (!runs.empty()) {
+    std::printf("every system ran for %.0f s of wall time; everything counted as it stood then (turns, TTFT, waits, "
+                "commits and publishes completed by T); turns in flight at T were cancelled and left out, training "
+                "stopped at its next step boundary\n",
+                a.w.learn.duration_s);
     std::printf(header, "system", "turns", "TTFT mean/p95/p99 s", "wait p95/99 s", "commits", "preprefill",
                 "cached", "peak MiB");
-    std::printf(header, "", "", "", "", "/ pubs", "tasks / s", "", "RSS");
+    std::printf(header, "", "", "", "", "/ per min / pubs", "tasks / s", "", "RSS");
     for (const AgentsRun& r : runs) print_row(r);
     std::printf("foreground wait attributed to what ran meanwhile (share of the wait):\n");
     for (const AgentsRun& r : runs) {
@@ -230,11 +243,15 @@ int run_agents_bench(AgentsBenchArgs& a) {
         std::printf(" %s %.1f%%", k.c_str(), total > 0 ? 100 * s / total : 0.0);
       std::printf("\n");
     }
-    std::printf("scheduler time (s): foreground, background by kind, idle (of which with background waiting):\n");
+    std::printf("scheduler time (s) over T: foreground, background by kind, idle (of which with background "
+                "waiting); steps run ahead of the foreground for a guaranteed share; turns cut at T:\n");
     for (const AgentsRun& r : runs) {
       std::printf("  %-17s fg %.1f", r.system.c_str(), r.fg_busy_s);
       for (const auto& [k, s] : r.bg_busy_s) std::printf(" %s %.1f", k.c_str(), s);
-      std::printf(" idle %.1f (%.1f)\n", r.idle_s, r.idle_bg_waiting_s);
+      std::printf(" idle %.1f (%.1f); share steps over fg %lld; optimizer steps %lld; windows %lld (%.1f s); cut %lld\n",
+                  r.idle_s, r.idle_bg_waiting_s, static_cast<long long>(r.bg_share_fg),
+                  static_cast<long long>(r.train_steps), static_cast<long long>(r.windows), r.window_s,
+                  static_cast<long long>(r.cut_turns));
     }
   }
   if (!sweep.empty()) {
@@ -273,7 +290,9 @@ void add_bench_agents_command(CLI::App* bench, int* rc) {
   sub->add_option("--sweep-chunk", a->sweep_chunk, "Sweep: prefill chunk sizes (default: --chunk-tokens)")
       ->delimiter(',');
   sub->add_flag("--sweep-only", a->sweep_only, "Run only the --kv-budget sweep");
-  sub->add_option("--tasks", w.tasks, "Customer tasks")->capture_default_str();
+  l.duration_s = 60;
+  sub->add_option("--tasks", w.tasks, "Customer tasks at most (0: tasks closed-loop until --duration)")
+      ->capture_default_str();
   sub->add_option("--concurrency", w.concurrency, "Tasks in flight")->capture_default_str();
   sub->add_option("--steps", w.steps, "Planner -> tool -> critic steps per task")->capture_default_str();
   sub->add_option("--system-tokens", w.system_tokens, "Tokens of each agent's system prompt")->capture_default_str();
@@ -305,7 +324,8 @@ void add_bench_agents_command(CLI::App* bench, int* rc) {
       ->capture_default_str();
   sub->add_option("--window", l.window_s, "W_bg: the background window, seconds")->capture_default_str();
   sub->add_option("--duration", l.duration_s,
-                  "Seconds each system runs: training goes on after the last task until then (0: ends with the tasks)")
+                  "Seconds of wall time each system runs (T): no turn starts after it, and everything is counted as "
+                  "it stands at T")
       ->capture_default_str();
   sub->add_option("--seed", l.seed, "Seed of the workload")->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");

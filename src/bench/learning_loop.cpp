@@ -63,11 +63,12 @@ LearningLoop::LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload
                   const double t1 = now_seconds();
                   const int64_t s0 = job_->status().step;
                   bool more = true;
-                  while (more && job_->status().step < s0 + sw_.steps) more = job_->step();
+                  // (stop() ends a window at its next trainer call.)
+                  while (more && !stopping_.load() && job_->status().step < s0 + sw_.steps) more = job_->step();
                   // The window's commits are staged before serving resumes
                   // (the job stages a commit at its next call).
                   const int64_t want = job_->status().step / std::max<int64_t>(1, w_.commit_every);
-                  while (more && job_->status().commits < want) more = job_->step();
+                  while (more && !stopping_.load() && job_->status().commits < want) more = job_->step();
                   const double t2 = now_seconds();
                   wake_server();
                   const double t3 = now_seconds();

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "model/chat_template.h"
 #include "platform/cgroup.h"
 #include "platform/error.h"
+#include "runtime/agents.h"
 #include "runtime/offload_admission.h"
 #include "runtime/scheduler.h"
 #include "serve/server.h"
@@ -41,6 +43,7 @@ struct ServeArgs {
   int port = 8080;
   std::string api_key;
   std::string max_body = "4MiB";
+  std::string judge;  // --judge: the default judge of agents that name none
   std::string kv_spare = "256MiB";
   std::string background_memory;  // "": the machine's free memory
   std::string policy = "foreground-first";
@@ -48,6 +51,7 @@ struct ServeArgs {
   std::string chat_template;  // --chat-template NAME|FILE
   int max_batch = 8;
   double background_window = 0.5;  // W_bg, seconds
+  double train_share = 0.5;        // training's guaranteed share of the engine's time
   double background_starvation = 5;  // seconds
   int max_queue = 64;
   double grace = 5.0;
@@ -167,6 +171,7 @@ int serve(ServeArgs& a) {
   if (a.max_batch < 1) throw UsageError("--max-batch must be >= 1");
   if (!(a.background_window > 0 && a.background_window <= 60))
     throw UsageError("--background-window must be in (0, 60] seconds");
+  if (!(a.train_share >= 0 && a.train_share <= 1)) throw UsageError("--train-share must be in [0, 1]");
   if (!(a.background_starvation >= 0 && a.background_starvation <= 3600))
     throw UsageError("--background-starvation must be in [0, 3600] seconds (0: never)");
   if (a.max_queue < 1) throw UsageError("--max-queue must be >= 1");
@@ -188,6 +193,27 @@ int serve(ServeArgs& a) {
   if (a.learn.learn && a.learn.state_dir.empty())
     throw UsageError("--learn needs --state-dir DIR (the traces database and the agents are kept there)");
   if (a.learn.gate != "loss" && a.learn.gate != "off") throw UsageError("--learn-gate must be loss or off");
+  if (!a.judge.empty()) {
+    if (!a.learn.learn) throw UsageError("--judge needs --learn (judges turn learning agents' feedback into rewards)");
+    nlohmann::json j;
+    if (a.judge.front() == '{') {
+      j = nlohmann::json::parse(a.judge, nullptr, false);
+      if (j.is_discarded()) throw UsageError("--judge: '" + a.judge + "' is not a JSON object");
+    } else if (a.judge.rfind("prompt:", 0) == 0) {
+      const std::string file = a.judge.substr(7);
+      std::ifstream in(file, std::ios::binary);
+      if (file.empty() || !in) throw UsageError("--judge prompt:FILE: cannot read '" + file + "'");
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      j = {{"kind", "prompt"}, {"prompt", text}};
+    } else {
+      j = {{"kind", a.judge}};
+    }
+    try {
+      a.learn.judge = judge_from_json(j);
+    } catch (const AgentError& e) {
+      throw UsageError(std::string("--judge: ") + e.what());
+    }
+  }
   if (a.learn.steps < 1 || a.learn.commit_every < 1) throw UsageError("--learn-steps and --commit-every must be >= 1");
   if (!(a.learn.lr > 0 && a.learn.lr <= 1)) throw UsageError("--learn-lr must be in (0, 1]");
   if (a.learn.rank < 1 || a.learn.rank > 256) throw UsageError("--learn-rank must be in [1, 256]");
@@ -278,6 +304,8 @@ int serve(ServeArgs& a) {
   sched_opts.max_batch = a.max_batch;
   sched_opts.background_window_s = a.background_window;
   sched_opts.window_starvation_s = a.background_starvation;
+  sched_opts.background_shares.clear();
+  if (a.train_share > 0) sched_opts.background_shares["train"] = a.train_share;
   sched_opts.max_queue = a.max_queue;
   sched_opts.kv_spare_bytes = kv_spare;
   if (background_memory > 0) {
@@ -362,6 +390,11 @@ void add_serve_command(CLI::App& app, int* rc) {
                   "A Jinja chat template FILE (1 MiB at most) to render chat prompts with, or a marker format NAME "
                   "(chatml, llama3, llama2, plain); default: the model's template");
   sub->add_option("--max-batch", a->max_batch, "Requests decoded together at most")->capture_default_str();
+  sub->add_option("--train-share", a->train_share,
+                  "Training's guaranteed share of the engine's recent time: below it, a training step (one that "
+                  "fits --background-window) goes before other background work and between requests' rounds "
+                  "(0: training only in idle time)")
+      ->capture_default_str();
   sub->add_option("--background-window", a->background_window,
                   "W_bg: the longest a new request may wait for a background step (training, warm-up), seconds")
       ->capture_default_str();
@@ -388,6 +421,9 @@ void add_serve_command(CLI::App& app, int* rc) {
                   "Learning: loss (publish a version whose held-back loss is not worse than the published "
                   "version's) or off (publish every version)")
       ->capture_default_str();
+  sub->add_option("--judge", a->judge,
+                  "Learning: the judge of agents that name none: rule (default), client, prompt:FILE (FILE holds "
+                  "the judge prompt template), or a JSON object as the agents' \"judge\" field");
   sub->add_option("--learn-lr", a->learn.lr, "Learning: AdamW peak learning rate")->capture_default_str();
   sub->add_option("--learn-rank", a->learn.rank, "Learning: rank of an agent's new adapter")->capture_default_str();
   sub->add_option("--learn-min-samples", a->learn.min_samples,

@@ -45,6 +45,8 @@ bool adapter_name_ok(const std::string& s) {
   return ok;
 }
 
+}  // namespace
+
 json judge_to_json(const JudgeSpec& j) {
   return json{{"kind", j.kind},
               {"prompt", j.prompt.empty() ? json(nullptr) : json(j.prompt)},
@@ -106,10 +108,9 @@ JudgeSpec judge_from_json(const json& j, JudgeSpec base) {
       throw AgentError("judge.grammar", std::string("'judge.grammar' is not a grammar this server can use: ") + e.what());
     }
   }
+  base.set = true;
   return base;
 }
-
-}  // namespace
 
 void check_agent_name(const std::string& name) {
   bool ok = !name.empty() && name.size() <= 64 && name_char(name[0], true);
@@ -131,7 +132,7 @@ json agent_to_json(const AgentSpec& a) {
               {"tools", a.tools},
               {"feedback", a.feedback},
               {"learn", a.learn},
-              {"judge", judge_to_json(a.judge)},
+              {"judge", a.judge.set ? judge_to_json(a.judge) : json(nullptr)},  // null: the server's default
               {"created_at", a.created_at},
               {"updated_at", a.updated_at}};
 }

@@ -42,6 +42,9 @@ namespace ebb {
 //             greedy, at most max_tokens tokens, its answer constrained by
 //             `grammar` (GBNF; "" : free); the score is the reward
 struct JudgeSpec {
+  // Whether the agent named its judge; if not, the server's default judge
+  // (ebb serve --judge; rule unless set) is the one that applies.
+  bool set = false;
   std::string kind = "rule";
   std::string prompt;            // "prompt": the template ({prompt} {response} {feedback})
   std::string adapter;           // "" : the base model
@@ -120,5 +123,11 @@ class AgentRegistry {
 
 // Throws AgentError("name") unless `name` can name an agent.
 void check_agent_name(const std::string& name);
+
+// A judge as the agents' "judge" field gives it ({"kind", "prompt"?,
+// "adapter"?, "grammar"?, "max_tokens"?} or the kind alone) over `base`;
+// the result is set. Throws AgentError naming the field ("judge.prompt").
+JudgeSpec judge_from_json(const nlohmann::json& j, JudgeSpec base = {});
+nlohmann::json judge_to_json(const JudgeSpec& j);
 
 }  // namespace ebb

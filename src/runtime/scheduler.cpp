@@ -588,7 +588,18 @@ Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
   switch (opts_.policy) {
     case SchedPolicy::kForegroundFirst: {
       if (fg_ready) {
-        admit(kNoLimit);
+        // A kind below its guaranteed share takes one bounded step first,
+        // at most one between two foreground rounds.
+        BgItem* b = owed_ran_last_ ? nullptr : owed_over_foreground_locked(ok);
+        if (b) {
+          ++m_.bg_share_fg;
+          owed_ran_last_ = true;
+          u.type = Unit::Type::kBackground;
+          u.bg = b;
+        } else {
+          owed_ran_last_ = false;
+          admit(kNoLimit);
+        }
       } else if (BgItem* b = best_of(nullptr)) {
         u.type = Unit::Type::kBackground;
         u.bg = b;
@@ -1009,6 +1020,7 @@ void Scheduler::run_foreground_round(std::vector<std::unique_ptr<FgItem>> admitt
     std::lock_guard lock(mu_);
     ++m_.rounds;
     m_.fg_busy_s += dt;
+    note_busy_locked("", dt);
     m_.fg_running = static_cast<int64_t>(running_.size());
     const std::string kind = round_kind.empty() ? std::string(kInferenceKind) : round_kind;
     attribute_wait_locked(kind, dt);
@@ -1046,14 +1058,7 @@ void Scheduler::run_background_step(BgItem& b) {
     ++m_.bg_steps;
     m_.bg_busy_s += dt;
     m_.bg_busy_by_kind_s[b.task.desc.kind] += dt;
-    if (!opts_.background_shares.empty()) {
-      // The recent shares: every kind's seconds decay by the same factor.
-      const double keep = opts_.background_share_horizon_s > 0
-                              ? std::exp(-dt / opts_.background_share_horizon_s) : 1.0;
-      for (auto& [kind, sec] : bg_recent_s_) sec *= keep;
-      bg_recent_total_s_ = bg_recent_total_s_ * keep + dt;
-      bg_recent_s_[b.task.desc.kind] += dt;
-    }
+    note_busy_locked(b.task.desc.kind, dt);
     attribute_wait_locked(b.task.desc.kind, dt);
     KindCost& k = kind_cost_locked(b.task.desc.kind);
     k.step_s.add(dt);
@@ -1098,6 +1103,45 @@ void Scheduler::run_background_step(BgItem& b) {
   }
   if (done) done();
   snapshot_dirty_ = true;
+}
+
+void Scheduler::note_busy_locked(const std::string& kind, double dt) {
+  if (opts_.background_shares.empty()) return;
+  // Every kind's seconds decay by the same factor.
+  const double keep = opts_.background_share_horizon_s > 0 ? std::exp(-dt / opts_.background_share_horizon_s) : 1.0;
+  for (auto& [k, sec] : bg_recent_s_) sec *= keep;
+  bg_recent_total_s_ = bg_recent_total_s_ * keep + dt;
+  if (!kind.empty()) bg_recent_s_[kind] += dt;
+  for (const auto& [k, share] : opts_.background_shares) {
+    const auto r = bg_recent_s_.find(k);
+    m_.share_recent[k] = bg_recent_total_s_ > 0 && r != bg_recent_s_.end() ? r->second / bg_recent_total_s_ : 0.0;
+  }
+}
+
+Scheduler::BgItem* Scheduler::owed_over_foreground_locked(const std::vector<BgItem*>& ok) {
+  if (opts_.background_shares.empty() || bg_recent_total_s_ <= 0) return nullptr;
+  BgItem* owed = nullptr;
+  double deficit = 0;
+  for (BgItem* b : ok) {
+    const auto sh = opts_.background_shares.find(b->task.desc.kind);
+    if (sh == opts_.background_shares.end()) continue;
+    const auto r = bg_recent_s_.find(b->task.desc.kind);
+    const double d = sh->second * bg_recent_total_s_ - (r == bg_recent_s_.end() ? 0.0 : r->second);
+    if (d <= 0) continue;
+    // The kind furthest below its share; within it, priority then arrival.
+    bool take = !owed;
+    if (owed && owed->task.desc.kind != b->task.desc.kind) {
+      take = d > deficit;
+    } else if (owed) {
+      take = b->task.desc.priority != owed->task.desc.priority ? b->task.desc.priority > owed->task.desc.priority
+                                                               : b->seq < owed->seq;
+    }
+    if (take) {
+      owed = b;
+      deficit = d;
+    }
+  }
+  return owed;
 }
 
 void Scheduler::refresh_snapshot(bool force) {

@@ -217,15 +217,24 @@ struct SchedulerOptions {
   // pre-prefill, stale-coverage prefill) starves the utility-0 ones
   // (training, judge calls) for as long as it lasts. 0: utility alone.
   double background_aging_s = 2.0;
-  // Guaranteed shares of background time, by kind: while a kind's share of
-  // the recent background seconds (decayed over background_share_horizon_s
-  // of background time) is below its share here, its best admissible task
-  // goes before the other kinds' of equal priority, whatever their utility
-  // or aging. Training is a stream of utility-0 steps beside high-utility
-  // cache work (pre-prefill, stale-coverage prefill): aging alone gives it
-  // one step per background_aging_s of that work. Shares only order tasks
-  // that are admissible anyway; with no other background work a kind takes
-  // all the idle time. Empty: none.
+  // Guaranteed shares of the engine's time, by kind: while a kind's share
+  // of the recent busy seconds (foreground rounds and background steps,
+  // decayed over background_share_horizon_s of busy time) is below its
+  // share here, its best admissible task goes first:
+  //   - before the other background kinds of equal priority, whatever
+  //     their utility or aging (training is a stream of utility-0 steps
+  //     beside high-utility cache work: aging alone gives it one step per
+  //     background_aging_s of that work);
+  //   - under foreground-first, before waiting or running foreground work,
+  //     one step at a time, at most one between two foreground rounds (a
+  //     foreground that saturates the engine would otherwise leave the kind
+  //     nothing). The step is still bounded by the
+  //     window rule (ŷ + δ <= W_bg: no starvation exception while
+  //     foreground work is there), so a foreground arrival waits for at
+  //     most one such step; SchedulerMetrics::bg_share_fg counts them.
+  // Shares only order tasks that are admissible anyway; a kind that gets
+  // the idle time is above its share and takes nothing from the
+  // foreground. Empty: none.
   std::map<std::string, double> background_shares = {{"train", 0.5}};
   double background_share_horizon_s = 10.0;
   double ema_alpha = 0.2;
@@ -279,6 +288,8 @@ struct SchedulerMetrics {
   int64_t bg_over_window = 0;  // steps admitted past the window rule after window_starvation_s
   int64_t bg_aged = 0;         // steps picked ahead of higher utility by background_aging_s
   int64_t bg_share = 0;        // steps picked ahead of the others by background_shares
+  int64_t bg_share_fg = 0;     // of all steps, those run ahead of waiting or running foreground work by it
+  std::map<std::string, double> share_recent;  // background_shares' kinds: their share of the recent busy time
   double bg_busy_s = 0;
   std::map<std::string, double> bg_busy_by_kind_s;  // background step seconds, by kind
   // The scheduler thread idle (nothing admissible, no control call), in
@@ -410,10 +421,17 @@ class Scheduler {
   std::vector<std::unique_ptr<BgItem>> bg_queue_;
   std::deque<std::function<void()>> control_;  // call()'s work, before any unit
   std::map<std::string, KindCost> kind_costs_;
-  // Recent background seconds by kind and in all (background_shares),
-  // decayed over background_share_horizon_s of background time.
+  // Recent busy seconds by background kind, and in all (foreground rounds
+  // too) for background_shares, decayed over background_share_horizon_s of
+  // busy time.
   std::map<std::string, double> bg_recent_s_;
   double bg_recent_total_s_ = 0;
+  // Adds dt seconds of busy time (kind "": a foreground round).
+  void note_busy_locked(const std::string& kind, double dt);
+  // Under foreground-first with foreground work there: the admissible task
+  // of the kind furthest below its guaranteed share, if any.
+  BgItem* owed_over_foreground_locked(const std::vector<BgItem*>& ok);
+  bool owed_ran_last_ = false;  // the last unit picked was such a step: the foreground goes next
   // Kinds whose tasks were held back by the window on an idle engine: when
   // the episode began (window_starvation_s). Cleared by foreground work.
   std::map<std::string, double> window_since_kind_;

@@ -10,6 +10,7 @@
 
 #include "platform/error.h"
 #include "platform/thread_name.h"
+#include "platform/wall_clock.h"
 
 namespace ebb {
 
@@ -57,12 +58,6 @@ constexpr const char* kSchemaV2 =
     " agent TEXT NOT NULL, heldout INTEGER NOT NULL, seq INTEGER NOT NULL, response_id TEXT NOT NULL,"
     " weight REAL NOT NULL, tokens BLOB NOT NULL, weights BLOB NOT NULL,"  // int32 ids, float32 weights
     " PRIMARY KEY (agent, heldout, seq));";
-
-double unix_now() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
 
 // Binds token ids as an int32 blob. An empty list is a zero-length blob, not
 // NULL (sqlite3_bind_blob binds NULL for a null pointer, which the NOT NULL

@@ -33,6 +33,7 @@
 #include "model/chat_parse.h"
 #include "model/chat_template.h"
 #include "serve/http_server.h"
+#include "runtime/agents.h"
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
 #include "runtime/session.h"
@@ -49,6 +50,7 @@ struct LearnOptions {
   int64_t steps = 8;             // optimizer steps of one learning round
   int64_t commit_every = 8;      // a version is committed (and gated) every N steps
   std::string gate = "loss";     // "loss": publish when the held-back loss is not worse; "off": always
+  JudgeSpec judge;               // the judge of agents that name none (--judge)
   double lr = 3e-3;              // AdamW peak learning rate of the rounds
   int64_t rank = 8;              // of a new adapter
   double alpha = 16;

@@ -236,7 +236,13 @@ struct Server::Impl {
   // On the scheduler thread after a round's commit: the gate, then publish or not.
   void gate(const std::string& agent, const AdapterInfo& staged, uint64_t dropped,
             const std::vector<TrainSample>& heldout, const std::shared_ptr<TrainJob>& job);
-  // The gate's verdict: publish (or unload a failed first version), record it.
+  // The judge that applies to agent a: its own, or the server's default.
+  const JudgeSpec& judge_of(const AgentSpec& a) const { return a.judge.set ? a.judge : opts.learn.judge; }
+  // What v is gated against, set in v.against (0: the base model); true
+  // when no version of v.adapter has passed a gate yet (v is a "first").
+  bool gate_baseline(VersionRecord& v);
+  // The gate's verdict: publish, or (a rejected first) unload the version,
+  // keeping a later staged version of the round; record it.
   void finish_gate(VersionRecord v, bool first, uint64_t dropped);
   nlohmann::json learning_json() const;  // GET /v1/learning
   // server_learn_state.cpp: judge calls (runtime/judge.h) and the learning

@@ -20,21 +20,12 @@
 
 #include "platform/error.h"
 #include "platform/timer.h"
+#include "platform/wall_clock.h"
 #include "serve/server_learning.h"
 
 namespace ebb::serve {
 
 using nlohmann::json;
-
-namespace {
-
-double wall_now() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
-
-}  // namespace
 
 void Server::Impl::LearnState::trim_versions(const std::vector<AdapterInfo>& registry) {
   const auto published = [&](const VersionRecord& v) {
@@ -56,33 +47,34 @@ bool Server::Impl::submit_judge(const AgentSpec& a, const std::string& response_
     s.dirty = true;
     s.last_error = "judge of agent '" + a.name + "': " + why;
     s.judge_log.push_back(json{{"id", response_id}, {"agent", a.name}, {"answer", nullptr}, {"reward", nullptr},
-                               {"ok", false}, {"error", why}, {"at", wall_now()}});
+                               {"ok", false}, {"error", why}, {"at", unix_now()}});
     while (s.judge_log.size() > LearnState::kMaxJudgeLog) s.judge_log.pop_front();
     if (why_not) *why_not = "the judge call could not run: " + why;
     return false;
   };
+  const JudgeSpec& judge = judge_of(a);
   JudgeCall call;
   try {
-    const std::string text = render_judge_prompt(a.judge.prompt, prompt_text, response_text, feedback);
+    const std::string text = render_judge_prompt(judge.prompt, prompt_text, response_text, feedback);
     EncodeOptions eo;
     eo.add_bos = engine.tokenizer().add_bos_default();
     call.prompt = engine.tokenizer().encode(text, eo);
-    if (!a.judge.grammar.empty()) {
-      call.grammar = grammar::Grammar::parse(a.judge.grammar);
+    if (!judge.grammar.empty()) {
+      call.grammar = grammar::Grammar::parse(judge.grammar);
       call.vocab = token_trie();
     }
   } catch (const Error& e) {
     return fail(e.what());
   }
   if (call.prompt.empty()) return fail("the rendered judge prompt has no tokens");
-  if (static_cast<int64_t>(call.prompt.size()) + a.judge.max_tokens > opts.n_ctx)
+  if (static_cast<int64_t>(call.prompt.size()) + judge.max_tokens > opts.n_ctx)
     return fail("the rendered judge prompt has " + std::to_string(call.prompt.size()) + " tokens; with max_tokens " +
-                std::to_string(a.judge.max_tokens) + " it does not fit the context (" + std::to_string(opts.n_ctx) +
+                std::to_string(judge.max_tokens) + " it does not fit the context (" + std::to_string(opts.n_ctx) +
                 ", --ctx)");
-  if (!a.judge.adapter.empty() && !has_adapter(a.judge.adapter))
-    return fail("no adapter '" + a.judge.adapter + "' is loaded (judge.adapter)");
-  call.adapter = a.judge.adapter;
-  call.max_tokens = a.judge.max_tokens;
+  if (!judge.adapter.empty() && !has_adapter(judge.adapter))
+    return fail("no adapter '" + judge.adapter + "' is loaded (judge.adapter)");
+  call.adapter = judge.adapter;
+  call.max_tokens = judge.max_tokens;
   const std::string agent = a.name, correction = feedback;
   Task t = judge_task(
       engine, std::move(call),
@@ -90,7 +82,7 @@ bool Server::Impl::submit_judge(const AgentSpec& a, const std::string& response_
         LearnState& ls = *learn_state;
         {
           std::lock_guard lock(ls.mu);
-          ls.judged.push_back(LearnState::Judged{response_id, agent, correction, std::move(r), wall_now()});
+          ls.judged.push_back(LearnState::Judged{response_id, agent, correction, std::move(r), unix_now()});
         }
         ls.cv.notify_all();
       },
@@ -158,7 +150,7 @@ void Server::Impl::learner_chores(std::unique_lock<std::mutex>& lock, bool force
 
   // The state on disk.
   if (!s.store || (!s.dirty && s.weights_pending.empty())) return;
-  const double now = wall_now();
+  const double now = unix_now();
   if (!force_save && now - s.last_save < LearnState::kSaveInterval) return;
   std::deque<std::pair<std::string, uint64_t>> pending;
   pending.swap(s.weights_pending);

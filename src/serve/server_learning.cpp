@@ -26,7 +26,10 @@
 // model's before the first), measured by a background task of kind "gate"
 // one held-back sample per step; not worse: published (the agent follows
 // it; the other agents' KV keeps its coverage, keyed by their own adapters);
-// worse: left staged, and dropped by the round's next commit.
+// worse: left staged, and dropped by the round's next commit. While no
+// version of the name has passed, the agent runs on the base model; a
+// rejected version then is unloaded and the round goes on: its next
+// version is gated against the base model (finish_gate).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -34,6 +37,7 @@
 #include "platform/error.h"
 #include "platform/thread_name.h"
 #include "platform/timer.h"
+#include "platform/wall_clock.h"
 #include "serve/server_learning.h"
 
 namespace ebb::serve {
@@ -41,12 +45,6 @@ namespace ebb::serve {
 using nlohmann::json;
 
 namespace {
-
-double unix_now() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
 
 json trace_json(const Trace& t) {
   json j = {{"object", "learning.trace"},
@@ -365,13 +363,8 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
   v.adapter = staged.name;
   v.version = staged.version;
   v.step = job ? job->status().step : 0;
-  for (const AdapterInfo& i : engine.adapters().list())
-    if (i.name == staged.name && i.published) v.against = i.version;
-  // The registry publishes the first version of a name by itself: that one
-  // is gated against the base model, and unloaded when it fails.
-  const bool first = v.against == staged.version;
-  if (first) v.against = 0;
   if (opts.learn.gate == "off" || heldout.empty()) {
+    const bool first = gate_baseline(v);
     v.gate = opts.learn.gate == "off" ? "off" : "no_heldout";
     v.published = true;
     finish_gate(v, first, dropped);
@@ -384,10 +377,10 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
     std::vector<TrainSample> heldout;
     size_t next = 0;  // [0, n): the new version's samples, [n, 2n): the published version's
     LossSum mine, theirs;
+    bool superseded = false;  // the round's next commit dropped it before its gate began
   };
   auto run = std::make_shared<GateRun>();
   run->v = v;
-  run->first = first;
   run->dropped = dropped;
   run->heldout = heldout;
   {
@@ -398,6 +391,18 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
   t.desc.kind = "gate";
   t.desc.adapter = staged.name;
   t.step = [this, run] {
+    // What it is measured against, as the gate starts (not at the commit: a
+    // first version rejected meanwhile leaves the base model to beat).
+    if (run->next == 0) {
+      bool present = false;
+      for (const AdapterInfo& i : engine.adapters().list())
+        present = present || (i.name == run->v.adapter && i.version == run->v.version);
+      if (!present) {
+        run->superseded = true;
+        return false;
+      }
+      run->first = gate_baseline(run->v);
+    }
     const size_t n = run->heldout.size();
     const bool mine = run->next < n;
     const TrainSample& s = run->heldout[run->next % n];
@@ -410,6 +415,14 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
   };
   t.on_done = [this, run](TaskOutcome outcome, const std::string& error) {
     VersionRecord& v = run->v;
+    if (run->superseded) {
+      // A newer version of the round replaced it (the job drops a staged
+      // version at its next commit): that one is gated instead.
+      v.published = false;
+      v.gate = "superseded";
+      finish_gate(v, false, run->dropped);
+      return;
+    }
     if (outcome == TaskOutcome::kCompleted) {
       v.loss = run->mine.tokens ? run->mine.sum / static_cast<double>(run->mine.tokens) : 0.0;
       v.loss_published = run->theirs.tokens ? run->theirs.sum / static_cast<double>(run->theirs.tokens) : 0.0;
@@ -425,15 +438,56 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
     sched.submit_background(std::move(t));
   } catch (const SchedulerBusy& e) {
     v.gate = std::string("error: ") + e.what();
-    finish_gate(v, first, dropped);
+    finish_gate(v, gate_baseline(v), dropped);
   }
+}
+
+bool Server::Impl::gate_baseline(VersionRecord& v) {
+  bool ungated = false;
+  {
+    std::lock_guard lock(learn_state->mu);
+    ungated = learn_state->ungated_first.count(v.adapter) > 0;
+  }
+  v.against = 0;
+  if (ungated) return true;  // no version of the name passed a gate yet: the base model
+  for (const AdapterInfo& i : engine.adapters().list())
+    if (i.name == v.adapter && i.published) v.against = i.version;
+  // The registry publishes the first version of a name by itself.
+  if (v.against == v.version) {
+    v.against = 0;
+    return true;
+  }
+  return false;
 }
 
 void Server::Impl::finish_gate(VersionRecord v, bool first, uint64_t dropped) {
   v.at = unix_now();
+  if (first && !v.published) {
+    // Another version of the name may have passed meanwhile: then this one
+    // is an ordinary rejected version, left staged.
+    std::lock_guard lock(learn_state->mu);
+    first = learn_state->ungated_first.count(v.adapter) > 0;
+  }
   try {
-    if (v.published) engine.adapters().publish(v.adapter, v.version);
-    else if (first) engine.adapters().unload(v.adapter);  // the agent stays on the base model
+    if (v.published) {
+      engine.adapters().publish(v.adapter, v.version);
+    } else if (first) {
+      // A rejected version while no version of the name has passed: it
+      // goes, and the agent stays on the base model (ungated_first holds
+      // while the round runs). The round goes on learning: a later version
+      // it already staged stays, made the name's default in the registry
+      // (still not served: ungated), and is gated against the base model;
+      // the next commit of an unloaded name starts it anew.
+      uint64_t later = 0;
+      for (const AdapterInfo& i : engine.adapters().list())
+        if (i.name == v.adapter && i.version != v.version) later = std::max(later, i.version);
+      if (later == 0) {
+        engine.adapters().unload(v.adapter);
+      } else {
+        engine.adapters().publish(v.adapter, later);
+        engine.adapters().unload(v.adapter, v.version);
+      }
+    }
   } catch (const Error& e) {
     // Gone meanwhile (a rollback, an unload): nothing to publish.
     v.published = false;
@@ -449,10 +503,10 @@ void Server::Impl::finish_gate(VersionRecord v, bool first, uint64_t dropped) {
   std::lock_guard lock(learn_state->mu);
   if (const auto it = learn_state->gates_pending.find(v.adapter); it != learn_state->gates_pending.end())
     if (--it->second <= 0) learn_state->gates_pending.erase(it);
-  learn_state->ungated_first.erase(v.adapter);
+  if (v.published) learn_state->ungated_first.erase(v.adapter);  // a rejected first keeps the agent on the base
   ++learn_state->committed;
   if (v.published) ++learn_state->published;
-  else ++learn_state->rejected;
+  else if (v.gate != "superseded") ++learn_state->rejected;
   learn_state->versions.push_back(v);
   learn_state->dirty = true;
   if (v.published) learn_state->weights_pending.emplace_back(v.adapter, v.version);  // kept across a restart
@@ -469,14 +523,14 @@ bool Server::Impl::give_feedback(const std::string& id, const TraceFeedback& fb,
   Judged j;
   const std::optional<AgentSpec> a = s.agents->get(t->agent);
   // The agent's judge prompt scores feedback without a reward, in the background.
-  const bool by_prompt = a && a->learn && a->feedback != "off" && a->judge.kind == "prompt" && !fb.reward;
+  const bool by_prompt = a && a->learn && a->feedback != "off" && judge_of(*a).kind == "prompt" && !fb.reward;
   {
     std::lock_guard lock(s.mu);
     if (fb.source != "judge") ++s.feedback;  // a judge call's reward is the same feedback, scored
     s.dirty = true;
     if (by_prompt) {
       j.why_not = "scored by the agent's judge prompt in the background (judge_calls in /v1/learning)";
-    } else if (a && a->learn && a->feedback != "off" && a->judge.kind == "client" && !fb.reward) {
+    } else if (a && a->learn && a->feedback != "off" && judge_of(*a).kind == "client" && !fb.reward) {
       j.why_not = "the agent's judge takes client rewards only (judge.kind \"client\")";
       ++s.feedback_unapplied;
     } else if (a && a->learn && a->feedback != "off") {

@@ -26,6 +26,7 @@
 
 #include "memory/budget_plan.h"
 #include "platform/error.h"
+#include "platform/wall_clock.h"
 #include "serve/server_impl.h"
 
 namespace ebb::serve {
@@ -91,10 +92,6 @@ json sample_json(const MemorySample& s) {
           {"bg_waiting", s.bg_waiting},
           {"generated_tokens", s.generated_tokens},
           {"requests_completed", s.requests_completed}};
-}
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 json footprint_json(const Footprint& f) {

@@ -115,6 +115,10 @@ std::string Server::Impl::metrics() const {
   metric(o, "ebb_background_share_total", "counter",
          "Background steps picked ahead of the others because their kind was below its guaranteed share");
   sample(o, "ebb_background_share_total", static_cast<double>(m.bg_share));
+  metric(o, "ebb_background_share_over_foreground_total", "counter",
+         "Background steps run ahead of waiting or running foreground work because their kind was below its "
+         "guaranteed share of the engine's time");
+  sample(o, "ebb_background_share_over_foreground_total", static_cast<double>(m.bg_share_fg));
   metric(o, "ebb_background_seconds_total", "counter", "Seconds of background steps, by kind");
   for (const auto& [kind, sec] : m.bg_busy_by_kind_s) sample(o, "ebb_background_seconds_total" + label("kind", kind), sec);
   metric(o, "ebb_scheduler_idle_seconds_total", "counter",
