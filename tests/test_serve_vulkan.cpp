@@ -37,7 +37,7 @@ TEST(ServeVulkan, CompletionsMemoryAndRefusals) {
   EXPECT_GT(d["weights"].get<uint64_t>(), 0u);
   EXPECT_EQ(d["total"].get<uint64_t>(),
             d["weights"].get<uint64_t>() + d["globals"].get<uint64_t>() + d["kv"].get<uint64_t>() +
-                d["scratch"].get<uint64_t>());
+                d["adapters"].get<uint64_t>() + d["scratch"].get<uint64_t>());
   EXPECT_GE(d["ledger"]["buffer_bytes"].get<uint64_t>(), d["total"].get<uint64_t>());
   EXPECT_EQ(mem.body["footprint"]["weights"].get<uint64_t>(), 0u) << "the layers are on the device";
   EXPECT_GT(mem.body["layers"][0]["device_weights_bytes"].get<uint64_t>(), 0u);

@@ -12,8 +12,10 @@
 // unchanged. The session's KvCache keeps the positions (bookkeeping); its
 // rows live here, keyed by the KvCache, until release().
 //
-// Not yet on the device: LoRA adapters (a step that binds one is refused),
-// a split of the layers between device and CPU (all or nothing), eviction
+// LoRA adapters: each sequence's adapters apply to its own rows on the
+// device (runtime/device_lora.h; token_embd's on the host's lookup).
+//
+// Not yet on the device: a split of the layers between device and CPU (all or nothing), eviction
 // of the KV and restoration overlapped with the step (evict() and restore()
 // below move whole layers' weights, synchronously).
 #pragma once
@@ -29,6 +31,7 @@
 #include "backend/backend.h"
 #include "kernels/cpu.h"
 #include "model/model.h"
+#include "runtime/device_lora.h"
 #include "runtime/forward.h"
 
 namespace ebb {
@@ -43,10 +46,11 @@ struct DeviceFootprint {
   std::vector<uint64_t> weights_per_layer;  // one buffer per layer unit
   uint64_t globals = 0;  // output norm + output head
   uint64_t kv = 0;       // every session's KV chunks
-  uint64_t scratch = 0;  // the step's activations, inputs and logits
+  uint64_t adapters = 0; // LoRA adapter versions uploaded (runtime/device_lora.h)
+  uint64_t scratch = 0;  // the step's activations, inputs and logits (and the adapters' A x, B A x)
   MemoryLedger ledger;   // the backend's device ledger (all of the above, exactly)
   uint64_t weights() const;
-  uint64_t total() const { return weights() + globals + kv + scratch; }
+  uint64_t total() const { return weights() + globals + kv + adapters + scratch; }
 };
 
 struct DeviceForwardOptions {
@@ -87,6 +91,11 @@ class DeviceForward {
   Evicted evict(uint64_t bytes);
   int64_t restore();  // layers uploaded
   int64_t n_dropped() const;
+
+  // Frees the device copies of adapter versions nobody holds any more (the
+  // engine calls it when the registry drops a version; steps do it too).
+  void collect_adapters();
+  int64_t n_adapter_uploads() const;
 
   DeviceFootprint footprint() const;
   // The weight formats dequantised to F16 at load ("Q4_K", ...), each once.
@@ -148,6 +157,7 @@ class DeviceForward {
   std::unique_ptr<BackendBuffer> x_, xn_, q_, k_, v_, att_, gate_, up_, rope_, logits_;
   std::vector<float> x_host_, rope_host_, logits_host_;  // [B, n_embd], [B, rope_dim], [B, n_vocab]
   std::unique_ptr<BackendStream> stream_;
+  DeviceLora lora_;  // the adapters' uploads and their terms in a step
   mutable std::mutex mu_;  // steps, release() and footprint() from different threads
   std::map<const KvCache*, SeqKv> kv_;
 };

@@ -129,6 +129,8 @@ Engine::Engine(const EngineOptions& opts)
     opts_.elastic = false;  // the host's elastic memory: the device evicts its own layers (evict())
   }
   adapters_ = std::make_unique<AdapterRegistry>(model_->config(), alloc_);
+  // A version the registry drops leaves the device too, once nobody holds it.
+  if (device_) adapters_->set_on_drop([d = device_.get()] { d->collect_adapters(); });
   kv_pool_ = std::make_unique<KvPool>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, &alloc_);
   fingerprint_ = fingerprint(*model_);
   if (budget_mode) {
