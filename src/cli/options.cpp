@@ -611,8 +611,10 @@ std::string summary_line(const Engine& e, const GenerateStats& st, double load_s
   char where[256];
   if (const DeviceForward* d = e.device()) {
     const DeviceFootprint f = d->footprint();
-    std::snprintf(where, sizeof where, "%s holds %s (weights %s, kv %s)", f.id.c_str(), format_bytes(f.total()).c_str(),
-                  format_bytes(f.weights() + f.globals).c_str(), format_bytes(f.kv).c_str());
+    std::snprintf(where, sizeof where, "%s holds %s (weights %s, kv %s%s%s)", f.id.c_str(),
+                  format_bytes(f.total()).c_str(), format_bytes(f.weights() + f.globals).c_str(),
+                  format_bytes(f.kv).c_str(), f.adapters > 0 ? ", adapters " : "",
+                  f.adapters > 0 ? format_bytes(f.adapters).c_str() : "");
   } else {
     std::snprintf(where, sizeof where, "%s x%d", std::string(isa_name(e.isa())).c_str(),
                   const_cast<Engine&>(e).pool().size());
