@@ -49,5 +49,62 @@ TEST(ServeVulkan, CompletionsMemoryAndRefusals) {
   EXPECT_EQ(n2.body["error"]["param"], "n") << n2.raw;
 }
 
+// A random rank-4 adapter for stories260K whose greedy answers differ from the base model's.
+void synth(const std::string& out, int seed) {
+  const test::CliResult r = test::run_cli("adapter synth -m " + test::model_path("stories260K.gguf") +
+                                          " --rank 4 --b-std 0.2 --seed " + std::to_string(seed) + " -o " + out);
+  ASSERT_EQ(r.status, 0) << r.err;
+}
+
+// Adapters per request on the device: a request binding one gets the CPU
+// server's greedy text (not the base model's), one binding none the base
+// text; a new version staged and published is what the next request runs
+// (the device uploads it and frees the old one); unloaded, the device
+// holds no adapter bytes after the next step.
+TEST(ServeVulkan, AdaptersPerRequestAndNewVersions) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vk-adapters");
+  synth(dir.file("style.gguf"), 1);
+  test::ServerProcess cpu({"--adapter-dir", dir.path(), "--quiet"}),
+      gpu({"--adapter-dir", dir.path(), "--quiet", "--device", "vulkan"});
+  ASSERT_GT(cpu.port(), 0) << cpu.first_line();
+  ASSERT_GT(gpu.port(), 0) << gpu.first_line() << gpu.err();
+  auto cc = test::client(cpu.port()), gc = test::client(gpu.port());
+  auto text = [](httplib::Client& c, const json& extra) {
+    json req = {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) req[it.key()] = it.value();
+    const test::Reply r = test::post(c, "/v1/completions", req);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r.status == 200 ? r.body["choices"][0]["text"].get<std::string>() : std::string();
+  };
+  for (httplib::Client* c : {cc.get(), gc.get()})
+    ASSERT_EQ(test::post(*c, "/v1/adapters/load", json{{"name", "style"}}).status, 200);
+  const json style = {{"adapter", "style"}};
+  const std::string v1 = text(*gc, style), base = text(*gc, json::object());
+  EXPECT_EQ(v1, text(*cc, style));
+  EXPECT_EQ(base, text(*cc, json::object()));
+  EXPECT_NE(v1, base);
+  // Version 2: the file changes, is staged and published on both.
+  synth(dir.file("style.gguf"), 2);
+  for (httplib::Client* c : {cc.get(), gc.get()}) {
+    const test::Reply st = test::post(*c, "/v1/adapters/style/stage", std::string());
+    ASSERT_EQ(st.status, 200) << st.raw;
+    ASSERT_EQ(st.body["version"], 2);
+    ASSERT_EQ(test::post(*c, "/v1/adapters/style/publish", json{{"version", 2}}).status, 200);
+  }
+  const std::string v2 = text(*gc, style);
+  EXPECT_EQ(v2, text(*cc, style));
+  EXPECT_NE(v2, v1);
+  json d = test::get(*gc, "/v1/memory").body["device"];
+  EXPECT_GT(d["adapters"].get<uint64_t>(), 0u);
+  EXPECT_EQ(d["total"].get<uint64_t>(), d["weights"].get<uint64_t>() + d["globals"].get<uint64_t>() +
+                                            d["kv"].get<uint64_t>() + d["adapters"].get<uint64_t>() +
+                                            d["scratch"].get<uint64_t>());
+  ASSERT_EQ(test::post(*gc, "/v1/adapters/style/unload", std::string()).status, 200);
+  EXPECT_EQ(text(*gc, json::object()), base);
+  d = test::get(*gc, "/v1/memory").body["device"];
+  EXPECT_EQ(d["adapters"].get<uint64_t>(), 0u);
+}
+
 }  // namespace
 }  // namespace ebb
