@@ -127,6 +127,14 @@ Engine::Engine(const EngineOptions& opts)
     // embedding lookup runs here).
     for (int l = 0; l < nl; ++l) model_->layer_unit(l).release();
     opts_.elastic = false;  // the host's elastic memory: the device evicts its own layers (evict())
+    // Training (train/) runs on the host's kernels and reads the base
+    // weights there: from a read-only mapping of the GGUF (the page cache,
+    // nothing copied but the 1-D tensors), since the host let its copies go.
+    // The device's steps never read it.
+    if (!opts_.os_paging) {
+      mmap_weights_ = std::make_unique<MmapWeights>(*model_, alloc_);
+      weight_source_ = mmap_weights_.get();
+    }
   }
   adapters_ = std::make_unique<AdapterRegistry>(model_->config(), alloc_);
   // A version the registry drops leaves the device too, once nobody holds it.

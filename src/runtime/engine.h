@@ -139,9 +139,11 @@ class Engine {
   std::string device_id() const { return device_ ? device_->device().id : "cpu"; }
 
   // Where forward passes take their weights: nullptr while every unit is
-  // resident, else elastic restore's latches or budget mode's streamer.
+  // resident, else elastic restore's latches or budget mode's streamer (on
+  // a device: the GGUF's mapping, for training; the device's steps ignore it).
   WeightSource* weight_source() const { return weight_source_; }
-  // The OS-paging baseline's mapping (nullptr unless options().os_paging).
+  // The OS-paging baseline's mapping (options().os_paging), or on a device
+  // the mapping training reads the base weights from; else nullptr.
   MmapWeights* mmap_weights() { return mmap_weights_.get(); }
 
   // Budget mode: the source that streams weights (nullptr when off).
