@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -332,6 +334,38 @@ TEST(VulkanLoraCli, RunWithAnAdapterGivesTheCpuText) {
       EXPECT_EQ(golden.greedy_text.rfind(text, 0), 0u) << text << "\nvs the golden\n" << golden.greedy_text;
     }
   }
+}
+
+// Training on an engine that runs on the device: it trains on the host's
+// kernels over the base weights read from the GGUF's mapping, so the
+// adapter it writes is the CPU engine's, byte for byte; then the device
+// runs it as the CPU does.
+TEST(VulkanLoraCli, TrainingOnADeviceEngineWritesTheCpusAdapter) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir d("ebb-vk-train");
+  {
+    std::ofstream f(d.file("train.jsonl"));
+    for (const char* verb : {"ran", "sang", "jumped", "played"})
+      f << "{\"text\": \"Once upon a time there was a fox named Zorbo. Zorbo " << verb << " in the park.\"}\n";
+  }
+  const std::string train = "train -m " + test::model_path("stories260K.gguf") + " --data " + d.file("train.jsonl") +
+                            " --steps 3 --threads 1 -o ";
+  const test::CliResult cpu = test::run_cli(train + d.file("cpu.gguf") + " --device cpu");
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  const test::CliResult gpu = test::run_cli(train + d.file("gpu.gguf") + " --device vulkan");
+  ASSERT_EQ(gpu.status, 0) << gpu.err;
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_FALSE(bytes(d.file("cpu.gguf")).empty());
+  EXPECT_EQ(bytes(d.file("gpu.gguf")), bytes(d.file("cpu.gguf")));
+  const std::string run = "run -m " + test::model_path("stories260K.gguf") +
+                          " -p 'Once upon a time' --temp 0 -n 16 --threads 1 --lora " + d.file("gpu.gguf") + " ";
+  const test::CliResult a = test::run_cli(run + "--device cpu"), b = test::run_cli(run + "--device vulkan");
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(b.out, a.out);
 }
 
 }  // namespace
