@@ -4,6 +4,9 @@
 // field. Skips without a Vulkan device unless EBB_TEST_REQUIRE_VULKAN=1.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "serve_support.h"
@@ -104,6 +107,42 @@ TEST(ServeVulkan, AdaptersPerRequestAndNewVersions) {
   EXPECT_EQ(text(*gc, json::object()), base);
   d = test::get(*gc, "/v1/memory").body["device"];
   EXPECT_EQ(d["adapters"].get<uint64_t>(), 0u);
+}
+
+// Online learning on a device engine (serve --learn): training runs on the
+// CPU over the GGUF's mapping, each committed version is published, and the
+// agent's next request runs it on the device (its trace names the version);
+// a rollback is what the request after it runs.
+TEST(ServeVulkan, LearningPublishesVersionsTheDeviceRuns) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vk-learn");
+  test::ServerProcess s({"--ctx", "256", "--quiet", "--state-dir", dir.path(), "--learn", "--learn-gate", "off",
+                         "--learn-min-samples", "2", "--learn-steps", "2", "--commit-every", "1", "--device", "vulkan"});
+  ASSERT_GT(s.port(), 0) << s.first_line() << s.err();
+  auto c = test::client(s.port());
+  ASSERT_EQ(test::post(*c, "/v1/agents", json{{"name", "teller"}, {"adapter", "names"}, {"learn", true}}).status, 200);
+  auto story = [&](int seed) {
+    const test::Reply r = test::post(*c, "/v1/completions",
+                                     json{{"model", "stories260K:agent/teller"}, {"prompt", "Once upon a time"},
+                                          {"max_tokens", 12}, {"seed", seed}});
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r.status == 200 ? r.body["id"].get<std::string>() : std::string();
+  };
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(test::post(*c, "/v1/feedback", json{{"id", story(20 + i)}, {"reward", 1.0 + i}}).status, 200);
+  json l;
+  for (int i = 0; i < 1500; ++i) {  // up to 30 s
+    l = test::get(*c, "/v1/learning").body;
+    const json& a = l["agents"]["teller"];
+    if (l["committed_versions"] == 2 && l["gates_pending"] == 0 && (a["round"].is_null() || a["round"]["state"] != "running"))
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(l["published"]["names"], 2) << l.dump();
+  EXPECT_EQ(test::get(*c, "/v1/learning/traces/" + story(30)).body["adapter_version"], 2);
+  EXPECT_GT(test::get(*c, "/v1/memory").body["device"]["adapters"].get<uint64_t>(), 0u);
+  ASSERT_EQ(test::post(*c, "/v1/learning/rollback", json{{"adapter", "names"}, {"version", 1}}).status, 200);
+  EXPECT_EQ(test::get(*c, "/v1/learning/traces/" + story(31)).body["adapter_version"], 1);
 }
 
 }  // namespace
