@@ -98,7 +98,7 @@ class DeviceForward {
   int64_t n_adapter_uploads() const;
 
   DeviceFootprint footprint() const;
-  // The weight formats dequantised to F16 at load ("Q4_K", ...), each once.
+  // The weight formats dequantised to F16 at load ("Q5_0", "IQ4_NL", ...), each once.
   const std::vector<std::string>& converted() const { return converted_; }
   const DeviceInfo& device() const { return be_.info(); }
   Backend& backend() { return be_; }
