@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "ebb/ebb.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -168,6 +170,99 @@ TEST(CApi, BadOptionsNameTheField) {
   EXPECT_EQ(ebb_engine_load(&o, &e), EBB_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(last_error(), "prefill_batch")) << last_error();
   EXPECT_EQ(e, nullptr);
+}
+
+// Greedy text of 16 tokens after "Once upon a time" on an engine loaded
+// with `o`; "" (with the failure recorded) when it does not load.
+std::string greedy_text(const ebb_engine_options& o) {
+  ebb_engine* e = nullptr;
+  EXPECT_EQ(ebb_engine_load(&o, &e), EBB_OK) << last_error();
+  if (!e) return "";
+  ebb_session_options so = ebb_session_options_default();
+  ebb_session* s = nullptr;
+  EXPECT_EQ(ebb_session_create(e, &so, &s), EBB_OK) << last_error();
+  std::vector<ebb_token> prompt(64);
+  size_t n = 0;
+  const char* text = "Once upon a time";
+  EXPECT_EQ(ebb_tokenize(e, text, std::strlen(text), 1, 0, prompt.data(), prompt.size(), &n), EBB_OK);
+  ebb_generate_options go = ebb_generate_options_default();
+  go.max_tokens = 16;
+  go.sampling.temperature = 0;
+  Collected got;
+  EXPECT_EQ(ebb_generate(s, prompt.data(), n, &go, collect, &got, nullptr), EBB_OK) << last_error();
+  EXPECT_EQ(ebb_session_free(s), EBB_OK);
+  EXPECT_EQ(ebb_engine_free(e), EBB_OK);
+  return got.text;
+}
+
+// The device option: "cpu" runs as the default does; a device that is not
+// here ("vulkan:7") fails naming the option and what was found; malformed
+// or contradicting values are invalid arguments naming the field; a struct
+// from the header before device and n_gpu_layers (its struct_size) still
+// loads, with their defaults; where a Vulkan device exists, "vulkan" (and
+// n_gpu_layers alone) gives the CPU's greedy text.
+TEST(CApi, DeviceOptionChoosesWhereTheModelRuns) {
+  const std::string model = test::model_path("stories260K.gguf");
+  ebb_engine_options o = ebb_engine_options_default();
+  EXPECT_EQ(o.device, nullptr);
+  EXPECT_EQ(o.n_gpu_layers, -1);
+  o.model_path = model.c_str();
+  o.n_threads = 1;
+  ebb_engine* e = reinterpret_cast<ebb_engine*>(0x1);
+  o.device = "vulkan:7";
+  EXPECT_EQ(ebb_engine_load(&o, &e), EBB_ERR_FAILED);
+  EXPECT_EQ(e, nullptr);
+  EXPECT_TRUE(contains(last_error(), "options.device = \"vulkan:7\": no such device (")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "Vulkan device")) << last_error();
+  for (const char* bad : {"tpu", "vulkan:", "vulkan:x", "vulkan:-1", "cuda:0"}) {
+    o.device = bad;
+    EXPECT_EQ(ebb_engine_load(&o, &e), EBB_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_TRUE(contains(last_error(), std::string("options.device = \"") + bad + "\" is not one of")) << last_error();
+  }
+  o.device = "cpu";
+  o.n_gpu_layers = 4;
+  EXPECT_EQ(ebb_engine_load(&o, &e), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "options.n_gpu_layers = 4")) << last_error();
+  o.n_gpu_layers = -2;
+  EXPECT_EQ(ebb_engine_load(&o, &e), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "options.n_gpu_layers = -2")) << last_error();
+  o.device = "vulkan";
+  o.n_gpu_layers = 0;
+  EXPECT_EQ(ebb_engine_load(&o, &e), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "n_gpu_layers = 0 puts no layer on the device")) << last_error();
+
+  o.device = "cpu";
+  o.n_gpu_layers = -1;
+  const std::string cpu = greedy_text(o);
+  EXPECT_FALSE(cpu.empty());
+  ebb_engine_options dflt = o;
+  dflt.device = nullptr;
+  EXPECT_EQ(greedy_text(dflt), cpu);
+  // A caller built against the earlier header: its struct ends before
+  // device; whatever follows in memory is not read.
+  ebb_engine_options earlier = o;
+  earlier.struct_size = offsetof(ebb_engine_options, device);
+  earlier.device = "tpu";
+  earlier.n_gpu_layers = -7;
+  EXPECT_EQ(greedy_text(earlier), cpu);
+  earlier.struct_size += 4;
+  EXPECT_EQ(ebb_engine_load(&earlier, &e), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "struct_size")) << last_error();
+
+  if (list_gpu_devices().empty()) {
+    std::printf("no Vulkan device: \"vulkan\" not run\n");
+    return;
+  }
+  o.device = "vulkan";
+  EXPECT_EQ(greedy_text(o), cpu);
+  o.device = nullptr;
+  o.n_gpu_layers = 99;  // llama.cpp's -ngl 99 alone: all layers on the first GPU
+  EXPECT_EQ(greedy_text(o), cpu);
+  o.device = "vulkan:0";
+  o.n_gpu_layers = -1;
+  o.memory_limit = 1 << 20;
+  EXPECT_EQ(ebb_engine_load(&o, &e), EBB_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "options.memory_limit")) << last_error();
 }
 
 TEST(CApi, NullHandlesAndPointersAreInvalidArguments) {

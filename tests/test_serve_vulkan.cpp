@@ -4,6 +4,9 @@
 // field. Skips without a Vulkan device unless EBB_TEST_REQUIRE_VULKAN=1.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "serve_support.h"
@@ -37,7 +40,7 @@ TEST(ServeVulkan, CompletionsMemoryAndRefusals) {
   EXPECT_GT(d["weights"].get<uint64_t>(), 0u);
   EXPECT_EQ(d["total"].get<uint64_t>(),
             d["weights"].get<uint64_t>() + d["globals"].get<uint64_t>() + d["kv"].get<uint64_t>() +
-                d["scratch"].get<uint64_t>());
+                d["adapters"].get<uint64_t>() + d["scratch"].get<uint64_t>());
   EXPECT_GE(d["ledger"]["buffer_bytes"].get<uint64_t>(), d["total"].get<uint64_t>());
   EXPECT_EQ(mem.body["footprint"]["weights"].get<uint64_t>(), 0u) << "the layers are on the device";
   EXPECT_GT(mem.body["layers"][0]["device_weights_bytes"].get<uint64_t>(), 0u);
@@ -47,6 +50,99 @@ TEST(ServeVulkan, CompletionsMemoryAndRefusals) {
   const test::Reply n2 = test::post(*gc, "/v1/completions", two);
   EXPECT_EQ(n2.status, 400) << n2.raw;
   EXPECT_EQ(n2.body["error"]["param"], "n") << n2.raw;
+}
+
+// A random rank-4 adapter for stories260K whose greedy answers differ from the base model's.
+void synth(const std::string& out, int seed) {
+  const test::CliResult r = test::run_cli("adapter synth -m " + test::model_path("stories260K.gguf") +
+                                          " --rank 4 --b-std 0.2 --seed " + std::to_string(seed) + " -o " + out);
+  ASSERT_EQ(r.status, 0) << r.err;
+}
+
+// Adapters per request on the device: a request binding one gets the CPU
+// server's greedy text (not the base model's), one binding none the base
+// text; a new version staged and published is what the next request runs
+// (the device uploads it and frees the old one); unloaded, the device
+// holds no adapter bytes after the next step.
+TEST(ServeVulkan, AdaptersPerRequestAndNewVersions) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vk-adapters");
+  synth(dir.file("style.gguf"), 1);
+  test::ServerProcess cpu({"--adapter-dir", dir.path(), "--quiet"}),
+      gpu({"--adapter-dir", dir.path(), "--quiet", "--device", "vulkan"});
+  ASSERT_GT(cpu.port(), 0) << cpu.first_line();
+  ASSERT_GT(gpu.port(), 0) << gpu.first_line() << gpu.err();
+  auto cc = test::client(cpu.port()), gc = test::client(gpu.port());
+  auto text = [](httplib::Client& c, const json& extra) {
+    json req = {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) req[it.key()] = it.value();
+    const test::Reply r = test::post(c, "/v1/completions", req);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r.status == 200 ? r.body["choices"][0]["text"].get<std::string>() : std::string();
+  };
+  for (httplib::Client* c : {cc.get(), gc.get()})
+    ASSERT_EQ(test::post(*c, "/v1/adapters/load", json{{"name", "style"}}).status, 200);
+  const json style = {{"adapter", "style"}};
+  const std::string v1 = text(*gc, style), base = text(*gc, json::object());
+  EXPECT_EQ(v1, text(*cc, style));
+  EXPECT_EQ(base, text(*cc, json::object()));
+  EXPECT_NE(v1, base);
+  // Version 2: the file changes, is staged and published on both.
+  synth(dir.file("style.gguf"), 2);
+  for (httplib::Client* c : {cc.get(), gc.get()}) {
+    const test::Reply st = test::post(*c, "/v1/adapters/style/stage", std::string());
+    ASSERT_EQ(st.status, 200) << st.raw;
+    ASSERT_EQ(st.body["version"], 2);
+    ASSERT_EQ(test::post(*c, "/v1/adapters/style/publish", json{{"version", 2}}).status, 200);
+  }
+  const std::string v2 = text(*gc, style);
+  EXPECT_EQ(v2, text(*cc, style));
+  EXPECT_NE(v2, v1);
+  json d = test::get(*gc, "/v1/memory").body["device"];
+  EXPECT_GT(d["adapters"].get<uint64_t>(), 0u);
+  EXPECT_EQ(d["total"].get<uint64_t>(), d["weights"].get<uint64_t>() + d["globals"].get<uint64_t>() +
+                                            d["kv"].get<uint64_t>() + d["adapters"].get<uint64_t>() +
+                                            d["scratch"].get<uint64_t>());
+  ASSERT_EQ(test::post(*gc, "/v1/adapters/style/unload", std::string()).status, 200);
+  EXPECT_EQ(text(*gc, json::object()), base);
+  d = test::get(*gc, "/v1/memory").body["device"];
+  EXPECT_EQ(d["adapters"].get<uint64_t>(), 0u);
+}
+
+// Online learning on a device engine (serve --learn): training runs on the
+// CPU over the GGUF's mapping, each committed version is published, and the
+// agent's next request runs it on the device (its trace names the version);
+// a rollback is what the request after it runs.
+TEST(ServeVulkan, LearningPublishesVersionsTheDeviceRuns) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vk-learn");
+  test::ServerProcess s({"--ctx", "256", "--quiet", "--state-dir", dir.path(), "--learn", "--learn-gate", "off",
+                         "--learn-min-samples", "2", "--learn-steps", "2", "--commit-every", "1", "--device", "vulkan"});
+  ASSERT_GT(s.port(), 0) << s.first_line() << s.err();
+  auto c = test::client(s.port());
+  ASSERT_EQ(test::post(*c, "/v1/agents", json{{"name", "teller"}, {"adapter", "names"}, {"learn", true}}).status, 200);
+  auto story = [&](int seed) {
+    const test::Reply r = test::post(*c, "/v1/completions",
+                                     json{{"model", "stories260K:agent/teller"}, {"prompt", "Once upon a time"},
+                                          {"max_tokens", 12}, {"seed", seed}});
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r.status == 200 ? r.body["id"].get<std::string>() : std::string();
+  };
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(test::post(*c, "/v1/feedback", json{{"id", story(20 + i)}, {"reward", 1.0 + i}}).status, 200);
+  json l;
+  for (int i = 0; i < 1500; ++i) {  // up to 30 s
+    l = test::get(*c, "/v1/learning").body;
+    const json& a = l["agents"]["teller"];
+    if (l["committed_versions"] == 2 && l["gates_pending"] == 0 && (a["round"].is_null() || a["round"]["state"] != "running"))
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(l["published"]["names"], 2) << l.dump();
+  EXPECT_EQ(test::get(*c, "/v1/learning/traces/" + story(30)).body["adapter_version"], 2);
+  EXPECT_GT(test::get(*c, "/v1/memory").body["device"]["adapters"].get<uint64_t>(), 0u);
+  ASSERT_EQ(test::post(*c, "/v1/learning/rollback", json{{"adapter", "names"}, {"version", 1}}).status, 200);
+  EXPECT_EQ(test::get(*c, "/v1/learning/traces/" + story(31)).body["adapter_version"], 1);
 }
 
 }  // namespace

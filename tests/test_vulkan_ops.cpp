@@ -14,6 +14,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/quantize.h"
+#include "platform/error.h"
 #include "platform/fp16.h"
 #include "vulkan_support.h"
 
@@ -346,6 +347,33 @@ TEST(VulkanOps, AddIsExact) {
   s->wait();
   const auto y = download<float>(*ab, n);
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], a[i] + b[i]) << "element " << i;  // Vulkan's add is correctly rounded
+}
+
+// y += alpha x (a LoRA term's scale): within one rounding of the product
+// and one of the sum, whether the driver fuses them or not.
+TEST(VulkanOps, ScaledAddWithinTwoRoundings) {
+  EBB_REQUIRE_VULKAN(be);
+  const int64_t n = 4099;
+  const auto a = random_floats(n, 13), b = random_floats(n, 14);
+  auto ab = upload(*be, a);
+  auto bb = upload(*be, b);
+  auto s = be->new_stream();
+  for (const float alpha : {-0.7f, 2.5f}) {
+    ab->write(0, a.data(), a.size() * sizeof(float));
+    AddOp op{{ab.get(), 0}, {bb.get(), 0}, n};
+    op.alpha = alpha;
+    s->add(op);
+    s->wait();
+    const auto y = download<float>(*ab, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = double(a[i]) + double(alpha) * b[i];
+      const double tol = 2 * kU * (std::fabs(a[i]) + std::fabs(double(alpha) * b[i])) + 1e-30;
+      ASSERT_NEAR(y[i], want, tol) << "element " << i << " alpha " << alpha;
+    }
+  }
+  AddOp bad{{ab.get(), 0}, {bb.get(), 0}, n};
+  bad.alpha = std::nanf("");
+  EXPECT_THROW(s->add(bad), Error);
 }
 
 }  // namespace

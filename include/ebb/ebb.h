@@ -52,7 +52,11 @@
  *   change the fields you need. The first field, struct_size, lets the
  *   library check that the struct was initialised that way and that it was
  *   compiled against the same header; a struct whose struct_size is wrong
- *   is refused with EBB_ERR_INVALID_ARGUMENT.
+ *   is refused with EBB_ERR_INVALID_ARGUMENT. New fields are only ever
+ *   appended: where a struct gained fields (ebb_engine_options: device,
+ *   n_gpu_layers), the size of its earlier version is accepted too, and the
+ *   fields it lacks take their defaults, so a program built against an
+ *   earlier ebb.h keeps working.
  *
  * Not here yet: training adapters, budget mode (streaming weights from a
  * fixed budget; the memory limit below is elastic memory's).
@@ -115,6 +119,15 @@ typedef struct ebb_engine_options {
                                  Over it, layers are evicted and streamed. */
   const char* swap_dir;       /* directory of KV swap files; NULL: ~/.cache/ebb/swap */
   const char* profile_path;   /* device profile from `ebb profile`; NULL: built-in defaults */
+  /* Appended later: a struct_size of the struct without these fields,
+   * offsetof(ebb_engine_options, device), is accepted (they take their
+   * defaults). */
+  const char* device;         /* where the model runs: "cpu", "vulkan" (the first Vulkan device) or "vulkan:N"
+                                 (the Nth, in the Vulkan loader's order); NULL (default): "cpu", or "vulkan" when
+                                 n_gpu_layers > 0. On a device the weights, KV and LoRA adapters live in its memory;
+                                 memory_limit is refused there (the host's elastic memory is off). */
+  int32_t n_gpu_layers;       /* layers on the device, as llama.cpp's -ngl: -1 (default) or >= the model's layers:
+                                 all; 0: none (the CPU). A split (0 < n < layers) is not supported yet. */
 } ebb_engine_options;
 
 EBB_API ebb_engine_options ebb_engine_options_default(void);

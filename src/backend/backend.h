@@ -157,10 +157,12 @@ struct SwigluOp {
   int64_t n = 0;
 };
 
-// y[i] += x[i], i < n.
+// y[i] += alpha * x[i], i < n (alpha 1: the residual add, exactly y + x;
+// else within one rounding of a fused multiply-add: a LoRA term's scale).
 struct AddOp {
   TensorRef y, x;  // [n] F32
   int64_t n = 0;
+  float alpha = 1.0f;
 };
 
 enum class OpKind { kMatmul, kRmsNorm, kRope, kKvStore, kAttention, kSwiglu, kAdd };

@@ -248,7 +248,13 @@ void CpuStream::swiglu(const SwigluOp& op) {
 void CpuStream::add(const AddOp& op) {
   const char* name = "cpu add";
   require(op.n > 0, name, "n must be positive");
-  ops_kernels(be_.isa()).add(at<float>(name, "y", op.y, 4ull * op.n), at<const float>(name, "x", op.x, 4ull * op.n), op.n);
+  float* y = at<float>(name, "y", op.y, 4ull * op.n);
+  const float* x = at<const float>(name, "x", op.x, 4ull * op.n);
+  if (op.alpha == 1.0f) {
+    ops_kernels(be_.isa()).add(y, x, op.n);
+  } else {
+    for (int64_t i = 0; i < op.n; ++i) y[i] += op.alpha * x[i];
+  }
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 // (EBB_ERR_MODEL while loading, EBB_ERR_FAILED elsewhere).
 #include "ebb/ebb.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -147,6 +149,23 @@ void need_options(const Opts* o, const char* what, const char* init) {
                                        ", not " + std::to_string(sizeof(Opts)) + ": initialise it with " + init +
                                        "() (and build against this library's ebb.h)");
   }
+}
+
+// An options struct that gained fields at its end: its current size, or
+// `earlier` (the size before them) from a caller built against an earlier
+// ebb.h, whose bytes are copied over the defaults.
+template <typename Opts>
+Opts read_options(const Opts* o, size_t earlier, const char* what, const char* init, Opts defaults) {
+  need(o, what);
+  if (o->struct_size == sizeof(Opts)) return *o;
+  if (o->struct_size != earlier) {
+    fail(EBB_ERR_INVALID_ARGUMENT, std::string(what) + ".struct_size is " + std::to_string(o->struct_size) +
+                                       ", not " + std::to_string(sizeof(Opts)) + " (or an earlier header's " +
+                                       std::to_string(earlier) + "): initialise it with " + init + "()");
+  }
+  std::memcpy(&defaults, o, earlier);
+  defaults.struct_size = sizeof(Opts);
+  return defaults;
 }
 
 void check_range(bool ok, const std::string& what) {
@@ -472,15 +491,53 @@ ebb_engine_options ebb_engine_options_default(void) {
   o.memory_limit = 0;
   o.swap_dir = nullptr;
   o.profile_path = nullptr;
+  o.device = nullptr;
+  o.n_gpu_layers = d.n_gpu_layers;
   return o;
 }
+
+namespace {
+
+// options.device and n_gpu_layers to the engine's device, checked: the
+// syntax and contradictions are EBB_ERR_INVALID_ARGUMENT, a device that is
+// not here EBB_ERR_FAILED naming it and what was found.
+std::string engine_device(const ebb_engine_options& o) {
+  check_range(o.n_gpu_layers >= -1, "options.n_gpu_layers = " + std::to_string(o.n_gpu_layers) +
+                                        " is below -1 (-1: all layers on the device; 0: the CPU)");
+  std::string dev = o.device ? o.device : (o.n_gpu_layers > 0 ? "vulkan" : "cpu");
+  if (dev.empty()) dev = "cpu";
+  int index = 0;
+  if (dev == "cpu") {
+    check_range(o.n_gpu_layers <= 0, "options.n_gpu_layers = " + std::to_string(o.n_gpu_layers) +
+                                         " puts layers on a GPU, but options.device is \"cpu\"");
+    return dev;
+  }
+  const std::string digits = dev.rfind("vulkan:", 0) == 0 ? dev.substr(7) : "";
+  const bool numbered = !digits.empty() && digits.size() <= 4 &&
+                        std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  check_range(dev == "vulkan" || numbered,
+              "options.device = \"" + dev + "\" is not one of \"cpu\", \"vulkan\", \"vulkan:N\"");
+  if (numbered) index = std::stoi(digits);
+  check_range(o.n_gpu_layers != 0, "options.n_gpu_layers = 0 puts no layer on the device, but options.device is \"" +
+                                       dev + "\"");
+  std::string why;
+  const std::vector<ebb::DeviceInfo> devs = ebb::list_gpu_devices(&why);
+  if (index >= static_cast<int>(devs.size())) {
+    fail(EBB_ERR_FAILED, "options.device = \"" + dev + "\": no such device (" + std::to_string(devs.size()) +
+                             " Vulkan device" + (devs.size() == 1 ? "" : "s") + " found" +
+                             (why.empty() ? "" : ": " + why) + ")");
+  }
+  return dev;
+}
+
+}  // namespace
 
 ebb_status ebb_engine_load(const ebb_engine_options* options, ebb_engine** out) {
   return guarded("ebb_engine_load", EBB_ERR_MODEL, [&] {
     need(out, "out");
     *out = nullptr;
-    need_options(options, "options", "ebb_engine_options_default");
-    const ebb_engine_options& o = *options;
+    const ebb_engine_options o = read_options(options, offsetof(ebb_engine_options, device), "options",
+                                              "ebb_engine_options_default", ebb_engine_options_default());
     if (!o.model_path) fail(EBB_ERR_INVALID_ARGUMENT, "options.model_path is NULL");
     check_range(o.n_threads >= 0, "options.n_threads = " + std::to_string(o.n_threads) + " is negative (0: all hardware threads)");
     check_range(o.kv_chunk_size >= 0 && o.kv_chunk_size <= (1 << 20),
@@ -489,8 +546,13 @@ ebb_status ebb_engine_load(const ebb_engine_options* options, ebb_engine** out) 
     check_range(o.prefill_batch >= 1 && o.prefill_batch <= (1 << 20),
                 "options.prefill_batch = " + std::to_string(o.prefill_batch) + " is outside [1, 1048576]");
     check_readable_file(o.model_path, "model file");
+    const std::string device = engine_device(o);
+    check_range(device == "cpu" || o.memory_limit == 0,
+                "options.memory_limit: the host's elastic memory is off while the engine runs on " + device);
 
     ebb::EngineOptions eo;
+    eo.device = device;
+    eo.n_gpu_layers = o.n_gpu_layers;
     eo.model_path = o.model_path;
     eo.n_threads = o.n_threads;
     eo.kv_chunk_size = o.kv_chunk_size;

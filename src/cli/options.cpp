@@ -449,10 +449,10 @@ void print_device(const Engine& e) {
   if (!f.device) return;
   const DeviceFootprint& d = *f.device;
   std::fprintf(stderr,
-               "device: %s (%s) holds weights %s, output head %s, KV %s, scratch %s (ledger: %s in %llu buffers, "
-               "%llu slabs of %s) | RAM holds the embedding %s, scratch %s%s\n",
+               "device: %s (%s) holds weights %s, output head %s, KV %s, adapters %s, scratch %s (ledger: %s in %llu "
+               "buffers, %llu slabs of %s) | RAM holds the embedding %s, scratch %s%s\n",
                d.id.c_str(), d.name.c_str(), format_bytes(d.weights()).c_str(), format_bytes(d.globals).c_str(),
-               format_bytes(d.kv).c_str(), format_bytes(d.scratch).c_str(), format_bytes(d.ledger.buffer_bytes).c_str(),
+               format_bytes(d.kv).c_str(), format_bytes(d.adapters).c_str(), format_bytes(d.scratch).c_str(), format_bytes(d.ledger.buffer_bytes).c_str(),
                static_cast<unsigned long long>(d.ledger.n_buffers), static_cast<unsigned long long>(d.ledger.n_slabs),
                format_bytes(d.ledger.slab_bytes).c_str(), format_bytes(f.globals).c_str(),
                format_bytes(f.scratch).c_str(),
@@ -509,8 +509,6 @@ EngineOptions engine_options(const ModelArgs& a) {
 
 std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
   const EngineOptions o = engine_options(a);
-  if (o.device != "cpu" && (!a.lora.empty() || !a.lora_scaled.empty()))
-    throw UsageError("LoRA adapters run on the CPU only for now: --lora/--lora-scaled with --device " + o.device);
   const uint64_t weights = weight_bytes(a.model);
   const Stopwatch clock;
   std::unique_ptr<Engine> e;
@@ -651,8 +649,10 @@ std::string summary_line(const Engine& e, const GenerateStats& st, double load_s
   char where[256];
   if (const DeviceForward* d = e.device()) {
     const DeviceFootprint f = d->footprint();
-    std::snprintf(where, sizeof where, "%s holds %s (weights %s, kv %s)", f.id.c_str(), format_bytes(f.total()).c_str(),
-                  format_bytes(f.weights() + f.globals).c_str(), format_bytes(f.kv).c_str());
+    std::snprintf(where, sizeof where, "%s holds %s (weights %s, kv %s%s%s)", f.id.c_str(),
+                  format_bytes(f.total()).c_str(), format_bytes(f.weights() + f.globals).c_str(),
+                  format_bytes(f.kv).c_str(), f.adapters > 0 ? ", adapters " : "",
+                  f.adapters > 0 ? format_bytes(f.adapters).c_str() : "");
   } else {
     std::snprintf(where, sizeof where, "%s x%d", std::string(isa_name(e.isa())).c_str(),
                   const_cast<Engine&>(e).pool().size());

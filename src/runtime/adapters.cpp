@@ -171,6 +171,11 @@ void AdapterRegistry::publish(const std::string& name, uint64_t version) {
 }
 
 void AdapterRegistry::unload(const std::string& name, uint64_t version) {
+  unload_locked(name, version);  // throws when there is nothing to unload
+  if (on_drop_) on_drop_();      // outside the lock: the listener may take its own
+}
+
+void AdapterRegistry::unload_locked(const std::string& name, uint64_t version) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) throw Error("no adapter named '" + name + "' is loaded");
@@ -220,6 +225,12 @@ std::vector<AdapterInfo> AdapterRegistry::list() const {
 }
 
 AdapterEvictReport AdapterRegistry::evict_unused(uint64_t bytes) {
+  const AdapterEvictReport r = evict_unused_locked(bytes);
+  if (r.versions > 0 && on_drop_) on_drop_();
+  return r;
+}
+
+AdapterEvictReport AdapterRegistry::evict_unused_locked(uint64_t bytes) {
   AdapterEvictReport r;
   std::lock_guard<std::mutex> lock(mu_);
   // Candidates: file-backed, resident, held by the registry alone.

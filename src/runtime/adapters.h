@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -137,6 +138,11 @@ class AdapterRegistry {
   std::vector<AdapterInfo> list() const;
   bool empty() const;
 
+  // Called after unload() or evict_unused() dropped a version, outside the
+  // registry's lock (an engine on a device frees its copies of versions
+  // nobody holds any more). Set once, before the registry is shared.
+  void set_on_drop(std::function<void()> f) { on_drop_ = std::move(f); }
+
  private:
   // One version: its tensors (v), or while evicted only what it was.
   struct Slot {
@@ -149,6 +155,8 @@ class AdapterRegistry {
     uint64_t published = 0;
     uint64_t next = 1;
   };
+  void unload_locked(const std::string& name, uint64_t version);
+  AdapterEvictReport evict_unused_locked(uint64_t bytes);
   AdapterInfo add_locked(const std::string& name, std::unique_ptr<LoraAdapter> lora, bool publish, bool from_file);
   static AdapterInfo info(const AdapterVersion& v, bool published, long users);
   static AdapterInfo info(const Slot& s, bool published);
@@ -160,6 +168,7 @@ class AdapterRegistry {
   mutable std::mutex mu_;
   // mutable: resolve() (const: it changes no version) restores tensors.
   mutable std::map<std::string, Entry> entries_;
+  std::function<void()> on_drop_;
 };
 
 }  // namespace ebb

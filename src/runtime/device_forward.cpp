@@ -107,7 +107,13 @@ std::unique_ptr<BackendBuffer> DeviceForward::upload(Staged& st) {
 }
 
 DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, DeviceForwardOptions opts)
-    : be_(be), model_(model), alloc_(alloc), cfg_(model.config()), opts_(opts), ks_(kernel_set(opts.isa)) {
+    : be_(be),
+      model_(model),
+      alloc_(alloc),
+      cfg_(model.config()),
+      opts_(opts),
+      ks_(kernel_set(opts.isa)),
+      lora_(be, model.config(), opts.max_batch, opts.isa) {
   const ModelConfig& c = cfg_;
   const std::string dev = be_.info().id;
   if (c.head_dim > 256 || c.head_dim % 2 != 0)
@@ -324,9 +330,16 @@ void DeviceForward::record_layer(BackendStream& s, const LayerBuf& w, int l, std
   // Attention block: norm, q/k/v, biases, Q/K norms, RoPE, KV store and
   // attention per sequence, o, residual.
   s.rms_norm({{x_.get(), 0}, {wb, w.attn_norm.offset}, {xn_.get(), 0}, n, D, c.rms_eps});
+  // Each product, then its adapters' terms on the rows of the sequences that bind them.
+  auto lora = [&](LoraTarget t, BackendBuffer* x, int64_t x_stride, BackendBuffer* y, int64_t y_stride) {
+    lora_.record(s, seqs, l, t, {x, 0}, x_stride, {y, 0}, y_stride);
+  };
   matmul(s, w, w.q, xn_.get(), 0, q_.get(), 0, n);
+  lora(LoraTarget::kQ, xn_.get(), D, q_.get(), qd);
   matmul(s, w, w.k, xn_.get(), 0, k_.get(), 0, n);
+  lora(LoraTarget::kK, xn_.get(), D, k_.get(), kvd);
   matmul(s, w, w.v, xn_.get(), 0, v_.get(), 0, n);
+  lora(LoraTarget::kV, xn_.get(), D, v_.get(), kvd);
   if (w.q_bias.present) s.add({{q_.get(), 0}, {wb, w.q_bias.offset}, n * qd});
   if (w.k_bias.present) s.add({{k_.get(), 0}, {wb, w.k_bias.offset}, n * kvd});
   if (w.v_bias.present) s.add({{v_.get(), 0}, {wb, w.v_bias.offset}, n * kvd});
@@ -359,13 +372,17 @@ void DeviceForward::record_layer(BackendStream& s, const LayerBuf& w, int l, std
     r += ns;
   }
   matmul(s, w, w.o, att_.get(), 0, xn_.get(), 0, n);
+  lora(LoraTarget::kO, att_.get(), qd, xn_.get(), D);
   s.add({{x_.get(), 0}, {xn_.get(), 0}, n * D});
   // FFN block: norm, gate/up, SwiGLU, down, residual.
   s.rms_norm({{x_.get(), 0}, {wb, w.ffn_norm.offset}, {xn_.get(), 0}, n, D, c.rms_eps});
   matmul(s, w, w.gate, xn_.get(), 0, gate_.get(), 0, n);
+  lora(LoraTarget::kGate, xn_.get(), D, gate_.get(), c.n_ff);
   matmul(s, w, w.up, xn_.get(), 0, up_.get(), 0, n);
+  lora(LoraTarget::kUp, xn_.get(), D, up_.get(), c.n_ff);
   s.swiglu({{gate_.get(), 0}, {up_.get(), 0}, {gate_.get(), 0}, n * c.n_ff});
   matmul(s, w, w.down, gate_.get(), 0, xn_.get(), 0, n);
+  lora(LoraTarget::kDown, gate_.get(), c.n_ff, xn_.get(), D);
   s.add({{x_.get(), 0}, {xn_.get(), 0}, n * D});
 }
 
@@ -377,9 +394,6 @@ void DeviceForward::check_step(std::span<const StepSeq> seqs, int64_t& n, int64_
   for (const StepSeq& s : seqs) {
     const int64_t ns = static_cast<int64_t>(s.tokens.size());
     EBB_CHECK(ns >= 1 && s.kv && s.logits);
-    if (s.adapters && !s.adapters->empty())
-      throw Error("LoRA adapters run on the CPU only for now: run without --device " + be_.info().id +
-                  " (or without the adapters)");
     if (s.kv->options().type != DType::kF16) throw Error(be_.info().id + ": the KV cache on the device is F16 only");
     EBB_CHECK_MSG(s.kv->n_host_layers() == opts_.first_layer, "a KV cache made for another split of the layers");
     for (int32_t t : s.tokens)
@@ -396,6 +410,7 @@ void DeviceForward::prepare(std::span<const StepSeq> seqs) {
   int64_t n = 0, n_out = 0;
   check_step(seqs, n, n_out);
   restore_host_locked();  // the CPU's layers evict() dropped come back first; the device's in run_batch
+  lora_.prepare(seqs);    // the versions the step binds uploaded, replaced ones freed
   for (const StepSeq& s : seqs) kv_for(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
 }
 
@@ -414,6 +429,7 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
     if (!layers_[l].buf) dropped.push_back(l);
   std::optional<LayerRestorer> restorer;
   if (!dropped.empty()) restorer.emplace(std::move(dropped), [this](int l) { restore_layer(l); }, &hooks_);
+  lora_.prepare(seqs);  // the versions the step binds uploaded, replaced ones freed (prepare() did it in a split)
   for (const StepSeq& s : seqs) kv_for(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
   // Inputs: embeddings (or a split's hidden rows) and each row's (cos, sin)
   // table, computed here.
@@ -423,7 +439,10 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
     for (const StepSeq& s : seqs) {
       const int64_t pos0 = s.kv->n_tokens();
       for (size_t t = 0; t < s.tokens.size(); ++t, ++r) {
-        if (!x) dequantize_row(ks_, g.token_embd, s.tokens[t], x_host_.data() + r * D);
+        if (!x) {  // a split's rows come with token_embd's adapters applied (Forward)
+          dequantize_row(ks_, g.token_embd, s.tokens[t], x_host_.data() + r * D);
+          if (s.adapters) lora_.add_token_embd(*s.adapters, s.tokens[t], x_host_.data() + r * D);
+        }
         rope_cos_sin(pos0 + static_cast<int64_t>(t), c.rope_dim, c.rope_base, c.rope_freq_scale,
                      rope_host_.data() + r * c.rope_dim,
                      c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data());
@@ -458,6 +477,7 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
       o += rows;
     }
     matmul(s, head_, head_.o, xn_.get(), 0, logits_.get(), 0, n_out);
+    lora_.record(s, seqs, -1, LoraTarget::kOutput, {xn_.get(), 0}, D, {logits_.get(), 0}, V, /*out_rows=*/true);
     s.submit();
     s.wait();
   } catch (...) {
@@ -476,6 +496,16 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
   }
 }
 
+void DeviceForward::collect_adapters() {
+  std::lock_guard lock(mu_);
+  lora_.collect();
+}
+
+int64_t DeviceForward::n_adapter_uploads() const {
+  std::lock_guard lock(mu_);
+  return lora_.n_uploads();
+}
+
 DeviceFootprint DeviceForward::footprint() const {
   std::lock_guard lock(mu_);
   DeviceFootprint f;
@@ -485,6 +515,8 @@ DeviceFootprint DeviceForward::footprint() const {
   f.globals = head_.buf->size();
   for (const auto& [k, s] : kv_) f.kv += s.bytes();
   for (const auto* b : {&x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &rope_, &logits_}) f.scratch += (*b)->size();
+  f.adapters = lora_.adapter_bytes();
+  f.scratch += lora_.scratch_bytes();
   f.ledger = be_.ledger(MemoryPlace::kDevice);
   return f;
 }

@@ -17,10 +17,12 @@
 // host), the rest and the output head here. Forward::run_batch runs the CPU
 // layers, then hands the hidden rows to run_batch(seqs, x).
 //
-// Not yet on the device: LoRA adapters (a step that binds one is refused),
-// eviction of the KV (evict() and restore() below move whole layers'
-// weights; a step that finds layers dropped restores them while it runs:
-// runtime/device_restore.h).
+// LoRA adapters: each sequence's adapters apply to its own rows on the
+// device (runtime/device_lora.h; token_embd's on the host's lookup).
+//
+// Not yet on the device: eviction of the KV (evict() and restore() below
+// move whole layers' weights; a step that finds layers dropped restores
+// them while it runs: runtime/device_restore.h).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,7 @@
 #include "kernels/cpu.h"
 #include "memory/weight_verify.h"
 #include "model/model.h"
+#include "runtime/device_lora.h"
 #include "runtime/device_restore.h"
 #include "runtime/forward.h"
 
@@ -50,10 +53,11 @@ struct DeviceFootprint {
   std::vector<uint64_t> weights_per_layer;  // one buffer per layer unit
   uint64_t globals = 0;  // output norm + output head
   uint64_t kv = 0;       // every session's KV chunks
-  uint64_t scratch = 0;  // the step's activations, inputs and logits
+  uint64_t adapters = 0; // LoRA adapter versions uploaded (runtime/device_lora.h)
+  uint64_t scratch = 0;  // the step's activations, inputs and logits (and the adapters' A x, B A x)
   MemoryLedger ledger;   // the backend's device ledger (all of the above, exactly)
   uint64_t weights() const;
-  uint64_t total() const { return weights() + globals + kv + scratch; }
+  uint64_t total() const { return weights() + globals + kv + adapters + scratch; }
 };
 
 struct DeviceForwardOptions {
@@ -116,6 +120,11 @@ class DeviceForward {
   int64_t n_dropped() const;
   // Test hooks of the overlapped restore (set between steps).
   void set_restore_hooks(DeviceRestoreHooks hooks);
+
+  // Frees the device copies of adapter versions nobody holds any more (the
+  // engine calls it when the registry drops a version; steps do it too).
+  void collect_adapters();
+  int64_t n_adapter_uploads() const;
 
   DeviceFootprint footprint() const;
   // The weight formats dequantised to F16 at load ("Q5_0", "IQ4_NL", ...), each once.
@@ -181,6 +190,7 @@ class DeviceForward {
   std::unique_ptr<BackendBuffer> x_, xn_, q_, k_, v_, att_, gate_, up_, rope_, logits_;
   std::vector<float> x_host_, rope_host_, logits_host_;  // [B, n_embd], [B, rope_dim], [B, n_vocab]
   std::unique_ptr<BackendStream> stream_;
+  DeviceLora lora_;  // the adapters' uploads and their terms in a step
   mutable std::mutex mu_;  // steps, release() and footprint() from different threads
   std::map<const KvCache*, SeqKv> kv_;
   WeightChecksums crc_;        // the layers as loaded: restored reads are checked against them

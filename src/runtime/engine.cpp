@@ -132,8 +132,20 @@ Engine::Engine(const EngineOptions& opts)
     if (target_packs)
       for (int l = 0; l < device_plan_.first_layer; ++l) model_->layer_unit(l).pack_in_place();
     opts_.elastic = false;  // the host's elastic memory: the device evicts layers on both sides (evict())
+    // Training (train/) runs on the host's kernels and reads the base
+    // weights there: with every layer on the device, from a read-only
+    // mapping of the GGUF (the page cache, nothing copied but the 1-D
+    // tensors), since the host let its copies go. The device's steps never
+    // read it. A split's steps read the CPU's layers from their resident
+    // units, so it has no weight source (and trains nothing: Trainer says so).
+    if (!opts_.os_paging && device_plan_.first_layer == 0) {
+      mmap_weights_ = std::make_unique<MmapWeights>(*model_, alloc_);
+      weight_source_ = mmap_weights_.get();
+    }
   }
   adapters_ = std::make_unique<AdapterRegistry>(model_->config(), alloc_);
+  // A version the registry drops leaves the device too, once nobody holds it.
+  if (device_) adapters_->set_on_drop([d = device_.get()] { d->collect_adapters(); });
   kv_pool_ = std::make_unique<KvPool>(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, &alloc_);
   fingerprint_ = fingerprint(*model_);
   if (budget_mode) {

@@ -42,9 +42,9 @@ struct EngineOptions {
   // Where the forward pass runs: "cpu", "vulkan" (the first Vulkan device)
   // or "vulkan:N". On a device, the weights and every session's KV live in
   // its memory (runtime/device_forward.h); evict()/restore() move its weight
-  // layers; the host's elastic memory (a memory limit), budget mode, the
-  // prefix cache and LoRA adapters stay CPU-only for now (refused with a
-  // message). "" is "cpu".
+  // layers; LoRA adapters apply there (uploaded per version); the host's
+  // elastic memory (a memory limit), budget mode and the prefix cache stay
+  // CPU-only for now (refused with a message). "" is "cpu".
   std::string device = "cpu";
   // Layers on the device (llama.cpp's -ngl; runtime/device_plan.h): -1
   // auto, the most that fit device_memory; N >= n_layers all; 0 < N <
@@ -148,9 +148,11 @@ class Engine {
   std::string device_id() const { return device_ ? device_->device().id : "cpu"; }
 
   // Where forward passes take their weights: nullptr while every unit is
-  // resident, else elastic restore's latches or budget mode's streamer.
+  // resident, else elastic restore's latches or budget mode's streamer (on
+  // a device: the GGUF's mapping, for training; the device's steps ignore it).
   WeightSource* weight_source() const { return weight_source_; }
-  // The OS-paging baseline's mapping (nullptr unless options().os_paging).
+  // The OS-paging baseline's mapping (options().os_paging), or on a device
+  // the mapping training reads the base weights from; else nullptr.
   MmapWeights* mmap_weights() { return mmap_weights_.get(); }
 
   // Budget mode: the source that streams weights (nullptr when off).

@@ -342,6 +342,7 @@ std::string memory_json(const MemoryRead& r, const json& counters, bool map_stal
                    {"weights", d.weights()},
                    {"globals", d.globals},
                    {"kv", d.kv},
+                   {"adapters", d.adapters},
                    {"scratch", d.scratch},
                    {"total", d.total()},
                    {"ledger",

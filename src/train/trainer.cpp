@@ -14,6 +14,7 @@
 #include "platform/error.h"
 #include "platform/hash.h"
 #include "platform/timer.h"
+#include "runtime/device_forward.h"
 
 namespace ebb {
 
@@ -121,6 +122,11 @@ Trainer::Trainer(Engine& engine, std::vector<TrainSample> samples, TrainerOption
       grads_(make_grads(*params_, alloc_)),
       optimizer_(*params_, opts_.adamw, alloc_) {
   if (samples_.empty()) throw Error("training needs at least one sample");
+  if (engine.device() && engine.device()->first_layer() > 0) {
+    throw Error("training on an engine whose layers are split between " + engine.device()->device().id +
+                " and the CPU (-ngl below the model's layers) is not supported yet; train with -ngl 0 or with every "
+                "layer on the device");
+  }
   if (opts_.batch < 1) throw Error("training: batch must be at least 1 sample, got " + std::to_string(opts_.batch));
   if (!(opts_.phase_target_s >= 0)) {
     throw Error("training: the phase target must be >= 0 seconds (0: off), got " + std::to_string(opts_.phase_target_s));

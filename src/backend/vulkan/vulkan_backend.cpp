@@ -1,6 +1,7 @@
 #include "backend/vulkan/vulkan_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -414,11 +415,14 @@ void VulkanStream::add(const AddOp& op) {
   const char* name = "vulkan add";
   require(op.n > 0, name, "n must be positive");
   const Binding b[2] = {bind(name, "y", op.y, 4ull * op.n, 4), bind(name, "x", op.x, 4ull * op.n, 4)};
+  require(std::isfinite(op.alpha), name, "alpha must be finite");
   struct {
     uint32_t off[6];
     uint32_t n;
+    float alpha;
   } push{};
   push.n = u32(op.n, name, "n");
+  push.alpha = op.alpha;
   uint32_t gx, gy;
   groups_1d(push.n, gx, gy);
   rec_.dispatch(be_.kernels().get("add", 2), b, &push, sizeof(push), gx, gy);
