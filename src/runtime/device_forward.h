@@ -88,6 +88,22 @@ class DeviceForward {
   int64_t restore();  // layers uploaded
   int64_t n_dropped() const;
 
+  // ---- KV transfers (runtime/device_kv.cpp; device_kv.h has the host-side
+  // helpers). A session's device KV holds position p of a layer at F16
+  // element p * kv_dim of its K (and V) buffer, whatever its chunk size.
+  // Each call records its copies on the step stream and submits once per
+  // 64 MiB of host-visible staging (once for a chunk or a fork);
+  // between steps only.
+  // Reads positions [p0, p1) (p1 <= kv.n_tokens()) of every layer:
+  //   k, v: [n_layers, p1 - p0, kv_dim] F16
+  void read_kv(const KvCache& kv, int64_t p0, int64_t p1, uint16_t* k, uint16_t* v);
+  // Writes them (same shapes) into kv's device KV, growing it to hold p1
+  // positions; kv.n_tokens() stays the caller's to set.
+  void write_kv(KvCache& kv, int64_t p0, int64_t p1, const uint16_t* k, const uint16_t* v);
+  // The first n positions of src's device KV copied into dst's on the
+  // device (no host round trip): a fork.
+  void copy_kv(const KvCache& src, KvCache& dst, int64_t n);
+
   DeviceFootprint footprint() const;
   // The weight formats dequantised to F16 at load ("Q4_K", ...), each once.
   const std::vector<std::string>& converted() const { return converted_; }

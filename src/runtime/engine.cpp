@@ -71,8 +71,6 @@ Engine::Engine(const EngineOptions& opts)
   if (on_device) {
     // What does not run on a device yet is refused, never run on the CPU silently.
     if (budget_mode) throw Error("--memory-budget runs on the CPU only for now, not with --device " + opts_.device);
-    if (opts_.prefix_cache || !opts_.cache_dir.empty())
-      throw Error("the prefix cache runs on the CPU only for now, not with --device " + opts_.device);
     if (opts_.n_gpu_layers == 0)
       throw Error("-ngl 0 puts no layer on the device, but --device " + opts_.device + " asks for it");
     if (!opts_.backend) {

@@ -41,9 +41,11 @@ struct EngineOptions {
   // Where the forward pass runs: "cpu", "vulkan" (the first Vulkan device)
   // or "vulkan:N". On a device, the weights and every session's KV live in
   // its memory (runtime/device_forward.h); evict()/restore() move its weight
-  // layers; the host's elastic memory (a memory limit), budget mode, the
-  // prefix cache and LoRA adapters stay CPU-only for now (refused with a
-  // message). "" is "cpu".
+  // layers; the host's elastic memory (a memory limit), budget mode and
+  // LoRA adapters stay CPU-only for now (refused with a message). The prefix
+  // cache keeps its chunks on the host: a device session reads the chunks
+  // it publishes back and uploads the ones it reuses (runtime/device_kv.h).
+  // "" is "cpu".
   std::string device = "cpu";
   // Layers on the device (llama.cpp's -ngl): -1 or >= n_layers: all; a
   // split between device and CPU is not supported yet (refused).

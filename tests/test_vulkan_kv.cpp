@@ -1,0 +1,329 @@
+// A session's KV on a Vulkan device meets the host (runtime/device_kv.h):
+// the prefix cache (a prefix published by one device session is uploaded
+// into another instead of prefilled; namespaces and adapter versions never
+// share; the persistent tier across engines), forks copied on the device
+// (two continuations each equal an unforked run), session files saved on
+// the device and loaded on the CPU and the reverse, and the device ledger
+// back where it was once the sessions and the engine are gone (serve's
+// n > 1 and cached tokens on a device: test_serve_vulkan.cpp). Skips without a Vulkan device
+// unless EBB_TEST_REQUIRE_VULKAN=1 (vulkan_support.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "platform/error.h"
+#include "runtime/engine.h"
+#include "runtime/session.h"
+#include "support.h"
+#include "vulkan_support.h"
+
+namespace ebb {
+namespace {
+
+double nmse(std::span<const float> got, std::span<const float> ref) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    err += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    norm += double(ref[i]) * ref[i];
+  }
+  return err / std::max(norm, 1e-30);
+}
+
+std::vector<float> copy(std::span<const float> v) { return {v.begin(), v.end()}; }
+
+EngineOptions cpu_options(const std::string& model) {
+  EngineOptions eo;
+  eo.model_path = test::model_path(model + ".gguf");
+  eo.n_threads = 1;
+  eo.isa = Isa::kScalar;
+  return eo;
+}
+
+EngineOptions device_options(const std::string& model, Backend* be, bool prefix_cache = false) {
+  EngineOptions eo = cpu_options(model);
+  eo.backend = be;
+  eo.prefix_cache = prefix_cache;
+  return eo;
+}
+
+// stories260K's first golden prompt and its greedy continuation: 13 tokens or more.
+std::vector<int32_t> long_tokens() {
+  const std::vector<test::GoldenCase> golden = test::load_golden("stories260K");
+  std::vector<int32_t> all = golden[0].prompt_tokens;
+  for (int32_t t : golden[0].greedy_tokens) all.push_back(t);
+  return all;
+}
+
+SessionOptions chunked(int64_t chunk = 4) {
+  SessionOptions so;
+  so.kv_chunk_size = chunk;
+  return so;
+}
+
+// Device session A publishes its full chunks (read back into the host's
+// prefix cache); device session B with a longer prompt takes them (uploaded,
+// counted as reused, not run) and its logits equal a cold prefill's and the
+// CPU engine's; B's own new chunk is published by reading back that chunk
+// alone. Another namespace shares nothing.
+TEST(VulkanKv, APrefixCachedByOneDeviceSessionIsReusedByAnother) {
+  EBB_REQUIRE_VULKAN(be);
+  const std::vector<int32_t> all = long_tokens();
+  ASSERT_GE(all.size(), 13u);
+  const std::vector<int32_t> toks(all.begin(), all.begin() + 13);
+  const std::vector<int32_t> first(all.begin(), all.begin() + 9);  // 2 whole chunks of 4
+  Engine gpu(device_options("stories260K", be, /*prefix_cache=*/true));
+  PrefixCache* pc = gpu.prefix_cache();
+  ASSERT_NE(pc, nullptr);
+  Session a(gpu, chunked());
+  a.feed(first);
+  EXPECT_EQ(pc->stats().inserted_chunks, 2);
+  EXPECT_EQ(pc->covered(a.cache_key(), first), 8);
+  EXPECT_GT(gpu.footprint().kv(), 0u) << "the cache's chunks live on the host";
+  Session b(gpu, chunked());
+  const std::vector<float> lb = copy(b.feed(toks));
+  EXPECT_EQ(b.reused_tokens(), 8);
+  EXPECT_EQ(b.tokens_run(), 5);
+  EXPECT_EQ(pc->stats().inserted_chunks, 3) << "b's third chunk (positions 8..11) is published";
+  EXPECT_EQ(pc->covered(b.cache_key(), toks), 12);
+  // A cold prefill on the device, and the CPU engine.
+  SessionOptions cold = chunked();
+  cold.use_prefix_cache = false;
+  Session c(gpu, cold);
+  const std::vector<float> lc = copy(c.feed(toks));
+  EXPECT_EQ(c.reused_tokens(), 0);
+  EXPECT_LE(nmse(lb, lc), 1e-9);
+  Engine cpu(cpu_options("stories260K"));
+  Session r(cpu, chunked());
+  EXPECT_LE(nmse(lb, r.feed(toks)), 1e-6);
+  // A decode step after the reuse still equals the cold session's.
+  const int32_t next = static_cast<int32_t>(std::max_element(lb.begin(), lb.end()) - lb.begin());
+  EXPECT_LE(nmse(b.feed({&next, 1}), c.feed({&next, 1})), 1e-9);
+  // Another namespace: nothing shared, same logits.
+  SessionOptions other = chunked();
+  other.cache_namespace = "elsewhere";
+  Session d(gpu, other);
+  EXPECT_LE(nmse(d.feed(toks), lc), 1e-9);
+  EXPECT_EQ(d.reused_tokens(), 0);
+}
+
+// Keys carry the adapter and its version: chunks a device session publishes
+// under one adapter version are found under exactly that key, never under
+// another version, another adapter or the base model.
+TEST(VulkanKv, AdapterVersionsNeverShareDeviceChunks) {
+  EBB_REQUIRE_VULKAN(be);
+  const std::vector<int32_t> all = long_tokens();
+  const std::vector<int32_t> toks(all.begin(), all.begin() + 9);
+  Engine gpu(device_options("stories260K", be, true));
+  PrefixCache* pc = gpu.prefix_cache();
+  SessionOptions so = chunked();
+  so.use_prefix_cache = false;  // nothing recorded under the base key by the session itself
+  Session a(gpu, so);
+  a.feed(toks);
+  CacheKey v1 = a.cache_key();
+  v1.adapters = {AdapterKey{"style", 1, 0x1111, 1.0f}};
+  CacheKey v2 = v1;
+  v2.adapters[0].version = 2;
+  v2.adapters[0].digest = 0x2222;
+  CacheKey other = v1;
+  other.adapters[0].name = "other";
+  a.insert_into(*pc, v1, toks);
+  EXPECT_EQ(pc->stats().inserted_chunks, 2);
+  EXPECT_EQ(pc->covered(v1, toks), 8);
+  EXPECT_EQ(pc->covered(v2, toks), 0);
+  EXPECT_EQ(pc->covered(other, toks), 0);
+  EXPECT_EQ(pc->covered(a.cache_key(), toks), 0);
+  EXPECT_EQ(pc->lookup(v2, toks).n_tokens, 0);
+  // Published again: nothing new is read back or inserted.
+  a.insert_into(*pc, v1, toks);
+  EXPECT_EQ(pc->stats().inserted_chunks, 2);
+  // The chunks found under v1 hold the device's rows: uploaded into a fresh
+  // session's device KV, they give the logits of the session that made them.
+  const PrefixHit hit = pc->lookup(v1, toks);
+  ASSERT_EQ(hit.n_tokens, 8);
+  Session base(gpu, chunked());
+  const std::vector<float> ref = copy(a.last_logits());
+  EXPECT_LE(nmse(base.feed(toks), ref), 1e-9);
+  EXPECT_EQ(base.reused_tokens(), 0) << "the base key holds nothing";
+}
+
+// The persistent tier works unchanged: chunks a device engine published
+// are written to --cache-dir, and a second device engine (another process's
+// place) reads them back from there and uploads them.
+TEST(VulkanKv, ThePersistentTierServesASecondDeviceEngine) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vkkv");
+  const std::vector<int32_t> all = long_tokens();
+  const std::vector<int32_t> toks(all.begin(), all.begin() + 13);
+  std::vector<float> ref;
+  {
+    EngineOptions eo = device_options("stories260K", be, true);
+    eo.cache_dir = dir.path();
+    Engine gpu(eo);
+    Session a(gpu, chunked());
+    ref = copy(a.feed(toks));
+    EXPECT_EQ(gpu.prefix_cache()->stats().inserted_chunks, 3);
+  }
+  EngineOptions eo = device_options("stories260K", be, true);
+  eo.cache_dir = dir.path();
+  Engine gpu(eo);
+  Session b(gpu, chunked());
+  EXPECT_LE(nmse(b.feed(toks), ref), 1e-9);
+  EXPECT_EQ(b.reused_tokens(), 12);
+  EXPECT_EQ(gpu.prefix_cache()->stats().read_from_store, 3);
+}
+
+// A fork copies the KV on the device: the forked session and the original
+// continue differently, each equal to an unforked run of its tokens; a fork
+// at a point before the end runs the rest.
+TEST(VulkanKv, ForkThenTwoContinuationsEachEqualAnUnforkedRun) {
+  EBB_REQUIRE_VULKAN(be);
+  const std::vector<int32_t> all = long_tokens();
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 9);
+  const std::vector<int32_t> cont1 = {all[9], all[10]}, cont2 = {all[11]};
+  Engine gpu(device_options("stories260K", be));
+  const MemoryLedger loaded = be->ledger(MemoryPlace::kDevice);
+  {
+    Session a(gpu, chunked());
+    a.feed(prompt);
+    Session b(gpu, chunked());
+    b.fork_from(a, static_cast<int64_t>(prompt.size()));
+    ASSERT_TRUE(b.has_logits());
+    EXPECT_EQ(b.tokens(), a.tokens());
+    EXPECT_LE(nmse(b.last_logits(), a.last_logits()), 0.0);
+    const std::vector<float> l1 = copy(b.feed(cont1));
+    const std::vector<float> l2 = copy(a.feed(cont2));
+    auto unforked = [&](const std::vector<int32_t>& tail) {
+      std::vector<int32_t> t = prompt;
+      t.insert(t.end(), tail.begin(), tail.end());
+      Session s(gpu, chunked());
+      return copy(s.feed(t));
+    };
+    EXPECT_LE(nmse(l1, unforked(cont1)), 1e-9);
+    EXPECT_LE(nmse(l2, unforked(cont2)), 1e-9);
+    EXPECT_GT(nmse(l1, l2), 1e-3) << "the two continuations differ";
+    // Fork at 6 of a's 10 tokens: the fork runs from there.
+    Session c(gpu, chunked());
+    c.fork_from(a, 6);
+    EXPECT_FALSE(c.has_logits());
+    std::vector<int32_t> rest(all.begin() + 6, all.begin() + 11);
+    const std::vector<float> l3 = copy(c.feed(rest));
+    EXPECT_EQ(c.tokens_run(), 5);
+    EXPECT_LE(nmse(l3, unforked({all[9], all[10]})), 1e-9);
+    EXPECT_GT(gpu.footprint().device->kv, 0u);
+  }
+  EXPECT_EQ(gpu.footprint().device->kv, 0u);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).buffer_bytes, loaded.buffer_bytes);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, loaded.n_buffers);
+}
+
+// A session file saved on the device loads on the CPU and the reverse (and
+// an F32 file from the CPU loads on the device, rounded to F16): same
+// tokens, and the next token's logits within F16 tolerance of a run on the
+// loading side. A bad file leaves the device session as it was.
+TEST(VulkanKv, SaveOnTheDeviceLoadOnTheCpuAndTheReverse) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vkkv");
+  const std::vector<int32_t> all = long_tokens();
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 10);
+  const int32_t next = all[10];
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(next);
+  Engine cpu(cpu_options("stories260K"));
+  Engine gpu(device_options("stories260K", be));
+  std::vector<float> cpu_ref, gpu_ref;
+  {
+    Session s(cpu);
+    cpu_ref = copy(s.feed(longer));
+    Session t(gpu);
+    gpu_ref = copy(t.feed(longer));
+  }
+  // Device -> CPU.
+  Session g(gpu, chunked());
+  g.feed(prompt);
+  g.save(dir.file("g.ebbs"));
+  Session c(cpu);
+  c.load(dir.file("g.ebbs"));
+  EXPECT_EQ(c.tokens(), prompt);
+  EXPECT_EQ(c.n_processed(), static_cast<int64_t>(prompt.size()));
+  const std::vector<float> lc = copy(c.feed({&next, 1}));
+  EXPECT_EQ(c.tokens_run(), 1) << "the KV came from the file";
+  EXPECT_LE(nmse(lc, cpu_ref), 1e-6);
+  // CPU -> device (F16 and F32 files).
+  for (const DType type : {DType::kF16, DType::kF32}) {
+    SessionOptions so;
+    so.kv_type = type;
+    Session s(cpu, so);
+    s.feed(prompt);
+    const std::string f = dir.file(std::string("c_") + std::string(dtype_name(type)) + ".ebbs");
+    s.save(f);
+    Session d(gpu, chunked(8));
+    d.feed(std::vector<int32_t>{all[0], all[1], all[2]});  // something to replace
+    d.load(f);
+    EXPECT_EQ(d.tokens(), prompt);
+    EXPECT_EQ(d.n_processed(), static_cast<int64_t>(prompt.size()));
+    const std::vector<float> ld = copy(d.feed({&next, 1}));
+    EXPECT_EQ(d.tokens_run(), 3 + 1) << "3 before the load, then the new token only";
+    EXPECT_LE(nmse(ld, gpu_ref), 1e-6) << dtype_name(type);
+  }
+  // Device -> device, then a corrupt file: refused, the session unchanged.
+  Session e(gpu);
+  e.load(dir.file("g.ebbs"));
+  EXPECT_LE(nmse(e.feed({&next, 1}), gpu_ref), 1e-9);
+  {
+    std::ifstream in(dir.file("g.ebbs"), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes[bytes.size() / 2] ^= 0x40;
+    std::ofstream(dir.file("bad.ebbs"), std::ios::binary) << bytes;
+  }
+  const uint64_t kv_before = gpu.footprint().device->kv;
+  try {
+    e.load(dir.file("bad.ebbs"));
+    ADD_FAILURE() << "a corrupt file loaded";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("checksum"), std::string::npos) << err.what();
+  }
+  EXPECT_EQ(gpu.footprint().device->kv, kv_before);
+  EXPECT_EQ(e.n_processed(), static_cast<int64_t>(longer.size()));
+}
+
+// Every device byte comes back: sessions that published, reused, forked,
+// saved and loaded, then the engine, leave the device's ledgers (device and
+// host-visible memory) where they were.
+TEST(VulkanKv, TheLedgerIsBackToItsStartAfterTheSessionsGo) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vkkv");
+  const MemoryLedger dev0 = be->ledger(MemoryPlace::kDevice), host0 = be->ledger(MemoryPlace::kHost);
+  const std::vector<int32_t> all = long_tokens();
+  const std::vector<int32_t> toks(all.begin(), all.begin() + 13);
+  {
+    Engine gpu(device_options("stories260K", be, true));
+    const MemoryLedger loaded = be->ledger(MemoryPlace::kDevice);
+    {
+      Session a(gpu, chunked()), b(gpu, chunked()), c(gpu, chunked());
+      a.feed(toks);
+      b.feed(toks);
+      EXPECT_EQ(b.reused_tokens(), 12);
+      c.fork_from(b, 10);
+      c.save(dir.file("c.ebbs"));
+      a.load(dir.file("c.ebbs"));
+      EXPECT_GT(gpu.footprint().device->kv, 0u);
+    }
+    EXPECT_EQ(gpu.footprint().device->kv, 0u);
+    EXPECT_EQ(be->ledger(MemoryPlace::kDevice).buffer_bytes, loaded.buffer_bytes);
+    EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, loaded.n_buffers);
+  }
+  const MemoryLedger dev1 = be->ledger(MemoryPlace::kDevice), host1 = be->ledger(MemoryPlace::kHost);
+  EXPECT_EQ(dev1.buffer_bytes, dev0.buffer_bytes);
+  EXPECT_EQ(dev1.n_buffers, dev0.n_buffers);
+  EXPECT_EQ(dev1.slab_bytes, dev0.slab_bytes);
+  EXPECT_EQ(host1.buffer_bytes, host0.buffer_bytes);
+  EXPECT_EQ(host1.n_buffers, host0.n_buffers);
+}
+
+}  // namespace
+}  // namespace ebb
