@@ -325,5 +325,49 @@ TEST(VulkanKv, TheLedgerIsBackToItsStartAfterTheSessionsGo) {
   EXPECT_EQ(host1.n_buffers, host0.n_buffers);
 }
 
+// The command line: `ebb chat` saves a session on the device and loads it
+// on the CPU and the reverse (the next turn's text is the same either way),
+// and `--prefix-cache` / `--cache-dir` run on a device.
+TEST(VulkanKvCli, ChatSaveAndLoadAcrossDevicesAndThePrefixCache) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vkkv");
+  const std::string m = "chat -m " + test::model_path("stories260K.gguf") + " --temp 0 -n 8 --threads 1 --quiet";
+  const std::string dev = " --device vulkan";
+  const test::CliResult sg = test::run_cli(m + dev, "Lily and the cat\n/save " + dir.file("g.bin") + "\n");
+  ASSERT_EQ(sg.status, 0) << sg.err;
+  const test::CliResult sc = test::run_cli(m, "Lily and the cat\n/save " + dir.file("c.bin") + "\n");
+  ASSERT_EQ(sc.status, 0) << sc.err;
+  EXPECT_EQ(sg.out, sc.out);
+  for (const char* f : {"g.bin", "c.bin"}) {
+    const std::string turn = "/load " + dir.file(f) + "\nThe dog\n";
+    const test::CliResult on_cpu = test::run_cli(m, turn);
+    const test::CliResult on_dev = test::run_cli(m + dev, turn);
+    ASSERT_EQ(on_cpu.status, 0) << f << ": " << on_cpu.err;
+    ASSERT_EQ(on_dev.status, 0) << f << ": " << on_dev.err;
+    EXPECT_FALSE(on_cpu.out.empty()) << f;
+    EXPECT_EQ(on_dev.out, on_cpu.out) << f;
+  }
+  // The prompt's whole chunks of 4 go to the directory in the first run and
+  // come back in the second, which runs only the rest (the summary line's
+  // "prompt N tok" counts the tokens run).
+  const std::string run = "run -m " + test::model_path("stories260K.gguf") +
+                          " -p 'Once upon a time there was a little girl named Lily' --temp 0 -n 4 --threads 1 ";
+  const test::CliResult cpu = test::run_cli(run);
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  auto prompt_run = [](const std::string& err) {
+    const size_t at = err.find("| prompt ");
+    return at == std::string::npos ? -1 : std::stoi(err.substr(at + 9));
+  };
+  std::vector<int> ran;
+  for (int i = 0; i < 2; ++i) {
+    const test::CliResult r = test::run_cli(run + "--device vulkan --kv-chunk 4 --cache-dir " + dir.file("kv"));
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out, cpu.out);
+    ran.push_back(prompt_run(r.err));
+  }
+  EXPECT_GT(ran[0], 8);
+  EXPECT_EQ(ran[1], ran[0] - (ran[0] - 1) / 4 * 4) << "the second run takes the whole chunks from the directory";
+}
+
 }  // namespace
 }  // namespace ebb
