@@ -16,7 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "memory/kv_cache.h"
+#include "model/model.h"
 #include "platform/error.h"
+#include "runtime/device_forward.h"
+#include "runtime/device_kv.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "support.h"
@@ -63,6 +67,85 @@ SessionOptions chunked(int64_t chunk = 4) {
   SessionOptions so;
   so.kv_chunk_size = chunk;
   return so;
+}
+
+// The transfers themselves, through a staging buffer of 3 positions (so a
+// transfer takes several submissions): rows written to the device read back
+// bit for bit, whole and in part; a fork's device copy holds the source's
+// rows; chunks downloaded for the prefix cache hold the rows in the host's
+// chunk layout and upload into another place exactly; the host-visible
+// staging is freed with the last session's KV.
+TEST(VulkanKv, TransfersRoundTripBitForBitInBlocks) {
+  EBB_REQUIRE_VULKAN(be);
+  Ledger ledger;
+  Allocator alloc(&ledger);
+  std::unique_ptr<Model> model = Model::load(test::model_path("stories260K.gguf"), alloc);
+  const ModelConfig& c = model->config();
+  const int64_t nl = c.n_layer, kvd = c.kv_dim(), n = 11;
+  const MemoryLedger host0 = be->ledger(MemoryPlace::kHost);
+  DeviceForwardOptions o;
+  o.max_batch = 8;
+  o.kv_staging_bytes = static_cast<uint64_t>(2 * nl * kvd * 2 * 3);
+  DeviceForward df(*be, *model, alloc, o);
+  KvPool pool(KvShape{c.n_layer, c.n_head_kv, c.head_dim}, &alloc);
+  KvCacheOptions ko;
+  ko.chunk_size = 4;
+  ko.max_tokens = 64;
+  ko.storage_elsewhere = true;
+  {
+    KvCache a(pool, ko), b(pool, ko);
+    std::vector<uint16_t> k(static_cast<size_t>(nl * n * kvd)), v(k.size());  // [nl, n, kvd]
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = static_cast<uint16_t>((i * 7919) % 0x7bff);  // finite F16 bit patterns, all different nearby
+      v[i] = static_cast<uint16_t>((i * 104729 + 5) % 0x7bff);
+    }
+    auto slice = [&](const std::vector<uint16_t>& x, int64_t p0, int64_t p1) {
+      std::vector<uint16_t> out;
+      for (int64_t l = 0; l < nl; ++l)
+        out.insert(out.end(), x.begin() + (l * n + p0) * kvd, x.begin() + (l * n + p1) * kvd);
+      return out;
+    };
+    auto read = [&](const KvCache& kv, int64_t p0, int64_t p1) {
+      std::vector<uint16_t> rk(static_cast<size_t>(nl * (p1 - p0) * kvd)), rv(rk.size());
+      df.read_kv(kv, p0, p1, rk.data(), rv.data());
+      return std::make_pair(rk, rv);
+    };
+    df.write_kv(a, 0, n, k.data(), v.data());
+    a.set_n_tokens(n);
+    auto [rk, rv] = read(a, 0, n);
+    EXPECT_EQ(rk, k);
+    EXPECT_EQ(rv, v);
+    auto [pk, pv] = read(a, 2, 9);
+    EXPECT_EQ(pk, slice(k, 2, 9));
+    EXPECT_EQ(pv, slice(v, 2, 9));
+    // A fork's copy on the device.
+    df.copy_kv(a, b, 9);
+    b.set_n_tokens(9);
+    auto [fk, fv] = read(b, 0, 9);
+    EXPECT_EQ(fk, slice(k, 0, 9));
+    EXPECT_EQ(fv, slice(v, 0, 9));
+    // Chunk 1 of a (positions 4..7) as host chunks: K rows then V rows.
+    const std::vector<std::vector<KvChunkHandle>> ch = download_kv_chunks(df, a, 1, 2, pool);
+    ASSERT_EQ(ch.size(), 1u);
+    ASSERT_EQ(ch[0].size(), static_cast<size_t>(nl));
+    for (int64_t l = 0; l < nl; ++l) {
+      const uint16_t* got = ch[0][l]->storage.as<uint16_t>();
+      EXPECT_EQ(ch[0][l]->rows, 4);
+      EXPECT_TRUE(std::equal(got, got + 4 * kvd, k.begin() + (l * n + 4) * kvd)) << "layer " << l;
+      EXPECT_TRUE(std::equal(got + 4 * kvd, got + 8 * kvd, v.begin() + (l * n + 4) * kvd)) << "layer " << l;
+    }
+    // Uploaded as b's chunk 2 (positions 8..11).
+    upload_kv_chunks(df, b, 2, ch);
+    b.set_n_tokens(12);
+    auto [uk, uv] = read(b, 8, 12);
+    EXPECT_EQ(uk, slice(k, 4, 8));
+    EXPECT_EQ(uv, slice(v, 4, 8));
+    EXPECT_GT(be->ledger(MemoryPlace::kHost).buffer_bytes, host0.buffer_bytes) << "the staging is kept";
+    df.release(&a);
+    df.release(&b);
+  }
+  EXPECT_EQ(be->ledger(MemoryPlace::kHost).buffer_bytes, host0.buffer_bytes);
+  EXPECT_EQ(be->ledger(MemoryPlace::kHost).n_buffers, host0.n_buffers);
 }
 
 // Device session A publishes its full chunks (read back into the host's

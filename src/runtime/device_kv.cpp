@@ -12,38 +12,49 @@
 namespace ebb {
 namespace {
 
-constexpr uint64_t kStagingBytes = 64ull << 20;  // host-visible staging per submission, at most
-
 // Positions per submission: every layer's K and V rows of a block fit the
 // staging cap (at least one position).
-int64_t block_positions(int64_t n_layers, uint64_t row_bytes) {
+int64_t block_positions(int64_t n_layers, uint64_t row_bytes, uint64_t cap) {
   const uint64_t per_pos = 2 * static_cast<uint64_t>(n_layers) * row_bytes;
-  return std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes / per_pos));
+  return std::max<int64_t>(1, static_cast<int64_t>(cap / per_pos));
 }
 
 }  // namespace
 
-void DeviceForward::read_kv(const KvCache& kv, int64_t p0, int64_t p1, uint16_t* k, uint16_t* v) {
-  std::lock_guard lock(mu_);
-  EBB_CHECK(0 <= p0 && p0 <= p1 && p1 <= kv.n_tokens());
-  if (p0 == p1) return;
-  const auto it = kv_.find(&kv);
-  EBB_CHECK_MSG(it != kv_.end() && it->second.cap_chunks * it->second.chunk_size >= p1,
-                "read_kv: the device holds fewer positions than the cache says");
-  const SeqKv& s = it->second;
-  const int64_t nl = model_.n_layers(), kvd = cfg_.kv_dim(), n = p1 - p0;
+BackendBuffer& DeviceForward::staging(uint64_t bytes) {
+  if (!staging_ || staging_->size() < bytes) {
+    staging_.reset();  // its slab goes back before a larger one is taken
+    staging_ = be_.alloc(bytes, MemoryPlace::kHost);
+  }
+  return *staging_;
+}
+
+void DeviceForward::transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device, const KvRows& host) {
+  const int64_t nl = model_.n_layers(), kvd = cfg_.kv_dim();
   const uint64_t row = static_cast<uint64_t>(kvd) * 2;
-  const int64_t block = std::min(n, block_positions(nl, row));
-  auto st = be_.alloc(2 * static_cast<uint64_t>(nl * block) * row, MemoryPlace::kHost);
+  const int64_t block = std::min(p1 - p0, block_positions(nl, row, opts_.kv_staging_bytes));
+  BackendBuffer& st = staging(2 * static_cast<uint64_t>(nl * block) * row);
+  auto* mapped = static_cast<uint8_t*>(st.host_data());
+  std::vector<uint8_t> bounce;  // staging the host cannot address (not seen yet): through read/write
+  if (!mapped) bounce.resize(2 * static_cast<uint64_t>(nl * block) * row);
+  uint8_t* base = mapped ? mapped : bounce.data();
   BackendStream& str = *stream_;
   for (int64_t a = p0; a < p1; a += block) {
     const int64_t m = std::min(block, p1 - a);
     const uint64_t part = static_cast<uint64_t>(m) * row;  // one layer's K (or V) rows of the block
+    auto each = [&](const auto& f) {
+      for (int64_t l = 0; l < nl; ++l)
+        for (const bool v : {false, true}) f(l, v, (2 * l + (v ? 1 : 0)) * part);
+    };
+    if (to_device) {
+      each([&](int64_t l, bool v, uint64_t off) { host(l, v, a, m, reinterpret_cast<uint16_t*>(base + off)); });
+      if (!mapped) st.write(0, base, 2 * nl * part);
+    }
     try {
-      for (int64_t l = 0; l < nl; ++l) {
-        str.copy({{s.k[l].get(), static_cast<uint64_t>(a) * row}, {st.get(), (2 * l) * part}, part});
-        str.copy({{s.v[l].get(), static_cast<uint64_t>(a) * row}, {st.get(), (2 * l + 1) * part}, part});
-      }
+      each([&](int64_t l, bool v, uint64_t off) {
+        const TensorRef dev{(v ? s.v : s.k)[l].get(), static_cast<uint64_t>(a) * row}, stage{&st, off};
+        str.copy({to_device ? stage : dev, to_device ? dev : stage, part});
+      });
       str.submit();
       str.wait();
     } catch (...) {
@@ -53,45 +64,42 @@ void DeviceForward::read_kv(const KvCache& kv, int64_t p0, int64_t p1, uint16_t*
       }
       throw;
     }
-    for (int64_t l = 0; l < nl; ++l) {
-      st->read((2 * l) * part, k + (l * n + (a - p0)) * kvd, part);
-      st->read((2 * l + 1) * part, v + (l * n + (a - p0)) * kvd, part);
+    if (!to_device) {
+      if (!mapped) st.read(0, base, 2 * nl * part);
+      each([&](int64_t l, bool v, uint64_t off) { host(l, v, a, m, reinterpret_cast<uint16_t*>(base + off)); });
     }
   }
 }
 
-void DeviceForward::write_kv(KvCache& kv, int64_t p0, int64_t p1, const uint16_t* k, const uint16_t* v) {
+void DeviceForward::read_kv(const KvCache& kv, int64_t p0, int64_t p1, const KvRows& take) {
+  std::lock_guard lock(mu_);
+  EBB_CHECK(0 <= p0 && p0 <= p1 && p1 <= kv.n_tokens());
+  if (p0 == p1) return;
+  const auto it = kv_.find(&kv);
+  EBB_CHECK_MSG(it != kv_.end() && it->second.cap_chunks * it->second.chunk_size >= p1,
+                "read_kv: the device holds fewer positions than the cache says");
+  transfer_kv(it->second, p0, p1, false, take);
+}
+
+void DeviceForward::write_kv(KvCache& kv, int64_t p0, int64_t p1, const KvRows& fill) {
   std::lock_guard lock(mu_);
   EBB_CHECK(0 <= p0 && p0 <= p1 && p1 <= kv.options().max_tokens);
   if (p0 == p1) return;
-  SeqKv& s = kv_for(kv, p1);
-  const int64_t nl = model_.n_layers(), kvd = cfg_.kv_dim(), n = p1 - p0;
-  const uint64_t row = static_cast<uint64_t>(kvd) * 2;
-  const int64_t block = std::min(n, block_positions(nl, row));
-  auto st = be_.alloc(2 * static_cast<uint64_t>(nl * block) * row, MemoryPlace::kHost);
-  BackendStream& str = *stream_;
-  for (int64_t a = p0; a < p1; a += block) {
-    const int64_t m = std::min(block, p1 - a);
-    const uint64_t part = static_cast<uint64_t>(m) * row;
-    for (int64_t l = 0; l < nl; ++l) {
-      st->write((2 * l) * part, k + (l * n + (a - p0)) * kvd, part);
-      st->write((2 * l + 1) * part, v + (l * n + (a - p0)) * kvd, part);
-    }
-    try {
-      for (int64_t l = 0; l < nl; ++l) {
-        str.copy({{st.get(), (2 * l) * part}, {s.k[l].get(), static_cast<uint64_t>(a) * row}, part});
-        str.copy({{st.get(), (2 * l + 1) * part}, {s.v[l].get(), static_cast<uint64_t>(a) * row}, part});
-      }
-      str.submit();
-      str.wait();
-    } catch (...) {
-      try {
-        str.wait();
-      } catch (const Error&) {
-      }
-      throw;
-    }
-  }
+  transfer_kv(kv_for(kv, p1), p0, p1, true, fill);
+}
+
+void DeviceForward::read_kv(const KvCache& kv, int64_t p0, int64_t p1, uint16_t* k, uint16_t* v) {
+  const int64_t n = p1 - p0, kvd = cfg_.kv_dim();
+  read_kv(kv, p0, p1, [&](int64_t l, bool is_v, int64_t p, int64_t m, uint16_t* rows) {
+    std::memcpy((is_v ? v : k) + (l * n + (p - p0)) * kvd, rows, static_cast<size_t>(m * kvd) * 2);
+  });
+}
+
+void DeviceForward::write_kv(KvCache& kv, int64_t p0, int64_t p1, const uint16_t* k, const uint16_t* v) {
+  const int64_t n = p1 - p0, kvd = cfg_.kv_dim();
+  write_kv(kv, p0, p1, [&](int64_t l, bool is_v, int64_t p, int64_t m, uint16_t* rows) {
+    std::memcpy(rows, (is_v ? v : k) + (l * n + (p - p0)) * kvd, static_cast<size_t>(m * kvd) * 2);
+  });
 }
 
 void DeviceForward::copy_kv(const KvCache& src, KvCache& dst, int64_t n) {
@@ -128,27 +136,28 @@ std::vector<std::vector<KvChunkHandle>> download_kv_chunks(DeviceForward& dev, c
   EBB_CHECK(0 <= c0 && c0 <= c1 && c1 * cs <= kv.n_tokens());
   std::vector<std::vector<KvChunkHandle>> out;
   if (c0 == c1) return out;
-  const int64_t n = (c1 - c0) * cs;
-  std::vector<uint16_t> k(static_cast<size_t>(nl * n * kvd)), v(k.size());  // [nl, n, kvd]
-  dev.read_kv(kv, c0 * cs, c1 * cs, k.data(), v.data());
   std::vector<int32_t> layers;
   for (int64_t c = c0; c < c1; ++c)
     for (int64_t l = 0; l < nl; ++l) layers.push_back(static_cast<int32_t>(l));
   std::vector<KvChunkHandle> fresh = pool.create(layers, cs, DType::kF16);
-  const uint64_t part = static_cast<uint64_t>(cs * kvd) * 2;  // a chunk's K (or V) rows
   size_t next = 0;
   for (int64_t c = c0; c < c1; ++c) {
     std::vector<KvChunkHandle>& ch = out.emplace_back();
     for (int64_t l = 0; l < nl; ++l) {
-      KvChunkHandle h = std::move(fresh[next++]);
-      uint8_t* dst = h->storage.as<uint8_t>();
-      const size_t from = static_cast<size_t>((l * n + (c - c0) * cs) * kvd);
-      std::memcpy(dst, k.data() + from, part);
-      std::memcpy(dst + part, v.data() + from, part);
-      h->rows = cs;
-      ch.push_back(std::move(h));
+      fresh[next]->rows = cs;
+      ch.push_back(std::move(fresh[next++]));
     }
   }
+  // Straight from staging into the chunks: K rows, then V rows, of each.
+  const uint64_t row = static_cast<uint64_t>(kvd) * 2;
+  dev.read_kv(kv, c0 * cs, c1 * cs, [&](int64_t l, bool v, int64_t p, int64_t n, uint16_t* rows) {
+    for (int64_t q = p; q < p + n;) {
+      const int64_t c = q / cs, in = q % cs, m = std::min(cs - in, p + n - q);
+      uint8_t* dst = out[static_cast<size_t>(c - c0)][static_cast<size_t>(l)]->storage.as<uint8_t>();
+      std::memcpy(dst + (v ? cs : 0) * row + in * row, rows + (q - p) * kvd, m * row);
+      q += m;
+    }
+  });
   return out;
 }
 
@@ -156,9 +165,7 @@ void upload_kv_chunks(DeviceForward& dev, KvCache& kv, int64_t c0, std::span<con
   const int64_t cs = kv.options().chunk_size, nl = kv.shape().n_layer;
   const int64_t kvd = kv.shape().n_kv_heads * kv.shape().head_dim;
   if (chunks.empty()) return;
-  const int64_t nc = static_cast<int64_t>(chunks.size()), n = nc * cs;
-  std::vector<uint16_t> k(static_cast<size_t>(nl * n * kvd)), v(k.size());  // [nl, n, kvd]
-  const uint64_t part = static_cast<uint64_t>(cs * kvd) * 2;
+  const int64_t nc = static_cast<int64_t>(chunks.size());
   for (int64_t c = 0; c < nc; ++c) {
     EBB_CHECK(static_cast<int64_t>(chunks[c].size()) == nl);
     for (int64_t l = 0; l < nl; ++l) {
@@ -167,13 +174,18 @@ void upload_kv_chunks(DeviceForward& dev, KvCache& kv, int64_t c0, std::span<con
         throw Error("a KV chunk of " + std::to_string(h.chunk_size) + " tokens (" + std::to_string(h.rows) +
                     " rows) cannot go to a device session's KV of F16 chunks of " + std::to_string(cs));
       if (!h.resident()) throw Error("a KV chunk to upload to the device is not resident");
-      const uint8_t* src = const_cast<KvChunk&>(h).storage.as<uint8_t>();
-      const size_t at = static_cast<size_t>((l * n + c * cs) * kvd);
-      std::memcpy(k.data() + at, src, part);
-      std::memcpy(v.data() + at, src + part, part);
     }
   }
-  dev.write_kv(kv, c0 * cs, (c0 + nc) * cs, k.data(), v.data());
+  const uint64_t row = static_cast<uint64_t>(kvd) * 2;
+  const int64_t p0 = c0 * cs;
+  dev.write_kv(kv, p0, (c0 + nc) * cs, [&](int64_t l, bool v, int64_t p, int64_t n, uint16_t* rows) {
+    for (int64_t q = p; q < p + n;) {
+      const int64_t c = (q - p0) / cs, in = (q - p0) % cs, m = std::min(cs - in, p + n - q);
+      const uint8_t* src = chunks[static_cast<size_t>(c)][static_cast<size_t>(l)]->storage.as<uint8_t>();
+      std::memcpy(rows + (q - p) * kvd, src + (v ? cs : 0) * row + in * row, m * row);
+      q += m;
+    }
+  });
 }
 
 }  // namespace ebb
