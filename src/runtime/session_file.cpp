@@ -12,6 +12,10 @@
 // was computed with: loaded into a session bound to others, the tokens are
 // kept and the KV is recomputed.
 //
+// A session whose KV is on a compute device reads it back to save it and
+// writes it up to load it (DeviceForward::read_kv / write_kv): the file is
+// the same, so one saved on a device loads on the CPU and the reverse.
+//
 // Saving writes NAME.tmp and renames it into place; every failure removes
 // NAME.tmp (a full disk stays as full as it was). Loading opens without
 // blocking and refuses anything but a regular file (a FIFO would block the
@@ -260,24 +264,18 @@ void Session::load(const std::string& path) {
     }
   }
   if (dev) {
-    // The device keeps F16: a file of F32 rows (saved on the CPU with an F32
-    // cache) is rounded once; then the rows go up.
-    const size_t layer = static_cast<size_t>(np * kvd);
-    std::vector<uint16_t> k(layer * static_cast<size_t>(c.n_layer)), v(k.size());  // [n_layer, np, kv_dim]
-    for (int64_t l = 0; l < c.n_layer; ++l) {
-      for (const bool is_k : {true, false}) {
-        uint16_t* dst = (is_k ? k.data() : v.data()) + l * layer;
-        const void* src = row_at(l, 0, is_k);
-        if (file_type == DType::kF16) {
-          std::memcpy(dst, src, layer * 2);
-        } else {
-          const auto* f32 = static_cast<const float*>(src);
-          for (size_t i = 0; i < layer; ++i) dst[i] = fp32_to_fp16(f32[i]);
-        }
+    // The rows go up from the file's bytes; the device keeps F16, so a file
+    // of F32 rows (saved on the CPU with an F32 cache) is rounded once.
+    dev->write_kv(*kv, 0, np, [&](int64_t l, bool v, int64_t p, int64_t n, uint16_t* dst) {
+      const void* src = row_at(l, p, !v);  // a layer's K (or V) rows are consecutive in the file
+      const size_t count = static_cast<size_t>(n * kvd);
+      if (file_type == DType::kF16) {
+        std::memcpy(dst, src, count * 2);
+      } else {
+        const auto* f32 = static_cast<const float*>(src);
+        for (size_t i = 0; i < count; ++i) dst[i] = fp32_to_fp16(f32[i]);
       }
-    }
-    rows = {};
-    dev->write_kv(*kv, 0, np, k.data(), v.data());
+    });
   }
   kv->set_n_tokens(np);
   // The adapters this session is bound to now: KV made under others is
