@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   };
   const KernelSet& ks = kernel_set(best_isa());
 
-  for (DType t : {DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+  for (DType t : {DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const uint64_t rb = row_bytes(t, cols);
     std::vector<uint8_t> w(rb * rows);
     for (int64_t r = 0; r < rows; ++r) quantize_row(t, wf.data() + r * cols, w.data() + r * rb, cols);

@@ -104,5 +104,50 @@ TEST(CpuBackend, OpsAreTheCpuKernels) {
   EXPECT_THROW(s->matmul(op), Error);
 }
 
+// The CPU backend's matmul takes every format the Vulkan backend has a
+// shader for (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), as the CPU's
+// kernels compute it, and refuses a row that is not whole blocks.
+TEST(CpuBackend, MatmulTakesTheGpuFormats) {
+  auto be = open_cpu_backend({Isa::kScalar, 1});
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t rows = 3, cols = 512;
+  std::vector<float> wf(rows * cols), x(cols);
+  for (auto& v : wf) v = d(rng);
+  for (auto& v : x) v = d(rng);
+  auto xb = be->alloc(4 * cols, MemoryPlace::kDevice);
+  xb->write(0, x.data(), 4 * cols);
+  auto yb = be->alloc(4 * rows, MemoryPlace::kDevice);
+  auto s = be->new_stream();
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
+                  DType::kQ6_K}) {
+    ASSERT_TRUE(be->supports(OpKind::kMatmul, t)) << dtype_name(t);
+    const uint64_t rb = row_bytes(t, cols);
+    std::vector<uint8_t> w(rb * rows);
+    for (int64_t r = 0; r < rows; ++r) quantize_row(t, wf.data() + r * cols, w.data() + r * rb, cols);
+    auto wb = be->alloc(w.size(), MemoryPlace::kDevice);
+    wb->write(0, w.data(), w.size());
+    MatmulOp op;
+    op.w_type = t;
+    op.rows = rows;
+    op.cols = cols;
+    op.w = {wb.get(), 0};
+    op.x = {xb.get(), 0};
+    op.y = {yb.get(), 0};
+    s->matmul(op);
+    const FormatKernels* fk = kernel_set(Isa::kScalar).format(t);
+    std::vector<uint8_t> act(row_bytes(fk->act, cols));
+    fk->quantize_act(x.data(), act.data(), cols);
+    std::vector<float> y(rows), want(rows);
+    yb->read(0, y.data(), 4 * rows);
+    for (int64_t r = 0; r < rows; ++r) fk->vec_dot(cols, w.data() + r * rb, act.data(), &want[r]);
+    EXPECT_EQ(y, want) << dtype_name(t);
+    if (type_info(t).block_size == 256) {
+      op.cols = 224;  // a multiple of 32, not of the 256-element super-block
+      EXPECT_THROW(s->matmul(op), Error) << dtype_name(t);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ebb

@@ -159,7 +159,7 @@ TEST(VulkanBackend, OpsRejectBadArguments) {
   auto y = be->alloc(1 << 12, MemoryPlace::kDevice);
   auto s = be->new_stream();
   MatmulOp op;
-  op.w_type = DType::kQ4_K;
+  op.w_type = DType::kQ5_0;  // a format without a shader (dequantised to F16 at load)
   op.rows = 4;
   op.cols = 256;
   op.w = {w.get(), 0};
@@ -167,12 +167,33 @@ TEST(VulkanBackend, OpsRejectBadArguments) {
   op.y = {y.get(), 0};
   try {
     s->matmul(op);
-    FAIL() << "Q4_K matmul accepted";
+    FAIL() << "Q5_0 matmul accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Q4_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Q5_0"), std::string::npos) << e.what();
   }
-  EXPECT_FALSE(be->supports(OpKind::kMatmul, DType::kQ4_K));
-  EXPECT_TRUE(be->supports(OpKind::kMatmul, DType::kQ4_0));
+  EXPECT_FALSE(be->supports(OpKind::kMatmul, DType::kQ5_0));
+  EXPECT_FALSE(be->supports(OpKind::kMatmul, DType::kIQ4_NL));
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
+                  DType::kQ6_K})
+    EXPECT_TRUE(be->supports(OpKind::kMatmul, t)) << dtype_name(t);
+  // A K-quant's row is whole 256-element super-blocks: 224 columns (a
+  // multiple of 32) is refused, naming the multiple.
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    op.w_type = t;
+    op.cols = 224;
+    try {
+      s->matmul(op);
+      FAIL() << dtype_name(t) << " matmul with 224 columns accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a multiple of 256 for " + std::string(dtype_name(t))),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  op.w_type = DType::kBF16;
+  op.cols = 255;  // odd
+  EXPECT_THROW(s->matmul(op), Error);
+  op.cols = 256;
   op.w_type = DType::kQ8_0;
   op.cols = 48;  // not a multiple of 32
   EXPECT_THROW(s->matmul(op), Error);

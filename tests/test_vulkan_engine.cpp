@@ -109,11 +109,12 @@ TEST_P(VulkanEngine, GreedyDecodeMatchesTheCpuEngine) {
 
 // Tolerances (NMSE per step; measured on lavapipe in the test's output).
 // As test_vulkan_model: ebb's CPU engine pairs F16 weights with activations
-// rounded to F16 and Q8_0/Q4_0 with activations quantised to Q8_0, where
-// the shaders multiply F32 activations; K-quants have no shader and are
-// widened to F16 at load (exact: every K-quant value is a small integer
-// times an F16 scale product, rounded once to F16), against the CPU's
-// activations quantised to Q8_K. Both sides keep the KV in F16.
+// rounded to F16, BF16 with activations rounded to BF16, Q8_0/Q4_0 with
+// activations quantised to Q8_0 and the K-quants (Q4_K_M: Q4_K and Q6_K;
+// Q5_K_M: Q5_K and Q6_K, so every K-quant shader runs in a whole model) with
+// activations quantised to Q8_K, where the
+// shaders read the same blocks and multiply F32 activations. Both sides keep
+// the KV in F16.
 INSTANTIATE_TEST_SUITE_P(Models, VulkanEngine,
                          ::testing::Values(ModelCase{"stories260K", 1e-6, 1.0, 16},
                                            ModelCase{"stories260K-f16", 2e-5, 0.95, 8},
@@ -121,7 +122,9 @@ INSTANTIATE_TEST_SUITE_P(Models, VulkanEngine,
                                            ModelCase{"tiny-qwen2-f16", 2e-5, 0.9, 0},
                                            ModelCase{"tiny-qwen3-f16", 2e-5, 0.9, 0},
                                            ModelCase{"tiny-llama-q8_0", 4e-3, 0.8, 0},
-                                           ModelCase{"tiny-qwen3-q4_k_m", 4e-3, 0.8, 0}),
+                                           ModelCase{"tiny-qwen3-q4_k_m", 4e-3, 0.8, 0},
+                                           ModelCase{"tiny-qwen3-q5_k_m", 4e-3, 0.8, 0},
+                                           ModelCase{"tiny-qwen3-bf16", 5e-4, 0.9, 0}),
                          [](const auto& info) {
                            std::string s = info.param.model;
                            for (char& ch : s)
@@ -185,6 +188,37 @@ TEST(VulkanEngineSession, TwoSessionsInOneStep) {
   EXPECT_LE(nmse(s1.last_logits(), alone[1]), 1e-10);
   EXPECT_EQ(argmax(s0.last_logits()), argmax(alone[0]));
   EXPECT_EQ(argmax(s1.last_logits()), argmax(alone[1]));
+}
+
+// Formats with a shader are uploaded as stored, not widened: each layer's
+// device buffer is its matrices' bytes in the file's format and its norm
+// vectors (qwen3: no biases), each piece aligned to 256 bytes, so a Q4_K_M
+// model's layers take about a third of its F16 twin's.
+TEST(VulkanEngineMemory, QuantisedWeightsKeepTheirStoredSize) {
+  EBB_REQUIRE_VULKAN(be);
+  auto aligned = [](uint64_t b) { return (b + 255) / 256 * 256; };
+  auto device_weights = [&](const char* model) {
+    Engine cpu(cpu_options(model));  // the shapes and formats, as the file stores them
+    uint64_t want = 0;
+    for (int l = 0; l < cpu.config().n_layer; ++l) {
+      const LayerWeights w = cpu.model().layer(l);
+      for (const WeightView* m : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down})
+        want += aligned(row_bytes(m->type, m->cols) * static_cast<uint64_t>(m->rows));
+      want += 2 * aligned(4 * static_cast<uint64_t>(cpu.config().n_embd)) +
+              2 * aligned(4 * static_cast<uint64_t>(cpu.config().head_dim));
+    }
+    Engine gpu(device_options(model, be));
+    EXPECT_TRUE(gpu.device()->converted().empty()) << model;
+    const uint64_t got = gpu.footprint().device->weights();
+    EXPECT_EQ(got, want) << model;
+    return got;
+  };
+  const uint64_t f16 = device_weights("tiny-qwen3-f16");
+  const uint64_t q4km = device_weights("tiny-qwen3-q4_k_m");
+  device_weights("tiny-qwen3-q5_k_m");
+  const uint64_t bf16 = device_weights("tiny-qwen3-bf16");
+  EXPECT_LT(q4km, f16 * 0.4) << "Q4_K_M layers widened on the device";
+  EXPECT_EQ(bf16, f16);
 }
 
 // Every device byte goes through the ledger: the engine's footprint says
@@ -333,11 +367,21 @@ TEST(VulkanEngineCli, RunOnTheDeviceGivesTheCpuText) {
   EXPECT_EQ(v.status, 0) << v.err;
   EXPECT_NE(v.err.find("device: " + be->info().id), std::string::npos) << v.err;
   EXPECT_NE(v.err.find("holds weights"), std::string::npos) << v.err;
-  // Formats without shaders are widened at load, said once.
-  const test::CliResult k = run_cli("run -m " + test::model_path("tiny-qwen3-q4_k_m.gguf") +
+  // Formats without shaders are widened at load, said once, naming them
+  // (Q5_0; not the file's Q6_K output head, which has a shader); formats
+  // with shaders are uploaded as stored, and nothing is said.
+  const test::CliResult k = run_cli("run -m " + test::model_path("tiny-qwen3-q5_0.gguf") +
                                     " -p Hi --temp 0 -n 2 --threads 1 --device vulkan");
   EXPECT_EQ(k.status, 0) << k.err;
-  EXPECT_NE(k.err.find("dequantised to F16 at load"), std::string::npos) << k.err;
+  EXPECT_NE(k.err.find("no matrix kernels for Q5_0: those weights were dequantised to F16 at load"),
+            std::string::npos)
+      << k.err;
+  for (const char* m : {"tiny-qwen3-q4_k_m.gguf", "tiny-qwen3-q5_k_m.gguf", "tiny-qwen3-bf16.gguf"}) {
+    const test::CliResult q =
+        run_cli("run -m " + test::model_path(m) + " -p Hi --temp 0 -n 2 --threads 1 --device vulkan");
+    EXPECT_EQ(q.status, 0) << m << ": " << q.err;
+    EXPECT_EQ(q.err.find("dequantised"), std::string::npos) << m << ": " << q.err;
+  }
 }
 
 TEST(VulkanEngineCli, DeviceErrors) {

@@ -89,7 +89,8 @@ struct TensorRef {
 struct MatmulOp {
   DType w_type = DType::kF32;
   int64_t rows = 0;  // output features
-  int64_t cols = 0;  // the reduction dimension: a multiple of 32 (Q8_0, Q4_0), of 2 (F32, F16)
+  int64_t cols = 0;  // the reduction dimension: a multiple of the format's block (Vulkan: 256 for
+                     // Q4_K, Q5_K, Q6_K; 32 for Q8_0, Q4_0; 2 for F32, F16, BF16)
   TensorRef w;       // [rows] rows of row_bytes(w_type, cols)
   TensorRef x;       // [n_tokens, x_stride] F32
   int64_t x_stride = 0;  // floats; 0 means cols

@@ -116,7 +116,7 @@ class DeviceForward {
   void copy_kv(const KvCache& src, KvCache& dst, int64_t n);
 
   DeviceFootprint footprint() const;
-  // The weight formats dequantised to F16 at load ("Q4_K", ...), each once.
+  // The weight formats dequantised to F16 at load ("Q5_0", "IQ4_NL", ...), each once.
   const std::vector<std::string>& converted() const { return converted_; }
   const DeviceInfo& device() const { return be_.info(); }
   Backend& backend() { return be_; }

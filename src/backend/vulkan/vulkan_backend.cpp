@@ -12,6 +12,29 @@
 namespace ebb::vk {
 namespace {
 
+// One row per weight format with a matmul shader (mul_mat.glsl): the
+// shader, and the column multiple it needs (its block: a K-quant's
+// 256-element super-block, 32 elements, or an element pair for the plain
+// formats). Adding a format is adding a row and its mul_mat_*.comp.
+struct MatmulKernel {
+  DType type;
+  const char* shader;
+  int64_t cols_multiple;
+};
+constexpr MatmulKernel kMatmulKernels[] = {
+    {DType::kF32, "mul_mat_f32", 2},      {DType::kF16, "mul_mat_f16", 2},
+    {DType::kBF16, "mul_mat_bf16", 2},    {DType::kQ8_0, "mul_mat_q8_0", 32},
+    {DType::kQ4_0, "mul_mat_q4_0", 32},   {DType::kQ4_K, "mul_mat_q4_k", 256},
+    {DType::kQ5_K, "mul_mat_q5_k", 256},  {DType::kQ6_K, "mul_mat_q6_k", 256},
+};
+
+// The row of format t; nullptr when it has no shader.
+const MatmulKernel* matmul_kernel(DType t) {
+  for (const MatmulKernel& k : kMatmulKernels)
+    if (k.type == t) return &k;
+  return nullptr;
+}
+
 class VulkanBackend;
 
 class VulkanBuffer final : public BackendBuffer {
@@ -68,8 +91,7 @@ class VulkanBackend final : public Backend {
   ~VulkanBackend() override = default;
   const DeviceInfo& info() const override { return ctx_->info(); }
   bool supports(OpKind op, DType type) const override {
-    if (op == OpKind::kMatmul)
-      return type == DType::kF32 || type == DType::kF16 || type == DType::kQ8_0 || type == DType::kQ4_0;
+    if (op == OpKind::kMatmul) return matmul_kernel(type) != nullptr;
     return type == DType::kF32;
   }
   std::unique_ptr<BackendBuffer> alloc(uint64_t bytes, MemoryPlace place) override {
@@ -238,20 +260,18 @@ VulkanStream::VulkanStream(VulkanBackend& be) : be_(be), rec_(be.ctx(), be.kerne
 
 void VulkanStream::matmul(const MatmulOp& op) {
   const char* name = "vulkan matmul";
-  const char* shader = nullptr;
-  switch (op.w_type) {
-    case DType::kF32: shader = "mul_mat_f32"; break;
-    case DType::kF16: shader = "mul_mat_f16"; break;
-    case DType::kQ8_0: shader = "mul_mat_q8_0"; break;
-    case DType::kQ4_0: shader = "mul_mat_q4_0"; break;
-    default:
-      throw Error(std::string(name) + ": weight format " + std::string(dtype_name(op.w_type)) +
-                  " has no Vulkan kernel yet (F32, F16, Q8_0, Q4_0)");
+  const MatmulKernel* k = matmul_kernel(op.w_type);
+  if (!k) {
+    std::string have;
+    for (const MatmulKernel& m : kMatmulKernels) have += (have.empty() ? "" : ", ") + std::string(dtype_name(m.type));
+    throw Error(std::string(name) + ": weight format " + std::string(dtype_name(op.w_type)) +
+                " has no Vulkan kernel (" + have + ")");
   }
+  const char* shader = k->shader;
   require(op.rows > 0 && op.cols > 0 && op.n_tokens > 0, name, "rows, cols and n_tokens must be positive");
-  const bool plain = op.w_type == DType::kF32 || op.w_type == DType::kF16;
-  require(op.cols % (plain ? 2 : 32) == 0, name,
-          "cols = " + std::to_string(op.cols) + " is not a multiple of " + (plain ? "2" : "32") + " for " +
+  const int64_t multiple = k->cols_multiple;
+  require(op.cols % multiple == 0, name,
+          "cols = " + std::to_string(op.cols) + " is not a multiple of " + std::to_string(multiple) + " for " +
               std::string(dtype_name(op.w_type)));
   const int64_t xs = op.x_stride ? op.x_stride : op.cols, ys = op.y_stride ? op.y_stride : op.rows;
   require(xs >= op.cols && ys >= op.rows, name, "x_stride < cols or y_stride < rows");
