@@ -1,13 +1,15 @@
 // ebb serve on a Vulkan device (--device vulkan): completions give the CPU
-// server's greedy text, /v1/memory says what the device holds, and what
-// runs on the CPU only (several choices per request) is a 400 naming the
-// field. Skips without a Vulkan device unless EBB_TEST_REQUIRE_VULKAN=1.
+// server's greedy text, /v1/memory says what the device holds, several
+// choices of one prompt (its KV copied on the device) and cached prompt
+// tokens (the prefix cache's chunks kept on the host, runtime/device_kv.h).
+// Skips without a Vulkan device unless EBB_TEST_REQUIRE_VULKAN=1.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "serve_support.h"
 #include "support.h"
@@ -18,7 +20,7 @@ namespace {
 
 using nlohmann::json;
 
-TEST(ServeVulkan, CompletionsMemoryAndRefusals) {
+TEST(ServeVulkan, CompletionsMemoryChoicesAndCachedTokens) {
   EBB_REQUIRE_VULKAN(be);
   test::ServerProcess cpu({}), gpu({"--device", "vulkan"});
   ASSERT_GT(cpu.port(), 0) << cpu.first_line();
@@ -30,7 +32,6 @@ TEST(ServeVulkan, CompletionsMemoryAndRefusals) {
   ASSERT_EQ(want.status, 200) << want.raw;
   ASSERT_EQ(got.status, 200) << got.raw;
   EXPECT_EQ(got.body["choices"][0]["text"], want.body["choices"][0]["text"]);
-  // A second turn of a chat reuses nothing (no prefix cache there yet) and still answers.
   const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})}, {"max_tokens", 6}};
   EXPECT_EQ(test::post(*gc, "/v1/chat/completions", chat).status, 200);
   const test::Reply mem = test::get(*gc, "/v1/memory");
@@ -45,11 +46,25 @@ TEST(ServeVulkan, CompletionsMemoryAndRefusals) {
   EXPECT_EQ(mem.body["footprint"]["weights"].get<uint64_t>(), 0u) << "the layers are on the device";
   EXPECT_GT(mem.body["layers"][0]["device_weights_bytes"].get<uint64_t>(), 0u);
   EXPECT_EQ(test::get(*cc, "/v1/memory").body["device"]["id"], "cpu");
-  json two = req;
+  // n = 2: two choices of one prefill (the prompt's KV copied on the
+  // device), greedy ones identical and equal to n = 1's; a request that
+  // starts the same reports cached prompt tokens (whole chunks of 16).
+  const std::string text =
+      "Once upon a time there was a little girl named Lily who loved to play in the park with her friends every day.";
+  const json story = {{"prompt", text}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+  json two = story;
   two["n"] = 2;
-  const test::Reply n2 = test::post(*gc, "/v1/completions", two);
-  EXPECT_EQ(n2.status, 400) << n2.raw;
-  EXPECT_EQ(n2.body["error"]["param"], "n") << n2.raw;
+  const test::Reply r2 = test::post(*gc, "/v1/completions", two);
+  ASSERT_EQ(r2.status, 200) << r2.raw;
+  ASSERT_EQ(r2.body["choices"].size(), 2u) << r2.raw;
+  EXPECT_EQ(r2.body["choices"][0]["text"], r2.body["choices"][1]["text"]);
+  const test::Reply r1 = test::post(*gc, "/v1/completions", story);
+  ASSERT_EQ(r1.status, 200) << r1.raw;
+  EXPECT_EQ(r1.body["choices"][0]["text"], r2.body["choices"][0]["text"]);
+  EXPECT_EQ(r1.body["choices"][0]["text"], test::post(*cc, "/v1/completions", story).body["choices"][0]["text"]);
+  const int64_t cached = r1.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  EXPECT_GE(cached, 16) << r1.raw;
+  EXPECT_LT(cached, r1.body["usage"]["prompt_tokens"].get<int64_t>());
 }
 
 // A random rank-4 adapter for stories260K whose greedy answers differ from the base model's.

@@ -334,12 +334,6 @@ TEST(VulkanEngineErrors, WhatIsNotSupportedYetIsRefused) {
     Engine e(eo);
   });
   EXPECT_NE(none.find("vulkan:7"), std::string::npos) << none;
-  const std::string prefix = error_of([&] {
-    EngineOptions eo = device_options("stories260K", be);
-    eo.prefix_cache = true;
-    Engine e(eo);
-  });
-  EXPECT_NE(prefix.find("prefix cache runs on the CPU only"), std::string::npos) << prefix;
   EngineOptions eo = device_options("stories260K", be);
   eo.n_gpu_layers = 99;  // more than the model's layers: all
   Engine gpu(eo);
@@ -348,10 +342,6 @@ TEST(VulkanEngineErrors, WhatIsNotSupportedYetIsRefused) {
   SessionOptions f32;
   f32.kv_type = DType::kF32;
   EXPECT_NE(error_of([&] { Session s(gpu, f32); }).find("F16 only"), std::string::npos);
-  Session a(gpu), b(gpu);
-  a.feed(std::vector<int32_t>{1, 2, 3});
-  EXPECT_NE(error_of([&] { b.fork_from(a, 2); }).find("CPU only"), std::string::npos);
-  EXPECT_NE(error_of([&] { a.save("/tmp/unused.ebbs"); }).find("CPU only"), std::string::npos);
 }
 
 // ---- the command line ----
@@ -397,9 +387,6 @@ TEST(VulkanEngineCli, DeviceErrors) {
   EXPECT_NE(r.err.find("vulkan:7"), std::string::npos) << r.err;
   r = run_cli(m + "-ngl 2");  // stories260K has 5 layers: a split (test_vulkan_split), no longer refused
   EXPECT_EQ(r.status, 0) << r.err;
-  r = run_cli(m + "--device vulkan --prefix-cache");
-  EXPECT_EQ(r.status, 1) << r.err;
-  EXPECT_NE(r.err.find("prefix cache runs on the CPU only"), std::string::npos) << r.err;
 }
 
 TEST(VulkanEngineCli, BenchSpeedRunsOnTheDevice) {

@@ -165,6 +165,14 @@ struct AddOp {
   float alpha = 1.0f;
 };
 
+// dst[0, bytes) = src[0, bytes): a transfer between two buffers of one
+// backend (device and host-visible memory alike), ordered with the other
+// ops of the stream. The ranges must not overlap.
+struct CopyOp {
+  TensorRef src, dst;
+  uint64_t bytes = 0;
+};
+
 enum class OpKind { kMatmul, kRmsNorm, kRope, kKvStore, kAttention, kSwiglu, kAdd };
 
 // Ops recorded in order; each sees the results of the ones before it.
@@ -184,6 +192,7 @@ class BackendStream {
   virtual void attention(const AttentionOp& op) = 0;
   virtual void swiglu(const SwigluOp& op) = 0;
   virtual void add(const AddOp& op) = 0;
+  virtual void copy(const CopyOp& op) = 0;
   virtual void submit() = 0;
   virtual void wait() = 0;
   // Ops recorded since the last wait().

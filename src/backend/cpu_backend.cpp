@@ -71,6 +71,7 @@ class CpuStream final : public BackendStream {
   void attention(const AttentionOp& op) override;
   void swiglu(const SwigluOp& op) override;
   void add(const AddOp& op) override;
+  void copy(const CopyOp& op) override;
   void submit() override {}  // every op ran when it was recorded
   void wait() override {}
   int64_t n_recorded() const override { return 0; }
@@ -255,6 +256,15 @@ void CpuStream::add(const AddOp& op) {
   } else {
     for (int64_t i = 0; i < op.n; ++i) y[i] += op.alpha * x[i];
   }
+}
+
+void CpuStream::copy(const CopyOp& op) {
+  const char* name = "cpu copy";
+  if (op.bytes == 0) return;
+  uint8_t* d = at<uint8_t>(name, "dst", op.dst, op.bytes);
+  const uint8_t* s = at<const uint8_t>(name, "src", op.src, op.bytes);
+  require(d + op.bytes <= s || s + op.bytes <= d, name, "src and dst overlap");
+  std::memcpy(d, s, op.bytes);
 }
 
 }  // namespace

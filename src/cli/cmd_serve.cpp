@@ -253,14 +253,15 @@ int serve(ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);  // a client that went away is an error on its socket, not the end of the server
 
-  // Conversations reuse their KV across requests through the prefix cache.
-  // On a device the prefix cache is not there yet: each request runs its whole prompt.
-  a.model.prefix_cache = resolve_device(a.model) == "cpu";
-  if (!a.model.prefix_cache && !a.model.quiet && !a.quiet)
-    std::fprintf(stderr, "note: the prefix cache runs on the CPU only for now: off on %s (each request runs its "
-                         "whole prompt)\n", resolve_device(a.model).c_str());
+  // Conversations reuse their KV across requests through the prefix cache
+  // (on a device too: its chunks are kept on the host, runtime/device_kv.h).
+  a.model.prefix_cache = true;
+  a.model.prefix_cache_where_supported = true;
   a.model.quiet = a.model.quiet || a.quiet;  // --quiet: no load progress or notes either
   std::unique_ptr<Engine> engine = make_engine(a.model);
+  if (!engine->prefix_cache() && engine->device() && !a.model.quiet)
+    std::fprintf(stderr, "note: the prefix cache is not supported yet on a split of the layers between %s and the "
+                         "CPU: off (each request runs its whole prompt)\n", engine->device()->device().id.c_str());
   SessionOptions sopts = session_options(a.model);
   int64_t n_ctx = 0;
   {

@@ -176,16 +176,39 @@ void PrefixCache::insert(const CacheKey& key, std::span<const int32_t> tokens, c
   const int64_t cs = key.chunk_size;
   EBB_CHECK(kv.options().chunk_size == cs && kv.options().type == key.kv_type);
   EBB_CHECK(kv.shape().n_layer == n_layer_);
+  EBB_CHECK_MSG(kv.all_on_host(), "KV on a device goes in through insert_chunks");
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), kv.n_tokens());
+  insert_walk(key, tokens, n / cs, 0, [&](int64_t l, int64_t c) {
+    EBB_CHECK(kv.chunk(l, c).rows >= cs);
+    return kv.handle(l, c);
+  });
+}
+
+void PrefixCache::insert_chunks(const CacheKey& key, std::span<const int32_t> tokens, int64_t first,
+                                std::span<const std::vector<KvChunkHandle>> chunks) {
+  const int64_t cs = key.chunk_size;
+  const int64_t n_chunks = first + static_cast<int64_t>(chunks.size());
+  EBB_CHECK(first >= 0 && n_chunks * cs <= static_cast<int64_t>(tokens.size()));
+  insert_walk(key, tokens, n_chunks, first, [&](int64_t l, int64_t c) {
+    const KvChunkHandle& h = chunks[static_cast<size_t>(c - first)][static_cast<size_t>(l)];
+    EBB_CHECK(h->chunk_size == cs && h->type == key.kv_type && h->rows >= cs);
+    return h;
+  });
+}
+
+void PrefixCache::insert_walk(const CacheKey& key, std::span<const int32_t> tokens, int64_t n_chunks, int64_t first,
+                              const std::function<KvChunkHandle(int64_t, int64_t)>& handle) {
+  const int64_t cs = key.chunk_size;
   Root& root = root_for(key);
   Node* at = &root.node;
-  for (int64_t c = 0; (c + 1) * cs <= n; ++c) {
+  for (int64_t c = 0; c < n_chunks; ++c) {
     const std::span<const int32_t> chunk = tokens.subspan(static_cast<size_t>(c * cs), static_cast<size_t>(cs));
     const uint64_t h = tokens_hash(chunk);
     Node* next = find_child(*at, chunk, h);
+    if (c < first && (!next || any_lost(next->kv))) break;  // no KV of it at hand: nothing can hang below
     if (next && any_lost(next->kv)) {
       // Replace KV a restore lost by the caller's (recomputed) chunks.
-      for (int64_t l = 0; l < n_layer_; ++l) next->kv[l] = kv.handle(l, c);
+      for (int64_t l = 0; l < n_layer_; ++l) next->kv[l] = handle(l, c);
     }
     if (!next) {
       auto node = std::make_unique<Node>();
@@ -199,9 +222,8 @@ void PrefixCache::insert(const CacheKey& key, std::span<const int32_t> tokens, c
       node->kv.reserve(static_cast<size_t>(n_layer_));
       bool resident = true;
       for (int64_t l = 0; l < n_layer_; ++l) {
-        EBB_CHECK(kv.chunk(l, c).rows >= cs);
-        node->kv.push_back(kv.handle(l, c));
-        resident = resident && kv.chunk(l, c).resident();
+        node->kv.push_back(handle(l, c));
+        resident = resident && node->kv.back()->resident();
       }
       next = node.get();
       at->children.push_back(std::move(node));

@@ -106,6 +106,13 @@ class PrefixCache {
   // under key; chunks already cached stay as they are. Then trims to the
   // byte limit.
   void insert(const CacheKey& key, std::span<const int32_t> tokens, const KvCache& kv);
+  // As insert(), for KV that lives elsewhere (a compute device,
+  // runtime/device_kv.h): host copies of chunks [first, first +
+  // chunks.size()) of tokens, [chunk][layer]. The chunks before `first` must
+  // be cached in RAM already (covered()); where one is not, nothing from
+  // there on is recorded.
+  void insert_chunks(const CacheKey& key, std::span<const int32_t> tokens, int64_t first,
+                     std::span<const std::vector<KvChunkHandle>> chunks);
 
   // Measured prefill cost, seconds per token (an EMA with α = 0.2), the
   // basis of Ĉ_recompute.
@@ -164,6 +171,11 @@ class PrefixCache {
   double keep_priority(const Node& n) const;
   static Node* find_child(Node& at, std::span<const int32_t> chunk, uint64_t h);
   void remove_leaf(Node* n);
+  // insert()'s walk over chunks [0, n_chunks): a missing (or lost) node
+  // below `first` ends it; from `first` on, chunk c's handle of layer l is
+  // handle(l, c).
+  void insert_walk(const CacheKey& key, std::span<const int32_t> tokens, int64_t n_chunks, int64_t first,
+                   const std::function<KvChunkHandle(int64_t, int64_t)>& handle);
   Root& root_for(const CacheKey& key);
 
   int64_t n_layer_;

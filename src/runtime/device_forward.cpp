@@ -263,11 +263,13 @@ int64_t DeviceForward::n_dropped() const {
 DeviceForward::~DeviceForward() {
   std::lock_guard lock(mu_);
   kv_.clear();
+  staging_.reset();
 }
 
 void DeviceForward::release(const KvCache* kv) {
   std::lock_guard lock(mu_);
   kv_.erase(kv);
+  if (kv_.empty()) staging_.reset();  // the transfers' staging goes with the last KV
 }
 
 DeviceForward::SeqKv& DeviceForward::kv_for(KvCache& kv, int64_t n) {

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,7 @@ struct DeviceForwardOptions {
   // Layers [first_layer, n_layers) and the head run here; [0, first_layer)
   // on the CPU (their units stay resident on the host). 0: all here.
   int first_layer = 0;
+  uint64_t kv_staging_bytes = 64ull << 20;  // KV transfers' host-visible staging, at most (at least one position)
 };
 
 class DeviceForward {
@@ -125,6 +127,31 @@ class DeviceForward {
   // engine calls it when the registry drops a version; steps do it too).
   void collect_adapters();
   int64_t n_adapter_uploads() const;
+
+  // ---- KV transfers (runtime/device_kv.cpp; device_kv.h has the host-side
+  // helpers). A session's device KV holds position p of a layer at F16
+  // element p * kv_dim of its K (and V) buffer, whatever its chunk size.
+  // Rows go through a host-visible staging buffer (at most
+  // opts.kv_staging_bytes, kept while the device holds any session's KV): each call records all layers'
+  // copies on the step stream and submits once per staging-full of
+  // positions (once for a chunk). Between steps only.
+  //
+  // The caller's side of a block of rows: rows [p, p + n) of one layer's K
+  // (v false) or V, [n, kv_dim] F16 in staging memory, read from after a
+  // read-back or filled before an upload.
+  using KvRows = std::function<void(int64_t layer, bool v, int64_t p, int64_t n, uint16_t* rows)>;
+  // Reads positions [p0, p1) (p1 <= kv.n_tokens()) of every layer; `take`
+  // sees each block of rows once.
+  void read_kv(const KvCache& kv, int64_t p0, int64_t p1, const KvRows& take);
+  // Writes positions [p0, p1) of every layer, `fill` providing each block;
+  // kv's device KV grows to hold p1; kv.n_tokens() stays the caller's.
+  void write_kv(KvCache& kv, int64_t p0, int64_t p1, const KvRows& fill);
+  // The same with whole arrays: k, v: [n_layers, p1 - p0, kv_dim] F16.
+  void read_kv(const KvCache& kv, int64_t p0, int64_t p1, uint16_t* k, uint16_t* v);
+  void write_kv(KvCache& kv, int64_t p0, int64_t p1, const uint16_t* k, const uint16_t* v);
+  // The first n positions of src's device KV copied into dst's on the
+  // device (no host round trip): a fork.
+  void copy_kv(const KvCache& src, KvCache& dst, int64_t n);
 
   DeviceFootprint footprint() const;
   // The weight formats dequantised to F16 at load ("Q5_0", "IQ4_NL", ...), each once.
@@ -195,6 +222,15 @@ class DeviceForward {
   std::map<const KvCache*, SeqKv> kv_;
   WeightChecksums crc_;        // the layers as loaded: restored reads are checked against them
   DeviceRestoreHooks hooks_;
+  // KV transfers' host-visible staging (device_kv.cpp), freed with the last KV.
+  std::unique_ptr<BackendBuffer> staging_;
+  BackendBuffer& staging(uint64_t bytes);
+  // Copies rows [p0, p1) of every layer between s and the staging buffer,
+  // one submission per block; `host` runs on each block's rows (after the
+  // copies when reading, before them when writing).
+  void transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device, const KvRows& host);
+  // KV transfers cover every layer on the device: a split refuses them (what: the feature).
+  void refuse_split_kv(const char* what) const;
 };
 
 }  // namespace ebb

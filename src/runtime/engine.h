@@ -43,8 +43,11 @@ struct EngineOptions {
   // or "vulkan:N". On a device, the weights and every session's KV live in
   // its memory (runtime/device_forward.h); evict()/restore() move its weight
   // layers; LoRA adapters apply there (uploaded per version); the host's
-  // elastic memory (a memory limit), budget mode and the prefix cache stay
-  // CPU-only for now (refused with a message). "" is "cpu".
+  // elastic memory (a memory limit) and budget mode stay CPU-only for now
+  // (refused with a message). The prefix cache keeps its chunks on the
+  // host: a device session reads the chunks it publishes back and uploads
+  // the ones it reuses (runtime/device_kv.h); not on a split yet.
+  // "" is "cpu".
   std::string device = "cpu";
   // Layers on the device (llama.cpp's -ngl; runtime/device_plan.h): -1
   // auto, the most that fit device_memory; N >= n_layers all; 0 < N <
@@ -76,6 +79,10 @@ struct EngineOptions {
   // The prefix cache: sessions reuse the KV of cached prefixes (same
   // namespace, adapters and tokens) instead of recomputing it.
   bool prefix_cache = false;
+  // With prefix_cache: an engine that cannot hold one (a split of the layers
+  // between a device and the CPU) runs without instead of refusing (ebb
+  // serve's default; Engine::prefix_cache() is then null).
+  bool prefix_cache_where_supported = false;
   PrefixCacheOptions prefix_cache_opts;
   // The prefix cache's persistent tier ("": none): full chunks are written
   // there and read back by a later process (needs prefix_cache).

@@ -121,7 +121,7 @@ bool PrePrefill::Job::step() {
   int64_t ran = 0;
   while (ran < chunk && session->n_pending() > 0) ran += session->step(mb);
   const int64_t inserted0 = pc->stats().inserted_chunks;
-  pc->insert(key, tokens, session->kv());
+  session->insert_into(*pc, key, tokens);
   const int64_t inserted = pc->stats().inserted_chunks - inserted0;
   const double dt = now_seconds() - t0;
   {

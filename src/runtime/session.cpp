@@ -5,6 +5,7 @@
 
 #include "platform/error.h"
 #include "platform/timer.h"
+#include "runtime/device_kv.h"
 #include "runtime/engine.h"
 
 namespace ebb {
@@ -114,8 +115,30 @@ void Session::reuse_prefix() {
   PrefixHit hit = pc->lookup(cache_key(), tokens_, most);
   if (hit.n_tokens <= kv_->n_tokens()) return;
   reused_tokens_ += hit.n_tokens - kv_->n_tokens();
-  kv_->adopt(hit.chunks);
+  if (DeviceForward* dev = engine_.device()) {
+    // The cached chunks past what the device holds go up in place of a prefill.
+    const int64_t from = kv_->n_tokens() / cs;
+    upload_kv_chunks(*dev, *kv_, from, std::span(hit.chunks).subspan(static_cast<size_t>(from)));
+    kv_->set_n_tokens(hit.n_tokens);
+  } else {
+    kv_->adopt(hit.chunks);
+  }
   recorded_chunks_ = static_cast<int64_t>(hit.chunks.size());
+}
+
+void Session::insert_into(PrefixCache& pc, const CacheKey& key, std::span<const TokenId> tokens) const {
+  DeviceForward* dev = engine_.device();
+  if (!dev) {
+    pc.insert(key, tokens, *kv_);
+    return;
+  }
+  // Only the chunks the cache lacks are read back (one submission).
+  const int64_t cs = kv_->options().chunk_size;
+  const int64_t full = std::min<int64_t>(static_cast<int64_t>(tokens.size()), kv_->n_tokens()) / cs;
+  const int64_t first = std::min(full, pc.covered(key, tokens.first(static_cast<size_t>(full * cs))) / cs);
+  if (first >= full) return;
+  const std::vector<std::vector<KvChunkHandle>> chunks = download_kv_chunks(*dev, *kv_, first, full, engine_.kv_pool());
+  pc.insert_chunks(key, tokens, first, chunks);
 }
 
 void Session::record_prefix() {
@@ -123,7 +146,7 @@ void Session::record_prefix() {
   if (!pc || !opts_.use_prefix_cache) return;
   const int64_t full = kv_->n_tokens() / kv_->options().chunk_size;
   if (full <= recorded_chunks_) return;
-  pc->insert(cache_key(), tokens_, *kv_);
+  insert_into(*pc, cache_key(), tokens_);
   recorded_chunks_ = full;
 }
 
@@ -190,15 +213,19 @@ void Session::note_cost(int64_t n, double seconds) {
 }
 
 void Session::fork_from(const Session& other, int64_t n) {
-  EBB_CHECK(&other.engine_ == &engine_ && n >= 0 && n <= other.kv_->n_tokens());
-  if (engine_.device()) throw Error("sharing KV between sessions runs on the CPU only for now, not on " + engine_.device_id());
+  EBB_CHECK(&other.engine_ == &engine_ && n >= 0 && n <= other.kv_->n_tokens() && &other != this);
   if (other.kv_->options().chunk_size != kv_->options().chunk_size || other.kv_->options().type != kv_->options().type) {
     throw Error("cannot share KV between sessions of different chunk sizes or KV types");
   }
   if (n > opts_.n_ctx) throw Error("context full: " + std::to_string(n) + " tokens, the session's context holds " +
                                    std::to_string(opts_.n_ctx));
   make_resident();
-  kv_->share_from(*other.kv_, n);
+  if (DeviceForward* dev = engine_.device()) {
+    dev->copy_kv(*other.kv_, *kv_, n);  // on the device, one submission
+    kv_->set_n_tokens(n);
+  } else {
+    kv_->share_from(*other.kv_, n);
+  }
   tokens_.assign(other.tokens_.begin(), other.tokens_.begin() + n);
   kv_adapters_ = other.kv_adapters_;  // the KV was computed under the other's adapters
   // At the other's end with its logits at hand: they are this session's too

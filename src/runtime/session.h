@@ -95,6 +95,7 @@ class Session {
   // Reuses the first n tokens' KV of another session of this engine (same
   // chunk size and KV type) without copying it: the conversations share
   // chunks until one writes into a shared one, which it then copies first.
+  // On a device the KV is copied there (DeviceForward::copy_kv).
   // This session's tokens become the other's first n; nothing is pending.
   // When n is all the other has run and its logits are at hand, they are
   // copied too, so this session samples without running a token.
@@ -110,6 +111,11 @@ class Session {
   int64_t reused_tokens() const { return reused_tokens_; }
   // The prefix-cache key of this session's KV.
   CacheKey cache_key() const;
+  // Records the full chunks of this session's KV that hold tokens[0, n)
+  // (tokens: this session's, or a prefix of them) in `pc` under `key`
+  // (PrefixCache::insert). On a device the chunks the cache does not hold
+  // yet are read back first (runtime/device_kv.h).
+  void insert_into(PrefixCache& pc, const CacheKey& key, std::span<const TokenId> tokens) const;
 
   // Adapters (LoRA): the set this conversation applies, by name with a
   // scale and optionally a version (0: whichever is published). It is

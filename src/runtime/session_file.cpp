@@ -12,6 +12,10 @@
 // was computed with: loaded into a session bound to others, the tokens are
 // kept and the KV is recomputed.
 //
+// A session whose KV is on a compute device reads it back to save it and
+// writes it up to load it (DeviceForward::read_kv / write_kv): the file is
+// the same, so one saved on a device loads on the CPU and the reverse.
+//
 // Saving writes NAME.tmp and renames it into place; every failure removes
 // NAME.tmp (a full disk stays as full as it was). Loading opens without
 // blocking and refuses anything but a regular file (a FIFO would block the
@@ -116,7 +120,6 @@ int64_t first_non_finite(const void* row, int64_t n, DType type) {
 }  // namespace
 
 void Session::save(const std::string& path) const {
-  if (engine_.device()) throw Error(path + ": saving a session runs on the CPU only for now, not on " + engine_.device_id());
   // Evicted KV is brought back first; that changes residency, not the session.
   const_cast<Session*>(this)->make_resident();
   const ModelConfig& c = engine_.config();
@@ -141,9 +144,21 @@ void Session::save(const std::string& path) const {
     w.write(&ad, sizeof(ad));
     w.write(tokens_.data(), tokens_.size() * sizeof(TokenId));
     auto& kv = const_cast<KvCache&>(*kv_);
-    for (int64_t l = 0; l < c.n_layer; ++l) {
-      for (int64_t p = 0; p < kv.n_tokens(); ++p) w.write(kv.k_row(l, p), kv.row_bytes());
-      for (int64_t p = 0; p < kv.n_tokens(); ++p) w.write(kv.v_row(l, p), kv.row_bytes());
+    if (DeviceForward* dev = engine_.device()) {
+      // Read back from the device: the file is the same as the CPU's (F16 rows).
+      const int64_t n = kv.n_tokens();
+      const size_t layer = static_cast<size_t>(n * c.kv_dim());
+      std::vector<uint16_t> k(layer * static_cast<size_t>(c.n_layer)), v(k.size());  // [n_layer, n, kv_dim]
+      dev->read_kv(kv, 0, n, k.data(), v.data());
+      for (int64_t l = 0; l < c.n_layer; ++l) {
+        w.write(k.data() + l * layer, layer * 2);
+        w.write(v.data() + l * layer, layer * 2);
+      }
+    } else {
+      for (int64_t l = 0; l < c.n_layer; ++l) {
+        for (int64_t p = 0; p < kv.n_tokens(); ++p) w.write(kv.k_row(l, p), kv.row_bytes());
+        for (int64_t p = 0; p < kv.n_tokens(); ++p) w.write(kv.v_row(l, p), kv.row_bytes());
+      }
     }
     const uint64_t d = w.digest();
     if (std::fwrite(&d, 1, sizeof(d), f.get()) != sizeof(d) || std::fflush(f.get()) != 0) {
@@ -161,7 +176,6 @@ void Session::save(const std::string& path) const {
 }
 
 void Session::load(const std::string& path) {
-  if (engine_.device()) throw Error(path + ": loading a session runs on the CPU only for now, not on " + engine_.device_id());
   make_resident();
   const ModelConfig& c = engine_.config();
   File f = open_regular(path);
@@ -196,17 +210,35 @@ void Session::load(const std::string& path) {
   for (TokenId t : toks) {
     if (t < 0 || t >= c.n_vocab) throw Error(path + ": session file holds an invalid token id " + std::to_string(t));
   }
-  // Load into a fresh cache of the file's KV type, then swap it in, so a bad
-  // file leaves the session as it was.
+  // Load into a fresh cache of the file's KV type (on a device: F16, into
+  // host rows first), then swap it in, so a bad file leaves the session as
+  // it was.
   KvCacheOptions ko = kv_->options();
-  ko.type = static_cast<DType>(h.kv_type);
+  DeviceForward* dev = engine_.device();
+  const DType file_type = static_cast<DType>(h.kv_type);
+  if (!dev) ko.type = file_type;
+  const int64_t np = static_cast<int64_t>(h.n_processed), kvd = c.kv_dim();
+  const uint64_t file_row = static_cast<uint64_t>(kvd) * (file_type == DType::kF16 ? 2 : 4);
   auto kv = std::make_unique<KvCache>(engine_.kv_pool(), ko);
-  kv->reserve(static_cast<int64_t>(h.n_processed));
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    for (uint64_t p = 0; p < h.n_processed; ++p) read(kv->k_row(l, p), kv->row_bytes(), "K rows");
-    for (uint64_t p = 0; p < h.n_processed; ++p) read(kv->v_row(l, p), kv->row_bytes(), "V rows");
+  // Whatever the device took for the fresh cache goes with it when the load fails.
+  struct DeviceRelease {
+    DeviceForward* dev;
+    const KvCache* kv;
+    ~DeviceRelease() {
+      if (dev && kv) dev->release(kv);
+    }
+  } device_release{dev, kv.get()};
+  std::vector<uint8_t> rows;  // on a device: [n_layer][K, V][np, kv_dim] of the file's type
+  if (dev) {
+    rows.resize(static_cast<size_t>(2 * c.n_layer * np) * file_row);
+    read(rows.data(), rows.size(), "K and V rows");
+  } else {
+    kv->reserve(np);
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      for (int64_t p = 0; p < np; ++p) read(kv->k_row(l, p), kv->row_bytes(), "K rows");
+      for (int64_t p = 0; p < np; ++p) read(kv->v_row(l, p), kv->row_bytes(), "V rows");
+    }
   }
-  kv->set_n_tokens(static_cast<int64_t>(h.n_processed));
   const uint64_t expect = hasher.digest();
   uint64_t stored = 0;
   if (std::fread(&stored, 1, sizeof(stored), f.get()) != sizeof(stored)) {
@@ -215,12 +247,14 @@ void Session::load(const std::string& path) {
   if (stored != expect) throw Error(path + ": session file checksum mismatch (file is corrupt)");
   // A valid checksum only says the file is what was written: KV with NaN or
   // Inf (written by a bad turn, or crafted) is refused before any turn uses it.
-  const int64_t row_values = static_cast<int64_t>(kv->row_bytes() / (ko.type == DType::kF16 ? 2 : 4));
+  auto row_at = [&](int64_t l, int64_t p, bool is_k) -> const void* {
+    if (dev) return rows.data() + (static_cast<uint64_t>((2 * l + (is_k ? 0 : 1)) * np + p)) * file_row;
+    return is_k ? kv->k_row(l, p) : kv->v_row(l, p);
+  };
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    for (uint64_t p = 0; p < h.n_processed; ++p) {
+    for (int64_t p = 0; p < np; ++p) {
       for (const bool is_k : {true, false}) {
-        const void* row = is_k ? kv->k_row(l, static_cast<int64_t>(p)) : kv->v_row(l, static_cast<int64_t>(p));
-        const int64_t i = first_non_finite(row, row_values, ko.type);
+        const int64_t i = first_non_finite(row_at(l, p, is_k), kvd, dev ? file_type : ko.type);
         if (i >= 0) {
           throw Error(path + ": session file holds a non-finite " + (is_k ? "K" : "V") + " value at layer " +
                       std::to_string(l) + ", position " + std::to_string(p) + " (element " + std::to_string(i) +
@@ -229,10 +263,27 @@ void Session::load(const std::string& path) {
       }
     }
   }
+  if (dev) {
+    // The rows go up from the file's bytes; the device keeps F16, so a file
+    // of F32 rows (saved on the CPU with an F32 cache) is rounded once.
+    dev->write_kv(*kv, 0, np, [&](int64_t l, bool v, int64_t p, int64_t n, uint16_t* dst) {
+      const void* src = row_at(l, p, !v);  // a layer's K (or V) rows are consecutive in the file
+      const size_t count = static_cast<size_t>(n * kvd);
+      if (file_type == DType::kF16) {
+        std::memcpy(dst, src, count * 2);
+      } else {
+        const auto* f32 = static_cast<const float*>(src);
+        for (size_t i = 0; i < count; ++i) dst[i] = fp32_to_fp16(f32[i]);
+      }
+    });
+  }
+  kv->set_n_tokens(np);
   // The adapters this session is bound to now: KV made under others is
   // stale (the tokens are what matters; their KV is recomputed).
   std::vector<AdapterKey> now = adapter_keys(engine_.adapters().resolve(bindings_));
   if (adapter_identity(now) != file_adapters) kv->truncate(0);
+  if (dev) dev->release(kv_.get());  // the old cache's device KV goes with it
+  device_release.kv = nullptr;
   kv_ = std::move(kv);
   kv_adapters_ = std::move(now);
   opts_.kv_type = ko.type;

@@ -63,7 +63,7 @@ bool StalePrefill::Job::step() {
   int64_t ran = 0;
   for (int64_t i = 0; i < n_mb && session->n_pending() > 0; ++i) ran += session->step(mb);
   const int64_t inserted0 = pc->stats().inserted_chunks;
-  pc->insert(key, tokens, session->kv());
+  session->insert_into(*pc, key, tokens);
   const int64_t inserted = pc->stats().inserted_chunks - inserted0;
   {
     std::lock_guard lock(sh->mu);

@@ -133,7 +133,7 @@ struct Server::Impl {
     limits.n_ctx = opts.n_ctx;
     limits.served.constraints = true;
     limits.served.logprobs = true;
-    limits.served.n_choices = engine.device() == nullptr;  // several choices share KV: CPU only for now
+    limits.served.n_choices = true;  // several choices share the prompt's KV (on a device: copied there)
     limits.served.token_ids = true;
     limits.served.stop_token_ids = true;
     limits.served.logit_bias = true;

@@ -177,6 +177,23 @@ void Recorder::dispatch(const Kernel& k, std::span<const Binding> bindings, void
   ++n_recorded_;
 }
 
+void Recorder::copy(VkBuffer src, uint64_t src_offset, VkBuffer dst, uint64_t dst_offset, uint64_t bytes) {
+  EBB_CHECK_MSG(!submitted_, "Recorder: recording while submitted; wait() first");
+  if (bytes == 0) return;
+  if (!recording_) begin();
+  VkBufferCopy region{src_offset, dst_offset, bytes};
+  vkCmdCopyBuffer(cmd_, src, dst, 1, &region);
+  // Later dispatches and copies see the copied bytes.
+  VkMemoryBarrier mb = make<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+  mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                     VK_ACCESS_TRANSFER_WRITE_BIT;
+  vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr,
+                       0, nullptr);
+  ++n_recorded_;
+}
+
 void Recorder::submit() {
   EBB_CHECK_MSG(!submitted_, "Recorder: submitted twice without wait()");
   if (!recording_) begin();  // an empty submission still signals the fence

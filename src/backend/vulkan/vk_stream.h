@@ -66,6 +66,9 @@ class Recorder {
   // kMaxBindings words this fills with the bindings' offsets.
   void dispatch(const Kernel& k, std::span<const Binding> bindings, void* push, uint32_t push_bytes, uint32_t gx,
                 uint32_t gy = 1, uint32_t gz = 1);
+  // Records a copy between two buffers' byte ranges, ordered after the ops
+  // before it (and before the ones after it).
+  void copy(VkBuffer src, uint64_t src_offset, VkBuffer dst, uint64_t dst_offset, uint64_t bytes);
   void submit();
   void wait();
   int64_t n_recorded() const { return n_recorded_; }

@@ -72,6 +72,7 @@ class VulkanStream final : public BackendStream {
   void attention(const AttentionOp& op) override;
   void swiglu(const SwigluOp& op) override;
   void add(const AddOp& op) override;
+  void copy(const CopyOp& op) override;
   void submit() override { rec_.submit(); }
   void wait() override { rec_.wait(); }
   int64_t n_recorded() const override { return rec_.n_recorded(); }
@@ -426,6 +427,25 @@ void VulkanStream::add(const AddOp& op) {
   uint32_t gx, gy;
   groups_1d(push.n, gx, gy);
   rec_.dispatch(be_.kernels().get("add", 2), b, &push, sizeof(push), gx, gy);
+}
+
+void VulkanStream::copy(const CopyOp& op) {
+  const char* name = "vulkan copy";
+  if (op.bytes == 0) return;
+  auto range = [&](const char* field, const TensorRef& t) {
+    auto* b = dynamic_cast<VulkanBuffer*>(t.buf);
+    if (!b) throw Error(std::string(name) + ": " + field + " is not a Vulkan buffer");
+    if (t.offset > b->size() || op.bytes > b->size() - t.offset)
+      throw Error(std::string(name) + ": " + field + " needs bytes [" + std::to_string(t.offset) + ", " +
+                  std::to_string(t.offset + op.bytes) + ") of a " + std::to_string(b->size()) + "-byte buffer");
+    return b;
+  };
+  VulkanBuffer* s = range("src", op.src);
+  VulkanBuffer* d = range("dst", op.dst);
+  const uint64_t so = s->allocation().offset + op.src.offset, dof = d->allocation().offset + op.dst.offset;
+  require(s->allocation().buffer != d->allocation().buffer || so + op.bytes <= dof || dof + op.bytes <= so, name,
+          "src and dst overlap");
+  rec_.copy(s->allocation().buffer, so, d->allocation().buffer, dof, op.bytes);
 }
 
 }  // namespace
