@@ -414,11 +414,14 @@ TEST(Scheduler, AGuaranteedShareHoldsWhileTheForegroundSaturatesTheEngine) {
   struct Case {
     double share;
     double train_step_estimate_s;  // declared ŷ of the training task
+    bool over_foreground = true;   // SchedulerOptions::shares_over_foreground
   };
-  for (const Case c : {Case{0.0, 0.0}, Case{0.5, 0.0}, Case{0.25, 0.0}, Case{0.5, 1.0}}) {
-    SCOPED_TRACE("share " + std::to_string(c.share) + ", step estimate " + std::to_string(c.train_step_estimate_s));
+  for (const Case c : {Case{0.0, 0.0}, Case{0.5, 0.0}, Case{0.25, 0.0}, Case{0.5, 1.0}, Case{0.5, 0.0, false}}) {
+    SCOPED_TRACE("share " + std::to_string(c.share) + ", step estimate " + std::to_string(c.train_step_estimate_s) +
+                 (c.over_foreground ? "" : ", shares not over the foreground"));
     SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
     if (c.share > 0) o.background_shares = {{"train", c.share}};
+    o.shares_over_foreground = c.over_foreground;
     o.background_share_horizon_s = 0.5;
     o.background_window_s = 0.5;
     o.margin_s = 0.05;
@@ -459,7 +462,7 @@ TEST(Scheduler, AGuaranteedShareHoldsWhileTheForegroundSaturatesTheEngine) {
     const double train_s = it == m.bg_busy_by_kind_s.end() ? 0.0 : it->second;
     const double busy_s = m.fg_busy_s + m.bg_busy_s;
     ASSERT_GT(busy_s, 0);
-    if (c.share == 0) {
+    if (c.share == 0 || !c.over_foreground) {
       EXPECT_EQ(train_during.load(), 0) << "foreground-first: nothing beside a saturating foreground";
       EXPECT_EQ(m.bg_share_fg, 0);
     } else if (c.train_step_estimate_s + o.margin_s > o.background_window_s) {

@@ -126,6 +126,7 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
   so.background_window_s = w.learn.window_s;
   so.max_batch = std::max(8, w.concurrency);
   so.max_background = 4096;
+  so.shares_over_foreground = true;  // as ebb serve --learn: training keeps its share of a saturated engine
   std::unique_ptr<CacheOffloader> offloader;
   if (w.kv_budget > 0) {
     so.memory_reserve = kv_per_token * static_cast<uint64_t>(longest * w.concurrency);

@@ -307,6 +307,7 @@ int serve(ServeArgs& a) {
   sched_opts.window_starvation_s = a.background_starvation;
   sched_opts.background_shares.clear();
   if (a.train_share > 0) sched_opts.background_shares["train"] = a.train_share;
+  sched_opts.shares_over_foreground = a.train_share > 0;
   sched_opts.max_queue = a.max_queue;
   sched_opts.kv_spare_bytes = kv_spare;
   if (background_memory > 0) {

@@ -590,7 +590,7 @@ Scheduler::Unit Scheduler::pick_locked(uint64_t free_mem) {
       if (fg_ready) {
         // A kind below its guaranteed share takes one bounded step first,
         // at most one between two foreground rounds.
-        BgItem* b = owed_ran_last_ ? nullptr : owed_over_foreground_locked(ok);
+        BgItem* b = owed_ran_last_ || !opts_.shares_over_foreground ? nullptr : owed_over_foreground_locked(ok);
         if (b) {
           ++m_.bg_share_fg;
           owed_ran_last_ = true;

@@ -225,7 +225,8 @@ struct SchedulerOptions {
   //     their utility or aging (training is a stream of utility-0 steps
   //     beside high-utility cache work: aging alone gives it one step per
   //     background_aging_s of that work);
-  //   - under foreground-first, before waiting or running foreground work,
+  //   - under foreground-first and with shares_over_foreground, before
+  //     waiting or running foreground work,
   //     one step at a time, at most one between two foreground rounds (a
   //     foreground that saturates the engine would otherwise leave the kind
   //     nothing). The step is still bounded by the
@@ -236,6 +237,11 @@ struct SchedulerOptions {
   // the idle time is above its share and takes nothing from the
   // foreground. Empty: none.
   std::map<std::string, double> background_shares = {{"train", 0.5}};
+  // Whether a share also goes ahead of the foreground (above). Off, a share
+  // only orders the background kinds, and a foreground that saturates the
+  // engine leaves them nothing: pure foreground-first. On in ebb serve
+  // --learn (--train-share) and bench agents' systems.
+  bool shares_over_foreground = false;
   double background_share_horizon_s = 10.0;
   double ema_alpha = 0.2;
   // M_free. Default: the system's available memory (MemAvailable), bounded
