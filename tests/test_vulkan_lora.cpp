@@ -22,31 +22,17 @@
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "support.h"
+#include "vulkan_engine_support.h"
 #include "vulkan_support.h"
 
 namespace ebb {
 namespace {
 
-double nmse(std::span<const float> got, std::span<const float> ref) {
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    err += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    norm += double(ref[i]) * ref[i];
-  }
-  return err / std::max(norm, 1e-30);
-}
-
-int32_t argmax(std::span<const float> v) { return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin()); }
+using test::nmse;
+using test::argmax;
+using test::cpu_options;
 
 std::string lora_path(const std::string& name) { return test::shared_path("golden/lora/" + name); }
-
-EngineOptions cpu_options(const std::string& model) {
-  EngineOptions eo;
-  eo.model_path = test::model_path(model + ".gguf");
-  eo.n_threads = 1;
-  eo.isa = Isa::kScalar;
-  return eo;
-}
 
 EngineOptions device_options(const std::string& model, Backend* be) {
   EngineOptions eo = cpu_options(model);
@@ -318,7 +304,7 @@ TEST(VulkanLoraMemory, ReplacedAndUnloadedVersionsAreFreed) {
 TEST(VulkanLoraCli, RunWithAnAdapterGivesTheCpuText) {
   EBB_REQUIRE_VULKAN(be);
   const test::GoldenCase golden = test::load_golden_file(lora_path("stories260K.lora-r4.jsonl"))[0];
-  for (const std::string lora : {"--lora " + lora_path("stories260K.lora-r4.gguf"),
+  for (const std::string& lora : {"--lora " + lora_path("stories260K.lora-r4.gguf"),
                                  "--lora-scaled " + lora_path("stories260K.lora-r4.gguf") + " 0.5"}) {
     const std::string m = "run -m " + test::model_path("stories260K.gguf") + " -p '" + golden.prompt +
                           "' --temp 0 -n 24 --threads 1 " + lora + " ";

@@ -21,29 +21,15 @@
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "support.h"
+#include "vulkan_engine_support.h"
 #include "vulkan_support.h"
 
 namespace ebb {
 namespace {
 
-double nmse(std::span<const float> got, std::span<const float> ref) {
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    err += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    norm += double(ref[i]) * ref[i];
-  }
-  return err / std::max(norm, 1e-30);
-}
-
-int32_t argmax(std::span<const float> v) { return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin()); }
-
-EngineOptions cpu_options(const std::string& model) {
-  EngineOptions eo;
-  eo.model_path = test::model_path(model + ".gguf");
-  eo.n_threads = 1;
-  eo.isa = Isa::kScalar;
-  return eo;
-}
+using test::nmse;
+using test::argmax;
+using test::cpu_options;
 
 EngineOptions device_options(const std::string& model, Backend* be, int ngl) {
   EngineOptions eo = cpu_options(model);
