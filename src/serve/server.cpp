@@ -98,6 +98,7 @@ void Server::Impl::routes() {
   adapter_routes();
   training_routes();
   agent_routes();
+  handoff_routes();
   learning_routes();
   web_routes();
 
@@ -116,7 +117,7 @@ void Server::Impl::routes() {
       send_error(res, error_of(404,
                                "No route " + req.method + " " + req.path +
                                    " (routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/memory, "
-                                   "/v1/adapters, /v1/training/jobs, /v1/agents, /v1/feedback, /v1/learning, "
+                                   "/v1/adapters, /v1/training/jobs, /v1/agents, /v1/handoffs, /v1/feedback, /v1/learning, "
                                    "/health, /metrics, /tokenize, /detokenize, /)",
                                "invalid_request_error", "not_found"));
     } else if (res.status == 413) {
@@ -178,6 +179,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   const json body = parse_body(req);
   CompletionRequest r = parse_completion_request(body, ep, limits);
   std::shared_ptr<AgentTurn> turn = apply_agent(r);  // the agent's prompt, namespace and adapter version
+  // Its pending handoffs are consumed: their pre-prefilled prefix is in the
+  // prefix cache (what is still missing, this request prefills itself).
+  if (turn) consume_handoffs(turn->agent);
   if (!turn && !r.adapter.empty() && !has_adapter(r.adapter)) {
     ApiError e;
     e.status = 404;

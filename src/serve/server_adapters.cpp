@@ -193,7 +193,7 @@ void Server::Impl::adapter_routes() {
   // warm-up of a new staged version in the same control step.
   const auto add_file = [this](const std::string& path, const std::string& name, bool publish) -> Added {
     StalePrefill* stale = adapter_state->stale.get();
-    return sched
+    const Added added = sched
         .call([path, name, publish, stale](Engine& e) {
           Added a;
           const std::vector<AdapterInfo> before = versions_of(e.adapters(), name);
@@ -207,6 +207,8 @@ void Server::Impl::adapter_routes() {
           return a;
         })
         .get();
+    if (added.info.published) adapter_published(name, added.info.version);  // a load that published
+    return added;
   };
   const auto added_json = [info_json](const Added& a) {
     json j = info_json(a.info);
@@ -285,6 +287,7 @@ void Server::Impl::adapter_routes() {
                                            })
                                            .get();
               ++adapter_state->publishes;
+              adapter_published(name, version);  // pending handoff targets re-planned under it
               res.set_content(dump(info_json(info)), kJson);
             }));
 

@@ -99,7 +99,8 @@ std::shared_ptr<const grammar::TokenTrie> Server::Impl::token_trie() const {
 }
 
 std::vector<TokenId> Server::Impl::prompt_tokens(const CompletionRequest& r, GenerateOptions& go,
-                                                 ChatOutputFormat& fmt, const ClientOrder& order) const {
+                                                 ChatOutputFormat& fmt, const ClientOrder& order,
+                                                 bool generation_prompt) const {
   const Tokenizer& tok = engine.tokenizer();
   EncodeOptions eo;
   eo.add_bos = tok.add_bos_default();
@@ -115,7 +116,7 @@ std::vector<TokenId> Server::Impl::prompt_tokens(const CompletionRequest& r, Gen
       if (!r.reasoning_effort.empty() && !extra.contains("reasoning_effort"))
         extra["reasoning_effort"] = r.reasoning_effort;
       const ordered_json tools = r.tools.empty() ? ordered_json() : order.tools;
-      text = opts.chat_template->render(template_messages(r.chat_messages), tools, true, extra);
+      text = opts.chat_template->render(template_messages(r.chat_messages), tools, generation_prompt, extra);
     } catch (const Error& e) {
       throw ApiException(invalid_request(std::string("the chat template cannot render these messages: ") + e.what(),
                                          "messages"));
@@ -136,7 +137,7 @@ std::vector<TokenId> Server::Impl::prompt_tokens(const CompletionRequest& r, Gen
     if (!bos.empty() && text.compare(0, bos.size(), bos) == 0) eo.add_bos = false;
   } else {
     try {
-      text = apply_chat_template(opts.chat_format, r.messages, true);
+      text = apply_chat_template(opts.chat_format, r.messages, generation_prompt);
     } catch (const Error& e) {
       throw ApiException(invalid_request(e.what(), "messages"));
     }

@@ -259,6 +259,17 @@ struct Server::Impl {
   void learning_state_json(nlohmann::json& out) const;  // LearnState::mu held
   // After an agent's turn (choice 0): its trace (learning agents, with --learn).
   void turn_done(const AgentTurn& t, const std::string& id, const GenerateStats& st, const std::string& tool_calls);
+  // server_handoffs.cpp: POST/GET /v1/handoffs, cross-agent pre-prefill
+  // (runtime/handoff.h) through the scheduler.
+  struct HandoffState;
+  std::shared_ptr<HandoffState> handoff_state;
+  void handoff_routes();
+  void handoff_metrics(std::string& out) const;
+  // A request of `agent` came: its pending handoffs are consumed.
+  void consume_handoffs(const std::string& agent);
+  // Version `version` of adapter `name` was published (any thread): pending
+  // handoff targets that follow it are re-planned under it.
+  void adapter_published(const std::string& name, uint64_t version);
   // server_web.cpp: the page at /
   void web_routes();
   // server_pressure.cpp: memory pressure watching (--pressure)
@@ -271,9 +282,10 @@ struct Server::Impl {
   void models(httplib::Response& res) const;
   bool has_adapter(const std::string& name) const;
   // The prompt's tokens; for chat, fmt receives the output format (with
-  // open_think decided by the rendered prompt).
+  // open_think decided by the rendered prompt). generation_prompt false: a
+  // chat rendered without the assistant's opening (a handoff's prefix).
   std::vector<TokenId> prompt_tokens(const CompletionRequest& r, GenerateOptions& go, ChatOutputFormat& fmt,
-                                     const ClientOrder& order) const;
+                                     const ClientOrder& order, bool generation_prompt = true) const;
   // server_chat.cpp: the request's grammar (response_format, grammar,
   // json_schema, tools), or null. ApiException (400) naming the field when
   // it does not compile.

@@ -303,6 +303,7 @@ void Server::Impl::learning_routes() {
                 e.adapters().publish(name, version);
                 return 0;
               });
+              adapter_published(name, version);  // pending handoff targets re-planned under it
               {
                 std::lock_guard lock(learn_state->mu);
                 ++learn_state->rollbacks;
@@ -471,6 +472,7 @@ void Server::Impl::finish_gate(VersionRecord v, bool first, uint64_t dropped) {
   try {
     if (v.published) {
       engine.adapters().publish(v.adapter, v.version);
+      adapter_published(v.adapter, v.version);  // pending handoff targets re-planned under it
     } else if (first) {
       // A rejected version while no version of the name has passed: it
       // goes, and the agent stays on the base model (ungated_first holds

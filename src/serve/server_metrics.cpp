@@ -176,6 +176,7 @@ std::string Server::Impl::metrics() const {
   adapter_metrics(o);
   training_metrics(o);
   learning_metrics(o);
+  handoff_metrics(o);
   pressure_metrics(o);
   return o;
 }

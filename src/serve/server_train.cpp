@@ -349,6 +349,7 @@ void Server::Impl::training_routes() {
               jo.out_dir = opts.adapter_dir;
               jo.on_commit = [this](const AdapterInfo& staged, uint64_t dropped) {
                 adapter_staged(staged.name, staged.published ? 0 : staged.version, dropped);
+                if (staged.published) adapter_published(staged.name, staged.version);  // publish "auto"
               };
               // The samples.
               const json* sj = field(body, "samples");
@@ -502,7 +503,9 @@ void Server::Impl::training_routes() {
                 throw ApiException(error_of(409, "job " + e.id + " has not staged a version yet", "invalid_request_error",
                                             "not_staged"));
               try {
-                on_engine(sched, [job = e.job, version](Engine&) { return job->publish(version); });
+                const uint64_t published =
+                    on_engine(sched, [job = e.job, version](Engine&) { return job->publish(version); });
+                adapter_published(e.job->status().adapter, published);  // pending handoff targets re-planned
               } catch (const Error& x) {
                 throw bad(x.what(), "version");
               }
