@@ -265,8 +265,31 @@ TEST(ServeHandoffs, APublishOfTheTargetsAdapterReplansIt) {
   const Answer handed = chat(*c, "tool", chat_messages());
   EXPECT_GE(handed.cached, whole);
   EXPECT_EQ(handed.text, alone.text);  // version 2's answer
-  const json traces = get(*c, "/v1/handoffs").body;
-  EXPECT_EQ(traces["stats"]["consumed"], 1) << traces.dump();
+  EXPECT_EQ(get(*c, "/v1/handoffs").body["stats"]["consumed"], 1);
+
+  // A rollback to version 1 is a publish too: a pending target planned
+  // under version 2 is stale again, re-planned under version 1.
+  const auto planned_or_covered = [](const json& j) {
+    return j["stats"]["tasks_submitted"].get<int64_t>() + j["stats"]["nothing_missing"].get<int64_t>();
+  };
+  r = post(*c, "/v1/handoffs", json{{"source", "planner"}, {"targets", {"tool"}}, {"prompt", kPlan}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["targets"][0]["planned"], true) << r.raw;
+  const int64_t whole1 = r.body["targets"][0]["prefill_tokens"].get<int64_t>();
+  const int64_t before = planned_or_covered(poll_handoffs(*c, [](const json& j) { return tasks_ended(j, 3); }));
+  r = post(*c, "/v1/learning/rollback", json{{"adapter", "style"}, {"version", 1}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json after = poll_handoffs(*c, [&](const json& j) {
+    return j["stats"]["stale"] == 2 && j["stats"]["tasks_running"] == 0 && planned_or_covered(j) > before;
+  });
+  EXPECT_EQ(after["stats"]["stale"], 2) << after.dump();
+  EXPECT_EQ(after["pending"]["targets"], 1) << after.dump();
+  const Answer twin1 = complete(*c, "twin", kPlan);
+  EXPECT_EQ(twin1.cached, 0);
+  const Answer tool1 = complete(*c, "tool", kPlan);
+  EXPECT_GE(tool1.cached, whole1);
+  EXPECT_EQ(tool1.text, twin1.text);  // version 1's answer
+  EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_stale_total"), 2);
 }
 
 }  // namespace
