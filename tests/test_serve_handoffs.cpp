@@ -168,6 +168,29 @@ TEST(ServeHandoffs, TheTargetsRequestFindsItsPrefixCached) {
   EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_stale_total"), 0);
 }
 
+// The same through a real Jinja template (Qwen3's, with --chat-template):
+// its rendering without the generation prompt is what the request's
+// rendering begins with, so the whole chunks of the prefix are cached.
+TEST(ServeHandoffs, AJinjaTemplatesPrefixIsCachedToo) {
+  ServerProcess s(args({"--chat-template", std::string(EBB_SHARED_DIR) + "/golden/templates/Qwen-Qwen3-0.6B.jinja"}));
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  for (const char* name : {"tool", "twin"})
+    ASSERT_EQ(post(*c, "/v1/agents", json{{"name", name}, {"system_prompt", kSystem}}).status, 200);
+  const Answer alone = chat(*c, "twin", chat_messages());
+  EXPECT_EQ(alone.cached, 0);
+  const Reply r =
+      post(*c, "/v1/handoffs", json{{"source", "planner"}, {"targets", {"tool"}}, {"messages", chat_messages()}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["targets"][0]["planned"], true) << r.raw;
+  const int64_t whole = r.body["targets"][0]["prefill_tokens"].get<int64_t>();
+  ASSERT_GE(whole, 2 * kChunk) << r.raw;
+  poll_handoffs(*c, [](const json& j) { return tasks_ended(j, 1); });
+  const Answer handed = chat(*c, "tool", chat_messages());
+  EXPECT_GE(handed.cached, whole);
+  EXPECT_EQ(handed.text, alone.text);
+}
+
 // Unknown targets are a 404 naming them; a malformed body a 400 naming its
 // field; nothing of a refused handoff is counted.
 TEST(ServeHandoffs, BadHandoffsAreRefused) {
