@@ -293,7 +293,12 @@ void Server::Impl::consume_handoffs(const std::string& agent) {
 }
 
 void Server::Impl::adapter_published(const std::string& name, uint64_t version) {
-  if (handoff_state && handoff_state->pp) handoff_state->pp->on_published(name, version);
+  if (!handoff_state || !handoff_state->pp) return;
+  try {
+    handoff_state->pp->on_published(name, version);
+  } catch (const SchedulerBusy&) {
+    // The scheduler is shutting down: no request will come to use a re-plan.
+  }
 }
 
 void Server::Impl::handoff_metrics(std::string& o) const {
