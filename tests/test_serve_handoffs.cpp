@@ -191,6 +191,29 @@ TEST(ServeHandoffs, AJinjaTemplatesPrefixIsCachedToo) {
   EXPECT_EQ(handed.text, alone.text);
 }
 
+// With the KV chunk the context picks (--kv-chunk 0: the largest power of
+// two <= ctx/4, here 64) and F32 KV, the tasks run under the geometry the
+// requests' sessions have, so their chunks are the ones the request looks up.
+TEST(ServeHandoffs, TheTasksUseTheRequestsKvGeometry) {
+  ServerProcess s({"--api-key", test::kKey, "--ctx", "256", "--kv-chunk", "0", "--kv-type", "f32", "--quiet"});
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  for (const char* name : {"tool", "twin"}) ASSERT_EQ(post(*c, "/v1/agents", json{{"name", name}}).status, 200);
+  const std::string prompt = std::string(kPlan) + " " + kPlan;
+  const Answer alone = complete(*c, "twin", prompt);
+  EXPECT_EQ(alone.cached, 0);
+  const Reply r = post(*c, "/v1/handoffs", json{{"source", "planner"}, {"targets", {"tool"}}, {"prompt", prompt}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["targets"][0]["planned"], true) << r.raw;
+  const int64_t whole = r.body["targets"][0]["prefill_tokens"].get<int64_t>();
+  EXPECT_EQ(whole % 64, 0) << r.raw;
+  ASSERT_GE(whole, 64) << r.raw;
+  poll_handoffs(*c, [](const json& j) { return tasks_ended(j, 1); });
+  const Answer handed = complete(*c, "tool", prompt);
+  EXPECT_GE(handed.cached, whole);
+  EXPECT_EQ(handed.text, alone.text);
+}
+
 // Unknown targets are a 404 naming them; a malformed body a 400 naming its
 // field; nothing of a refused handoff is counted.
 TEST(ServeHandoffs, BadHandoffsAreRefused) {

@@ -174,7 +174,9 @@ size_t PrePrefill::Shared::plan_on(const std::shared_ptr<Shared>& sh, uint64_t i
     // The target's key now: a follow-published binding pins the published version.
     CacheKey key;
     key.ns = tg.ns;
-    key.chunk_size = e.options().kv_chunk_size;
+    key.chunk_size = sh->opts.kv_chunk_size > 0 ? sh->opts.kv_chunk_size : e.options().kv_chunk_size;
+    key.kv_type = sh->opts.kv_type;
+    key.f16_accumulator = sh->opts.f16_accumulator;
     std::vector<AdapterBinding> pinned;
     try {
       key.adapters = adapter_keys(e.adapters().resolve(tg.adapters));

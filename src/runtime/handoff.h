@@ -73,6 +73,12 @@ struct Handoff {
 
 struct PrePrefillOptions {
   bool enabled = true;
+  // The KV geometry of the targets' requests (their sessions' chunk size,
+  // KV type and accumulator), the key parts beside namespace and adapters.
+  // kv_chunk_size 0: the engine's kv_chunk_size.
+  int64_t kv_chunk_size = 0;
+  DType kv_type = DType::kF16;
+  bool f16_accumulator = false;
   double beta_s = 0.5;              // β_s: weight of the pending consumers
   int64_t m_max = 8192;             // M_max: cap of the missing-token term
   int64_t chunk_tokens = 128;       // tokens per scheduler step without pressure (>= 1 micro-batch)

@@ -71,7 +71,14 @@ struct Server::Impl::HandoffState {
 
 void Server::Impl::handoff_routes() {
   handoff_state = std::make_shared<HandoffState>();
-  handoff_state->pp = std::make_unique<PrePrefill>(engine, sched);
+  // The tasks' keys have the geometry of the requests' sessions (the chunk
+  // the context picked, the KV type), so the request looks up their chunks.
+  PrePrefillOptions po;
+  po.kv_chunk_size =
+      opts.session.kv_chunk_size > 0 ? opts.session.kv_chunk_size : engine.session_chunk_size(opts.n_ctx);
+  po.kv_type = opts.session.kv_type;
+  po.f16_accumulator = opts.session.f16_attention;
+  handoff_state->pp = std::make_unique<PrePrefill>(engine, sched, po);
 
   http.Post("/v1/handoffs", guarded([this](const httplib::Request& req, httplib::Response& res) {
               const json body = parse_body(req);
@@ -224,7 +231,7 @@ void Server::Impl::handoff_routes() {
                 for (const HandoffTarget& t : h.targets) hs.pending[t.agent].push_back(id);
                 hs.prune_locked(hs.pp->options().max_pending);
               }
-              const int64_t chunk = engine.options().kv_chunk_size;
+              const int64_t chunk = hs.pp->options().kv_chunk_size;
               const int64_t cap = hs.pp->options().max_prefix_tokens;
               json out = json::array();
               for (size_t i = 0; i < h.targets.size(); ++i) {
