@@ -252,7 +252,11 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     int64_t cached = 0;
     int n_done = 0;
     GenerateStats stats0;  // choice 0's: an agent's trace
-    for (std::optional<GenerationEvent> ev = std::move(first); n_done < r.n; ev = stream->next(kPollSeconds)) {
+    // The next event is waited for only while a choice is still running (a
+    // wait after the last one would hold the answer back for kPollSeconds).
+    std::optional<GenerationEvent> ev = std::move(first);
+    for (; n_done < r.n; ev.reset()) {
+      if (!ev) ev = stream->next(kPollSeconds);
       if (!ev) continue;
       if (ev->kind == GenerationEvent::Kind::kError)
         throw ApiException(error_of(500, ev->error, "server_error", "internal_error"));
