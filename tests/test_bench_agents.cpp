@@ -109,6 +109,12 @@ TEST(BenchAgents, RefusesBadValuesByName) {
   r = run_cli("bench agents -m " + model + " --window-steps 0");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--window-steps"), std::string::npos) << r.err;
+  r = run_cli("bench agents -m " + model + " --window-gaps sometimes");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--window-gaps"), std::string::npos) << r.err;
+  r = run_cli("bench agents -m " + model + " --step-seconds -1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--step-seconds"), std::string::npos) << r.err;
   r = run_cli("bench agents -m " + model + " --duration 0");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--duration"), std::string::npos) << r.err;
