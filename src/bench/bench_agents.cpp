@@ -328,22 +328,12 @@ void add_bench_agents_command(CLI::App* bench, int* rc) {
                   "Pre-prefill and stale prefill steps end before a micro-batch that would take them past this many "
                   "seconds (ebb serve's --background-step; 0: --chunk-tokens alone)")
       ->capture_default_str();
-  sub->add_option("--judge-gen", l.judge_gen, "Tokens of each judge call")->capture_default_str();
-  sub->add_option("--train-samples", l.train_samples, "Training samples")->capture_default_str();
-  sub->add_option("--train-tokens", l.train_tokens, "Tokens per training sample")->capture_default_str();
-  sub->add_option("--rank", l.rank, "LoRA rank of the trained adapter")->capture_default_str();
-  sub->add_option("--commit-every", l.commit_every, "Optimizer steps per committed version")->capture_default_str();
   l.phase_s = 0.05;  // ebb serve's --background-step
-  sub->add_option("--phase-seconds", l.phase_s, "Trainer phases sized to about this many seconds (0: whole samples)")
-      ->capture_default_str();
-  sub->add_option("--publish-wait", l.publish_wait_s, "Seconds between staging a version and publishing it")
-      ->capture_default_str();
-  sub->add_option("--window", l.window_s, "W_bg: the background window, seconds")->capture_default_str();
+  add_learning_options(sub, l);
   sub->add_option("--duration", l.duration_s,
                   "Seconds of wall time each system runs (T): no turn starts after it, and everything is counted as "
                   "it stands at T")
       ->capture_default_str();
-  sub->add_option("--seed", l.seed, "Seed of the workload")->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
   sub->callback([a, rc] { *rc = run_agents_bench(*a); });
 }
