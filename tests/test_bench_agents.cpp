@@ -97,21 +97,17 @@ TEST(BenchAgents, EverySystemRunsTheSameWallTimeWithTasksClosedLoop) {
 
 TEST(BenchAgents, RefusesBadValuesByName) {
   const std::string model = test::model_path("stories260K.gguf");
-  CliResult r = run_cli("bench agents -m " + model + " --systems ebb,warp");
-  EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("unknown system 'warp'"), std::string::npos) << r.err;
-  r = run_cli("bench agents -m " + model + " --kv-budget 0");
-  EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("--kv-budget"), std::string::npos) << r.err;
-  r = run_cli("bench agents -m " + model + " --steps 0");
-  EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("--steps"), std::string::npos) << r.err;
-  r = run_cli("bench agents -m " + model + " --window-steps 0");
-  EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("--window-steps"), std::string::npos) << r.err;
-  r = run_cli("bench agents -m " + model + " --duration 0");
-  EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("--duration"), std::string::npos) << r.err;
+  // {arguments, what the error names}
+  const std::pair<const char*, const char*> cases[] = {
+      {"--systems ebb,warp", "unknown system 'warp'"}, {"--kv-budget 0", "--kv-budget"},
+      {"--steps 0", "--steps"},                        {"--window-steps 0", "--window-steps"},
+      {"--window-gaps sometimes", "--window-gaps"},    {"--step-seconds -1", "--step-seconds"},
+      {"--duration 0", "--duration"}};
+  for (const auto& [args, names] : cases) {
+    const CliResult r = run_cli("bench agents -m " + model + " " + args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_NE(r.err.find(names), std::string::npos) << args << ": " << r.err;
+  }
 }
 
 }  // namespace

@@ -329,5 +329,15 @@ TEST(CliOptions, ServeTrainShareIsAFraction) {
   }
 }
 
+// ebb serve --background-step: the length of one background step (the
+// handoff and stale-prefill tests show what it does), at most W_bg.
+TEST(CliOptions, ServeBackgroundStepFitsTheBackgroundWindow) {
+  for (const char* bad : {"0", "-1", "0.6"}) {
+    const Result r = run_cli("serve -m " + stories() + " --port 0 --background-window 0.5 --background-step " + bad);
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_NE(r.err.find("--background-step must be in (0, --background-window]"), std::string::npos) << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace ebb

@@ -332,6 +332,38 @@ TEST(PrePrefill, ChunkShrinksUnderMemoryPressure) {
   EXPECT_EQ(s.steps - steps0, 4 * steps0);  // four times the steps for the same tokens
 }
 
+// step_seconds sizes a step by time: a limit no micro-batch fits ends every
+// step after one micro-batch; a limit every chunk fits leaves chunk_tokens
+// alone. (Both ends hold on any machine, however slow.)
+TEST(PrePrefill, StepSecondsEndsAStepBeforeAMicroBatchThatWouldPassIt) {
+  const auto run = [](double step_seconds, const std::string& ns) {
+    World w;
+    PrePrefillOptions o;
+    o.chunk_tokens = 32;  // four micro-batches of 8
+    o.step_seconds = step_seconds;
+    PrePrefill pp(*w.engine, w.sched, o);
+    Handoff h;
+    h.shared_context = w.shared;
+    h.targets = {target("tool", ns, {}, w.sys_a)};
+    pp.post(h);
+    EXPECT_TRUE(wait_until([&] { return settled(pp) && pp.stats().tasks_completed == 1; }));
+    return pp.stats();
+  };
+  const PrePrefillStats whole = run(3600, "a");
+  EXPECT_EQ(whole.timed_steps, 0);
+  EXPECT_EQ(whole.min_chunk_tokens, 32);
+  const PrePrefillStats timed = run(1e-9, "b");
+  EXPECT_EQ(timed.tokens_prefilled, whole.tokens_prefilled);  // the same prefix
+  EXPECT_EQ(timed.min_chunk_tokens, 8);                       // one micro-batch
+  EXPECT_EQ(timed.steps, timed.tokens_prefilled / 8);         // every step one micro-batch
+  EXPECT_GT(timed.timed_steps, 0);
+  EXPECT_EQ(timed.shrunk_steps, 0);  // not memory pressure
+  World w;
+  PrePrefillOptions bad;
+  bad.step_seconds = -1;
+  EXPECT_THROW(PrePrefill(*w.engine, w.sched, bad), Error);
+}
+
 TEST(PrePrefill, RejectsAHandoffWithoutTargetsOrWithABadRho) {
   World w;
   PrePrefill pp(*w.engine, w.sched);

@@ -217,6 +217,29 @@ TEST(PrefixCacheMaintenance, DropAdapterForgetsEveryKeyHoldingThatVersion) {
   EXPECT_EQ(w.covered(base, w.base), 3 * kChunk);  // the base model's KV stays
 }
 
+// A step limit no micro-batch fits: every step runs one micro-batch (twice
+// the steps of kChunk-token chunks), the same coverage in the end.
+TEST(StalePrefill, StepSecondsEndsAStepAfterOneMicroBatchWhenNoneFits) {
+  World w;
+  StalePrefillOptions o;
+  o.chunk_tokens = kChunk;  // two micro-batches of 8
+  o.step_seconds = 1e-9;
+  StalePrefill sp(*w.engine, w.sched, o);
+  w.call([&](Engine& e) { return feed(e, {{"A"}}, cat(w.p1, w.turn)); });
+  ASSERT_EQ(w.add("A", 2, false).version, 2u);
+  const int64_t bg_steps = w.sched.metrics().bg_steps;
+  EXPECT_EQ(sp.on_staged("A", 2).get(), 2u);
+  ASSERT_TRUE(wait_until([&] { return settled(sp); }));
+  EXPECT_EQ(sp.stats().tokens_prefilled, 5 * kChunk);
+  EXPECT_GE(w.sched.metrics().bg_steps - bg_steps, 10);  // 5 chunks of 2 micro-batches, one per step
+  const CacheKey v2 = w.key_for({{"A", 1.0f, 2}});
+  EXPECT_EQ(w.covered(v2, w.p1), 3 * kChunk);
+  EXPECT_EQ(w.covered(v2, w.p2), 2 * kChunk);
+  StalePrefillOptions bad;
+  bad.step_seconds = -1;
+  EXPECT_THROW(StalePrefill(*w.engine, w.sched, bad), Error);
+}
+
 TEST(StalePrefill, StagingWarmsTheHotPrefixesPrivatelyAndAfterPublishAHitIsBitExact) {
   World w;
   StalePrefillOptions o;

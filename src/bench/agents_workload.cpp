@@ -73,6 +73,7 @@ void validate(const AgentsWorkload& w) {
   if (w.window_steps < 1) throw UsageError("bench agents: --window-steps must be at least 1");
   if (w.hot_prefixes < 0 || w.chunk_tokens < 1)
     throw UsageError("bench agents: --hot-prefixes must be >= 0 and --chunk-tokens >= 1");
+  if (!(w.step_seconds >= 0)) throw UsageError("bench agents: --step-seconds must be >= 0 (0: --chunk-tokens alone)");
   validate(w.learn);
 }
 
@@ -90,6 +91,8 @@ nlohmann::json workload_json(const AgentsWorkload& w) {
           {"window_gap_s", w.window_gap_s},
           {"window_steps", w.window_steps},
           {"window_reload", w.window_reload},
+          {"window_gaps", w.window_random_gaps ? "random" : "fixed"},
+          {"step_seconds", w.step_seconds},
           {"hot_prefixes", w.hot_prefixes},
           {"chunk_tokens", w.chunk_tokens},
           {"learn", workload_json(w.learn)}};
@@ -146,11 +149,13 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
   if (preprefill) {
     PrePrefillOptions po;
     po.chunk_tokens = w.chunk_tokens;
+    po.step_seconds = w.step_seconds;
     pp = std::make_unique<PrePrefill>(engine, sched, po);
   }
   StalePrefillOptions sto;
   sto.max_prefixes = w.hot_prefixes;
   sto.chunk_tokens = w.chunk_tokens;
+  sto.step_seconds = w.step_seconds;
   LearningLoop learn(
       engine, sched, w.learn, stw ? TrainGranularity::kWindows : TrainGranularity::kPhases, stale, w.window_gap_s,
       [&pp](uint64_t v) {
@@ -160,6 +165,7 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
         SleepWakeOptions sw;
         sw.steps = w.window_steps;
         sw.drop_cache = w.window_reload;
+        sw.random_gaps = w.window_random_gaps;
         if (w.window_reload) sw.reload_path = w.model_path;
         return sw;
       }());
@@ -369,6 +375,7 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
     run.preprefill_stale = ps.stale;
     run.preprefill_s = ps.busy_s;
     run.preprefill_shrunk_steps = ps.shrunk_steps;
+    run.preprefill_timed_steps = ps.timed_steps;
     run.preprefill_min_chunk = ps.min_chunk_tokens;
   }
   return run;

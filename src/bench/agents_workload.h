@@ -81,6 +81,8 @@ struct AgentsWorkload {
   uint64_t kv_budget = 0;        // bytes (0: the machine's free memory, no offload)
   int hot_prefixes = 8;          // stale-coverage prefill's prefixes per staged version
   int64_t chunk_tokens = 128;    // pre-prefill and stale prefill tokens per step
+  double step_seconds = 0.05;    // and seconds per step (ebb serve's --background-step; 0: tokens alone)
+  bool window_random_gaps = true;  // sleep-train-wake: exponential gaps of mean window_gap_s (SleepWakeOptions)
   SchedWorkload learn;           // training, judge, publishing, W_bg, duration and seed
 };
 
@@ -111,6 +113,7 @@ struct AgentsRun {
   int64_t stale_tasks = 0, stale_completed = 0, stale_tokens = 0;
   int64_t preprefill_tasks = 0, preprefill_completed = 0, preprefill_tokens = 0, preprefill_stale = 0;
   int64_t preprefill_shrunk_steps = 0, preprefill_min_chunk = 0;
+  int64_t preprefill_timed_steps = 0;  // steps --step-seconds ended before their chunk
   double preprefill_s = 0;
   int64_t cached_tokens = 0, prompt_tokens = 0;  // foreground prompt tokens, and of them taken from the cache
   int64_t offload_requests = 0, offload_short = 0, bg_pending_memory = 0;

@@ -107,6 +107,7 @@ json result_json(const AgentsRun& r) {
           {"preprefill_s", r.preprefill_s},
           {"preprefill_stale", r.preprefill_stale},
           {"preprefill_shrunk_steps", r.preprefill_shrunk_steps},
+          {"preprefill_timed_steps", r.preprefill_timed_steps},
           {"preprefill_min_chunk_tokens", r.preprefill_min_chunk},
           {"prompt_tokens", r.prompt_tokens},
           {"cached_tokens", r.cached_tokens},
@@ -302,8 +303,18 @@ void add_bench_agents_command(CLI::App* bench, int* rc) {
   sub->add_option("--gen", w.gen, "Tokens of each answer")->capture_default_str();
   sub->add_option("--handoff-delay", w.handoff_delay_s, "Seconds between a handoff and the target's request")
       ->capture_default_str();
-  sub->add_option("--window-gap", w.window_gap_s, "sleep-train-wake: seconds of serving between training windows")
+  sub->add_option("--window-gap", w.window_gap_s,
+                  "sleep-train-wake: seconds of serving between training windows (the mean, with --window-gaps random)")
       ->capture_default_str();
+  sub->add_option_function<std::string>(
+         "--window-gaps",
+         [&w](const std::string& v) {
+           if (v != "random" && v != "fixed")
+             throw CLI::ValidationError("--window-gaps", "'" + v + "' is not one of random, fixed");
+           w.window_random_gaps = v == "random";
+         },
+         "sleep-train-wake: random (seeded exponential gaps of mean --window-gap, independent of the tasks' rhythm) "
+         "or fixed gaps [default: random]");
   sub->add_option("--window-steps", w.window_steps, "sleep-train-wake: optimizer steps per training window")
       ->capture_default_str();
   sub->add_option("--window-reload", w.window_reload,
@@ -311,23 +322,18 @@ void add_bench_agents_command(CLI::App* bench, int* rc) {
       ->capture_default_str();
   sub->add_option("--hot-prefixes", w.hot_prefixes, "Stale-coverage prefill: hot prefixes per staged version")
       ->capture_default_str();
-  sub->add_option("--chunk-tokens", w.chunk_tokens, "Pre-prefill and stale prefill tokens per scheduler step")
+  sub->add_option("--chunk-tokens", w.chunk_tokens, "Pre-prefill and stale prefill tokens per scheduler step at most")
       ->capture_default_str();
-  sub->add_option("--judge-gen", l.judge_gen, "Tokens of each judge call")->capture_default_str();
-  sub->add_option("--train-samples", l.train_samples, "Training samples")->capture_default_str();
-  sub->add_option("--train-tokens", l.train_tokens, "Tokens per training sample")->capture_default_str();
-  sub->add_option("--rank", l.rank, "LoRA rank of the trained adapter")->capture_default_str();
-  sub->add_option("--commit-every", l.commit_every, "Optimizer steps per committed version")->capture_default_str();
-  sub->add_option("--phase-seconds", l.phase_s, "Trainer phases sized to about this many seconds")
+  sub->add_option("--step-seconds", w.step_seconds,
+                  "Pre-prefill and stale prefill steps end before a micro-batch that would take them past this many "
+                  "seconds (ebb serve's --background-step; 0: --chunk-tokens alone)")
       ->capture_default_str();
-  sub->add_option("--publish-wait", l.publish_wait_s, "Seconds between staging a version and publishing it")
-      ->capture_default_str();
-  sub->add_option("--window", l.window_s, "W_bg: the background window, seconds")->capture_default_str();
+  l.phase_s = 0.05;  // ebb serve's --background-step
+  add_learning_options(sub, l);
   sub->add_option("--duration", l.duration_s,
                   "Seconds of wall time each system runs (T): no turn starts after it, and everything is counted as "
                   "it stands at T")
       ->capture_default_str();
-  sub->add_option("--seed", l.seed, "Seed of the workload")->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
   sub->callback([a, rc] { *rc = run_agents_bench(*a); });
 }

@@ -172,6 +172,21 @@ int run_sched_bench(SchedBenchArgs& a) {
 
 }  // namespace
 
+void add_learning_options(CLI::App* sub, SchedWorkload& w) {
+  sub->add_option("--judge-gen", w.judge_gen, "Tokens of each judge call")->capture_default_str();
+  sub->add_option("--train-samples", w.train_samples, "Training samples")->capture_default_str();
+  sub->add_option("--train-tokens", w.train_tokens, "Tokens per training sample")->capture_default_str();
+  sub->add_option("--rank", w.rank, "LoRA rank of the trained adapter")->capture_default_str();
+  sub->add_option("--commit-every", w.commit_every, "Optimizer steps per committed (staged) version")
+      ->capture_default_str();
+  sub->add_option("--phase-seconds", w.phase_s, "Trainer phases sized to about this many seconds (0: whole samples)")
+      ->capture_default_str();
+  sub->add_option("--publish-wait", w.publish_wait_s, "Seconds between staging a version and publishing it")
+      ->capture_default_str();
+  sub->add_option("--window", w.window_s, "W_bg: the background window, seconds")->capture_default_str();
+  sub->add_option("--seed", w.seed, "Seed of the workload (prompts, think times)")->capture_default_str();
+}
+
 void add_bench_sched_command(CLI::App* bench, int* rc) {
   auto a = std::make_shared<SchedBenchArgs>();
   CLI::App* sub = bench->add_subcommand(
@@ -185,22 +200,11 @@ void add_bench_sched_command(CLI::App* bench, int* rc) {
   sub->add_option("--system-tokens", w.system_tokens, "Tokens of each agent's system prompt")->capture_default_str();
   sub->add_option("--user-tokens", w.user_tokens, "Tokens of each user message")->capture_default_str();
   sub->add_option("--gen", w.gen, "Tokens of each answer")->capture_default_str();
-  sub->add_option("--judge-gen", w.judge_gen, "Tokens of each judge call")->capture_default_str();
-  sub->add_option("--train-samples", w.train_samples, "Training samples")->capture_default_str();
-  sub->add_option("--train-tokens", w.train_tokens, "Tokens per training sample")->capture_default_str();
-  sub->add_option("--rank", w.rank, "LoRA rank of the trained adapter")->capture_default_str();
-  sub->add_option("--commit-every", w.commit_every, "Optimizer steps per staged version")->capture_default_str();
-  sub->add_option("--phase-seconds", w.phase_s,
-                  "Trainer phases sized to about this many seconds (ebb serve's default; 0: whole samples)")
-      ->capture_default_str();
-  sub->add_option("--publish-wait", w.publish_wait_s, "Seconds between staging a version and publishing it")
-      ->capture_default_str();
-  sub->add_option("--window", w.window_s, "W_bg: the background window, seconds")->capture_default_str();
+  add_learning_options(sub, w);
   sub->add_option("--duration", w.duration_s,
                   "Seconds each system runs: training goes on after the agents' last turn until then (0: ends with "
                   "the agents)")
       ->capture_default_str();
-  sub->add_option("--seed", w.seed, "Seed of the workload (prompts, think times)")->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object instead of the table");
   sub->callback([a, rc] { *rc = run_sched_bench(*a); });
 }

@@ -50,8 +50,12 @@ LearningLoop::LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload
 
   if (g == TrainGranularity::kWindows) {
     windows_thread_ = std::thread([this, window_gap_s] {
+      std::mt19937_64 gap_rng(w_.seed * 104729 + 17);
+      std::exponential_distribution<double> gap(window_gap_s > 0 ? 1.0 / window_gap_s : 1.0);
       while (!stopping_.load()) {
-        const double until = now_seconds() + window_gap_s;
+        // (Capped at 5 means: a gap that long is 0.7% likely.)
+        const double g = sw_.random_gaps && window_gap_s > 0 ? std::min(gap(gap_rng), 5 * window_gap_s) : window_gap_s;
+        const double until = now_seconds() + g;
         while (!stopping_.load() && now_seconds() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         if (stopping_.load()) break;
         // Serving stops at the next step boundary until the window's

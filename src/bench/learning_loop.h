@@ -49,6 +49,12 @@ struct SleepWakeOptions {
   int64_t steps = 5;          // optimizer steps per window
   bool drop_cache = true;     // sleep: drop the prefix cache and spare KV buffers
   std::string reload_path;    // wake: read this file (the model) back in ("": no reload)
+  // The serving time between windows: drawn (seeded by the workload) from an
+  // exponential distribution with mean window_gap_s, so where the windows
+  // fall is independent of the foreground's own rhythm (fixed gaps beat
+  // against a workload's periodic turns, and the share of turns that meets a
+  // window swings from run to run); false: exactly window_gap_s each.
+  bool random_gaps = true;
 };
 
 struct LearningResult {

@@ -13,6 +13,10 @@
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 
+namespace CLI {
+class App;
+}
+
 namespace ebb::cli {
 
 struct SchedWorkload {
@@ -27,7 +31,7 @@ struct SchedWorkload {
   int64_t train_tokens = 64;
   int64_t rank = 8;
   int64_t commit_every = 2;    // optimizer steps per staged version
-  double phase_s = 0.15;       // trainer phases sized to about this (ebb serve's default; 0: whole samples)
+  double phase_s = 0.15;       // trainer phases sized to about this (0: whole samples)
   double publish_wait_s = 1.0; // staged -> published
   double window_s = 1.0;       // W_bg
   // The run's length: after the agents' last turn, training and publishing
@@ -39,6 +43,9 @@ struct SchedWorkload {
 
 // Throws UsageError for values that cannot run.
 void validate(const SchedWorkload& w);
+// The learning loop's options (bench sched and bench agents): judge calls,
+// training, commits, publishing, W_bg and the seed.
+void add_learning_options(CLI::App* sub, SchedWorkload& w);
 nlohmann::json workload_json(const SchedWorkload& w);
 bool sched_system_known(const std::string& system);
 

@@ -51,6 +51,7 @@ struct ServeArgs {
   std::string chat_template;  // --chat-template NAME|FILE
   int max_batch = 8;
   double background_window = 0.5;  // W_bg, seconds
+  double background_step = 0.05;   // seconds of one background step (training phase, prefill chunk)
   double train_share = 0.5;        // training's guaranteed share of the engine's time
   double background_starvation = 5;  // seconds
   int max_queue = 64;
@@ -218,6 +219,9 @@ int serve(ServeArgs& a) {
   if (!(a.learn.lr > 0 && a.learn.lr <= 1)) throw UsageError("--learn-lr must be in (0, 1]");
   if (a.learn.rank < 1 || a.learn.rank > 256) throw UsageError("--learn-rank must be in [1, 256]");
   if (a.learn.min_samples < 1) throw UsageError("--learn-min-samples must be >= 1");
+  if (!(a.background_step > 0 && a.background_step <= a.background_window))
+    throw UsageError("--background-step must be in (0, --background-window]");
+  if (a.learn.phase_s == 0) a.learn.phase_s = a.background_step;  // not given
   if (!(a.learn.phase_s > 0 && a.learn.phase_s <= 60)) throw UsageError("--learn-phase-seconds must be in (0, 60]");
   uint64_t max_body = 0;
   try {
@@ -276,6 +280,7 @@ int serve(ServeArgs& a) {
   so.port = a.port;
   so.api_key = a.api_key;
   so.max_body = static_cast<size_t>(max_body);
+  so.background_step_s = a.background_step;
   so.model_id = model_id_of(a.model.model);
   so.session = sopts;
   so.n_ctx = n_ctx;
@@ -400,6 +405,10 @@ void add_serve_command(CLI::App& app, int* rc) {
   sub->add_option("--background-window", a->background_window,
                   "W_bg: the longest a new request may wait for a background step (training, warm-up), seconds")
       ->capture_default_str();
+  sub->add_option("--background-step", a->background_step,
+                  "Seconds of one background step: a training phase, a stale-coverage or pre-prefill chunk ends "
+                  "before a piece that would take it past this (what a request arriving mid-step waits, about)")
+      ->capture_default_str();
   sub->add_option("--background-starvation", a->background_starvation,
                   "A background task whose steps are longer than the window runs anyway after waiting this many "
                   "seconds on an idle server, until a request comes (0: never)")
@@ -431,10 +440,10 @@ void add_serve_command(CLI::App& app, int* rc) {
   sub->add_option("--learn-min-samples", a->learn.min_samples,
                   "Learning: judged samples (from feedback) that start a round")
       ->capture_default_str();
+  a->learn.phase_s = 0;  // --background-step's
   sub->add_option("--learn-phase-seconds", a->learn.phase_s,
                   "Learning: training phases of about this many seconds (a request arriving mid-phase waits "
-                  "for its end)")
-      ->capture_default_str();
+                  "for its end) [default: --background-step]");
   sub->add_option("--trace-max-rows", a->learn.max_trace_rows,
                   "Learning: traces kept at most (the oldest with feedback or expired go first)")
       ->capture_default_str()->check(CLI::PositiveNumber);

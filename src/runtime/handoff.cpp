@@ -118,8 +118,8 @@ bool PrePrefill::Job::step() {
       shrunk = chunk < sh->opts.chunk_tokens;
     }
   }
-  int64_t ran = 0;
-  while (ran < chunk && session->n_pending() > 0) ran += session->step(mb);
+  const WarmStep ws = run_warm_step(*session, mb, chunk, sh->opts.step_seconds, t0);
+  const int64_t ran = ws.tokens;
   const int64_t inserted0 = pc->stats().inserted_chunks;
   session->insert_into(*pc, key, tokens);
   const int64_t inserted = pc->stats().inserted_chunks - inserted0;
@@ -131,6 +131,7 @@ bool PrePrefill::Job::step() {
     s.chunks_inserted += inserted;
     ++s.steps;
     if (shrunk) ++s.shrunk_steps;
+    if (ws.timed) ++s.timed_steps;
     if (ran > 0) s.min_chunk_tokens = s.min_chunk_tokens == 0 ? ran : std::min(s.min_chunk_tokens, ran);
     s.busy_s += dt;
   }
@@ -240,6 +241,7 @@ size_t PrePrefill::Shared::plan_on(const std::shared_ptr<Shared>& sh, uint64_t i
 PrePrefill::PrePrefill(Engine& engine, Scheduler& sched, PrePrefillOptions opts)
     : opts_(std::move(opts)) {
   if (opts_.chunk_tokens < 1) throw Error("pre-prefill: the chunk must hold at least 1 token");
+  if (!(opts_.step_seconds >= 0)) throw Error("pre-prefill: the step's seconds must be >= 0 (0: off)");
   if (opts_.m_max < 1) throw Error("pre-prefill: M_max must be at least 1 token");
   if (opts_.beta_s < 0) throw Error("pre-prefill: beta_s must be >= 0");
   if (opts_.max_pending < 1) throw Error("pre-prefill: max_pending must be at least 1");

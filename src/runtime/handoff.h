@@ -82,6 +82,11 @@ struct PrePrefillOptions {
   double beta_s = 0.5;              // β_s: weight of the pending consumers
   int64_t m_max = 8192;             // M_max: cap of the missing-token term
   int64_t chunk_tokens = 128;       // tokens per scheduler step without pressure (>= 1 micro-batch)
+  // A step also ends before a micro-batch that would take it past about
+  // this many seconds (the last micro-batch's time predicts the next's), so
+  // a request arriving mid-step waits about this long on any device; at
+  // least one micro-batch runs (0: chunk_tokens alone sizes a step).
+  double step_seconds = 0;
   int64_t max_prefix_tokens = 8192; // longer prefixes are pre-prefilled up to this (whole KV chunks)
   size_t max_pending = 256;         // pending handoffs kept at most (oldest forgotten)
   int priority = 0;                 // of the background tasks
@@ -104,6 +109,7 @@ struct PrePrefillStats {
   int64_t chunks_inserted = 0;      // KV chunks the tasks published in the prefix cache
   int64_t steps = 0;
   int64_t shrunk_steps = 0;         // steps whose chunk memory pressure made smaller than chunk_tokens
+  int64_t timed_steps = 0;          // steps that step_seconds ended before their chunk
   int64_t min_chunk_tokens = 0;     // the smallest chunk a step ran (0: none ran)
   double busy_s = 0;                // seconds in the tasks' steps
   int64_t consumed = 0;             // targets whose request came

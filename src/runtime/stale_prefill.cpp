@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "platform/error.h"
+#include "platform/timer.h"
 #include "runtime/session.h"
 #include "runtime/warm_task.h"
 
@@ -34,6 +35,7 @@ struct StalePrefill::Job {
   std::vector<TokenId> tokens;          // [n] whole KV chunks
   std::vector<AdapterBinding> bindings; // every adapter of the key, versions pinned
   int64_t chunk_tokens = 128;
+  double step_seconds = 0;
   std::unique_ptr<Session> session;
   std::atomic<bool> gone{false};        // its version was unloaded: ends without inserting more
 
@@ -51,6 +53,7 @@ bool StalePrefill::Job::step() {
     gone = true;
     return false;
   }
+  const double t0 = now_seconds();
   if (!session) {
     if (pc->covered(key, tokens) >= static_cast<int64_t>(tokens.size())) return false;  // a request made it meanwhile
     session = open_warm_session(e, key, tokens, bindings,
@@ -59,9 +62,8 @@ bool StalePrefill::Job::step() {
   // Whole micro-batches from position 0, as a recompute of the prompt runs
   // them: the KV is bit for bit what a request would have computed.
   const int64_t mb = e.forward().max_batch();
-  const int64_t n_mb = std::max<int64_t>(1, chunk_tokens / mb);
-  int64_t ran = 0;
-  for (int64_t i = 0; i < n_mb && session->n_pending() > 0; ++i) ran += session->step(mb);
+  const int64_t ran =
+      run_warm_step(*session, mb, std::max<int64_t>(1, chunk_tokens / mb) * mb, step_seconds, t0).tokens;
   const int64_t inserted0 = pc->stats().inserted_chunks;
   session->insert_into(*pc, key, tokens);
   const int64_t inserted = pc->stats().inserted_chunks - inserted0;
@@ -85,6 +87,7 @@ void StalePrefill::Job::done(TaskOutcome outcome) {
 StalePrefill::StalePrefill(Engine& engine, Scheduler& sched, StalePrefillOptions opts)
     : opts_(opts), shared_(std::make_shared<Shared>(engine, sched, opts)) {
   if (opts_.chunk_tokens < 1) throw Error("stale-coverage prefill: the chunk must hold at least 1 token");
+  if (!(opts_.step_seconds >= 0)) throw Error("stale-coverage prefill: the step's seconds must be >= 0 (0: off)");
   if (opts_.max_prefixes < 0) throw Error("stale-coverage prefill: the number of prefixes must be >= 0");
 }
 
@@ -183,6 +186,7 @@ size_t StalePrefill::plan_on(const std::shared_ptr<Shared>& sh, const std::strin
     job->tokens.assign(tokens.begin(), tokens.end());
     for (const AdapterKey& a : key.adapters) job->bindings.push_back({a.name, a.scale, a.version});
     job->chunk_tokens = o.chunk_tokens;
+    job->step_seconds = o.step_seconds;
 
     Task t;
     t.desc.cls = TaskClass::kBackground;

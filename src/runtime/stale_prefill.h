@@ -51,6 +51,7 @@ struct StalePrefillOptions {
   bool enabled = true;
   int max_prefixes = 8;             // hot prefixes warmed per staged version (LOCAL §7: 8)
   int64_t chunk_tokens = 128;       // tokens per scheduler step (whole micro-batches, at least one)
+  double step_seconds = 0;          // and about this long at most (PrePrefillOptions::step_seconds; 0: off)
   int64_t max_prefix_tokens = 4096; // longer prefixes are warmed up to this many tokens (whole KV chunks)
   int priority = 0;                 // of the background tasks
 };

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "platform/error.h"
+#include "platform/timer.h"
 
 namespace ebb {
 
@@ -21,6 +22,20 @@ std::unique_ptr<Session> open_warm_session(Engine& engine, const CacheKey& key, 
   if (session->cache_key() != key)
     throw Error(std::string(what) + ": the session's cache key is not the one planned for");
   return session;
+}
+
+WarmStep run_warm_step(Session& session, int64_t mb, int64_t max_tokens, double step_seconds, double t0) {
+  WarmStep r;
+  while (r.tokens < max_tokens && session.n_pending() > 0) {
+    const double m0 = now_seconds();
+    r.tokens += session.step(mb);
+    const double now = now_seconds();
+    if (step_seconds > 0 && r.tokens < max_tokens && session.n_pending() > 0 && now - t0 + (now - m0) > step_seconds) {
+      r.timed = true;
+      break;
+    }
+  }
+  return r;
 }
 
 }  // namespace ebb

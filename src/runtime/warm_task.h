@@ -24,6 +24,16 @@ namespace ebb {
 std::unique_ptr<Session> open_warm_session(Engine& engine, const CacheKey& key, std::span<const TokenId> tokens,
                                            const std::vector<AdapterBinding>& bindings, std::string_view what);
 
+// One background step of a warm session: whole micro-batches of `mb`
+// tokens until `max_tokens` ran (at least one micro-batch), the session has
+// nothing pending, or the next micro-batch, predicted to take as long as
+// the last, would end past `step_seconds` after `t0` (0: no time limit).
+struct WarmStep {
+  int64_t tokens = 0;   // run
+  bool timed = false;   // ended by step_seconds before max_tokens
+};
+WarmStep run_warm_step(Session& session, int64_t mb, int64_t max_tokens, double step_seconds, double t0);
+
 // Counts a task's end in stats with the fields tasks_{completed,cancelled,
 // failed,running}: a task that ended because its target went away (`gone`:
 // consumed, stale or unloaded) counts as cancelled.

@@ -63,7 +63,7 @@ struct LearnOptions {
   // Training phases of about this many seconds (the trainer sizes them from
   // measured costs): a request arriving mid-phase waits for its end, so
   // this bounds what learning adds to TTFT.
-  double phase_s = 0.15;
+  double phase_s = 0.05;  // ebb serve: --background-step unless --learn-phase-seconds
   int64_t max_trace_rows = 100000;
   int64_t max_trace_bytes = int64_t{256} << 20;
 };
@@ -73,6 +73,10 @@ struct ServerOptions {
   int port = 8080;                 // 0: any free port (bind() says which)
   std::string api_key;             // "": no authentication
   size_t max_body = 4u << 20;      // request bodies at most (413 beyond)
+  // A background prefill step (stale-coverage prefill of a staged version)
+  // ends before a micro-batch that would take it past about this many
+  // seconds: what a request arriving mid-step waits (0: 128 tokens a step).
+  double background_step_s = 0.05;
   std::string model_id;            // the base model's id in /v1/models and responses
   SessionOptions session;          // each request's session (its cache namespace is the default one)
   ChatFormat chat_format = ChatFormat::kPlain;

@@ -114,7 +114,9 @@ const AdapterInfo* find_version(const std::vector<AdapterInfo>& vs, uint64_t ver
 
 void Server::Impl::adapter_routes() {
   adapter_state = std::make_shared<AdapterState>();
-  adapter_state->stale = std::make_unique<StalePrefill>(engine, sched);
+  StalePrefillOptions stale_opts;
+  stale_opts.step_seconds = opts.background_step_s;
+  adapter_state->stale = std::make_unique<StalePrefill>(engine, sched, stale_opts);
 
   // The file or PEFT directory `file` names in the adapter directory.
   const auto resolve_file = [this](const std::string& file, const char* param) -> std::string {
