@@ -78,6 +78,7 @@ void Server::Impl::handoff_routes() {
       opts.session.kv_chunk_size > 0 ? opts.session.kv_chunk_size : engine.session_chunk_size(opts.n_ctx);
   po.kv_type = opts.session.kv_type;
   po.f16_accumulator = opts.session.f16_attention;
+  po.step_seconds = opts.background_step_s;  // what a request arriving mid-step waits, about
   handoff_state->pp = std::make_unique<PrePrefill>(engine, sched, po);
 
   http.Post("/v1/handoffs", guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -273,6 +274,7 @@ void Server::Impl::handoff_routes() {
                                  {"chunks_inserted", s.chunks_inserted},
                                  {"steps", s.steps},
                                  {"shrunk_steps", s.shrunk_steps},
+                                 {"timed_steps", s.timed_steps},
                                  {"min_chunk_tokens", s.min_chunk_tokens},
                                  {"busy_s", s.busy_s},
                                  {"consumed", s.consumed},
