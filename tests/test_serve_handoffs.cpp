@@ -338,5 +338,67 @@ TEST(ServeHandoffs, APublishOfTheTargetsAdapterReplansIt) {
   EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_stale_total"), 2);
 }
 
+// The learning loop's publishes too (--learn, gate off: every committed
+// version is published): a learning agent's pending handoff, planned under
+// its published version, is stale when a round publishes the next one, and
+// is re-planned under it.
+TEST(ServeHandoffs, ALearningRoundsPublishReplansIt) {
+  test::TempDir dir("ebb-serve-handoffs-learn");
+  ServerProcess s(args({"--state-dir", dir.path(), "--learn", "--learn-gate", "off", "--learn-min-samples", "2",
+                        "--learn-steps", "2", "--commit-every", "1"}));
+  ASSERT_GT(s.port(), 0) << s.first_line();
+  auto c = client(s.port());
+  ASSERT_EQ(post(*c, "/v1/agents", json{{"name", "teller"}, {"adapter", "names"}, {"learn", true}}).status, 200);
+  ASSERT_EQ(post(*c, "/v1/agents", json{{"name", "twin"}, {"adapter", "names"}}).status, 200);
+  // Stories to give feedback on, now and after the handoff (a request of
+  // the agent after it would consume it).
+  std::vector<std::string> ids;
+  for (int i = 0; i < 8; ++i) {
+    const Reply r = post(*c, "/v1/completions",
+                         json{{"agent", "teller"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"seed", i}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    ids.push_back(r.body["id"].get<std::string>());
+  }
+  const auto learning = [&](const std::function<bool(const json&)>& done) {
+    const auto end = std::chrono::steady_clock::now() + 30s;
+    json j;
+    while (std::chrono::steady_clock::now() < end) {
+      j = get(*c, "/v1/learning").body;
+      if (done(j)) return j;
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << "/v1/learning did not get there in time: " << j.dump();
+    return j;
+  };
+  const auto idle = [](const json& l) {
+    const json& a = l["agents"]["teller"];
+    return l["gates_pending"] == 0 && (a["round"].is_null() || a["round"]["state"] != "running");
+  };
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(post(*c, "/v1/feedback", json{{"id", ids[i]}, {"reward", 1.0 + i}}).status, 200);
+  json l = learning([&](const json& j) { return j["published_versions"].get<int64_t>() >= 1 && idle(j); });
+  const int64_t published = l["published_versions"].get<int64_t>();
+
+  Reply r = post(*c, "/v1/handoffs", json{{"source", "planner"}, {"targets", {"teller"}}, {"prompt", kPlan}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["targets"][0]["planned"], true) << r.raw;
+  const int64_t whole = r.body["targets"][0]["prefill_tokens"].get<int64_t>();
+  poll_handoffs(*c, [](const json& j) { return tasks_ended(j, 1); });
+
+  for (int i = 3; i < 8; ++i)  // some are held back: enough for a round
+    ASSERT_EQ(post(*c, "/v1/feedback", json{{"id", ids[i]}, {"reward", 1.0 + i}}).status, 200);
+  l = learning([&](const json& j) { return j["published_versions"].get<int64_t>() > published && idle(j); });
+  const json h = poll_handoffs(*c, [](const json& j) {
+    return j["stats"]["stale"].get<int64_t>() >= 1 && j["stats"]["tasks_running"] == 0 &&
+           j["stats"]["tasks_submitted"].get<int64_t>() + j["stats"]["nothing_missing"].get<int64_t>() >= 2;
+  });
+  EXPECT_GE(h["stats"]["stale"].get<int64_t>(), 1) << h.dump();
+  const Answer alone = complete(*c, "twin", kPlan);  // the same published version, its own namespace
+  EXPECT_EQ(alone.cached, 0);
+  const Answer handed = complete(*c, "teller", kPlan);
+  EXPECT_GE(handed.cached, whole);
+  EXPECT_EQ(handed.text, alone.text);
+}
+
 }  // namespace
 }  // namespace ebb
