@@ -243,6 +243,8 @@ TEST(ServeHandoffs, BadHandoffsAreRefused) {
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"targets", json::array()}})), 400, "", "targets");
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"targets", {"tool", "tool"}}})), 400, "", "targets");
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"targets", {3}}})), 400, "", "targets");
+  test::expect_openai_error(post(*c, "/v1/handoffs", body({{"targets", std::vector<std::string>(17, "tool")}})), 400, "",
+                            "targets");
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"messages", nullptr}})), 400, "", "messages");
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"prompt", "text"}})), 400, "", "prompt");
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"messages", json::array()}})), 400, "", "messages");

@@ -43,7 +43,10 @@ using nlohmann::json;
 
 namespace {
 
-constexpr size_t kMaxTargets = 64;
+// Targets of one handoff at most: with PrePrefill's 256 pending handoffs and
+// each target's prefix kept up to max_prefix_tokens (8192), what pending
+// handoffs hold is bounded (256 · 16 · 8192 token ids: 128 MiB at worst).
+constexpr size_t kMaxTargets = 16;
 
 ApiException bad(const std::string& message, const std::string& param) {
   return ApiException(invalid_request(message, param));
@@ -210,6 +213,9 @@ void Server::Impl::handoff_routes() {
                   }
                 }
                 n_tokens.push_back(static_cast<int64_t>(t.system_prompt.size()));
+                // Only whole chunks up to max_prefix_tokens are prefilled: no more is kept.
+                const auto keep = static_cast<size_t>(handoff_state->pp->options().max_prefix_tokens);
+                if (t.system_prompt.size() > keep) t.system_prompt.resize(keep);
                 h.targets.push_back(std::move(t));
               }
 
