@@ -172,7 +172,8 @@ TEST(ServeHandoffs, TheTargetsRequestFindsItsPrefixCached) {
 // its rendering without the generation prompt is what the request's
 // rendering begins with, so the whole chunks of the prefix are cached.
 TEST(ServeHandoffs, AJinjaTemplatesPrefixIsCachedToo) {
-  ServerProcess s(args({"--chat-template", std::string(EBB_SHARED_DIR) + "/golden/templates/Qwen-Qwen3-0.6B.jinja"}));
+  ServerProcess s({"--api-key", test::kKey, "--ctx", "1024", "--quiet", "--chat-template",
+                   std::string(EBB_SHARED_DIR) + "/golden/templates/Qwen-Qwen3-0.6B.jinja"});
   ASSERT_GT(s.port(), 0) << s.first_line();
   auto c = client(s.port());
   for (const char* name : {"tool", "twin"})
@@ -189,6 +190,33 @@ TEST(ServeHandoffs, AJinjaTemplatesPrefixIsCachedToo) {
   const Answer handed = chat(*c, "tool", chat_messages());
   EXPECT_GE(handed.cached, whole);
   EXPECT_EQ(handed.text, alone.text);
+
+  // With tools: the template renders them into the prompt (Qwen3: in the
+  // system message), so the handoff carries the tools the requests send.
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "lookup",
+    "description": "Looks an order up", "parameters": {"type": "object",
+      "properties": {"order": {"type": "string", "maxLength": 8}}, "required": ["order"]}}}])");
+  const auto with_tools = [&](const std::string& agent) {
+    const Reply a = post(*c, "/v1/chat/completions",
+                         json{{"agent", agent}, {"messages", chat_messages()}, {"tools", tools}, {"tool_choice", "none"},
+                              {"max_tokens", 12}, {"temperature", 0}});
+    EXPECT_EQ(a.status, 200) << a.raw;
+    return a.status == 200 ? a.body : json::object();
+  };
+  ASSERT_EQ(post(*c, "/v1/agents", json{{"name", "looker"}, {"system_prompt", kSystem}}).status, 200);
+  ASSERT_EQ(post(*c, "/v1/agents", json{{"name", "looker2"}, {"system_prompt", kSystem}}).status, 200);
+  const json tools_alone = with_tools("looker2");
+  EXPECT_EQ(tools_alone["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const Reply t = post(*c, "/v1/handoffs",
+                       json{{"source", "planner"}, {"targets", {"looker"}}, {"messages", chat_messages()}, {"tools", tools}});
+  ASSERT_EQ(t.status, 200) << t.raw;
+  ASSERT_EQ(t.body["targets"][0]["planned"], true) << t.raw;
+  const int64_t tools_whole = t.body["targets"][0]["prefill_tokens"].get<int64_t>();
+  EXPECT_GT(tools_whole, whole);  // the tools are in it
+  poll_handoffs(*c, [](const json& j) { return tasks_ended(j, 2); });
+  const json tools_handed = with_tools("looker");
+  EXPECT_GE(tools_handed["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), tools_whole);
+  EXPECT_EQ(tools_handed["choices"][0]["message"], tools_alone["choices"][0]["message"]);
 }
 
 // With the KV chunk the context picks (--kv-chunk 0: the largest power of
@@ -254,6 +282,13 @@ TEST(ServeHandoffs, BadHandoffsAreRefused) {
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"priority", -1.5}})), 400, "", "priority");
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"priority", "high"}})), 400, "", "priority");
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"colour", "red"}})), 400, "", "colour");
+  test::expect_openai_error(post(*c, "/v1/handoffs", body({{"messages", nullptr}, {"prompt", "x"}, {"tools", json::array()}})),
+                            400, "", "tools");
+  // stories260K has no Jinja template here: tools are not served.
+  test::expect_openai_error(
+      post(*c, "/v1/handoffs",
+           body({{"tools", json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {}}}])")}})),
+      400, "", "tools");
   test::expect_openai_error(post(*c, "/v1/handoffs", body({{"messages", nullptr}, {"prompt", std::string(3000, 'a')}})),
                             400, "context_length_exceeded", "prompt");
   const json h = get(*c, "/v1/handoffs").body;

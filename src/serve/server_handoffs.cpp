@@ -6,7 +6,7 @@
 // the KV in the prefix cache, where the target's request finds it.
 //
 //   POST /v1/handoffs   {"source", "targets": [agent, ...],
-//                        "messages": [chat messages] | "prompt": "text",
+//                        "messages": [chat messages], "tools"?: [...] | "prompt": "text",
 //                        "priority"?: ρ_c > 0 (2.0)}
 //        → {"object": "handoff", "id": "handoff-N", "source",
 //           "targets": [{"agent", "tokens", "prefill_tokens", "planned", "priority"}]}
@@ -14,8 +14,8 @@
 //
 // A target's prefix is what its request under the agent would render:
 //   messages  the agent's system prompt (when the messages have none), then
-//             the messages, through the server's chat template with no
-//             generation prompt; a template whose rendering of more
+//             the messages (and the tools, as the request will send them),
+//             through the server's chat template with no generation prompt; a template whose rendering of more
 //             messages is not an exact extension loses only the tail
 //   prompt    the text tokenized as /v1/completions tokenizes it
 // Only whole KV chunks of it are prefilled ("prefill_tokens"). "planned" is
@@ -88,8 +88,10 @@ void Server::Impl::handoff_routes() {
               const json body = parse_body(req);
               if (!body.is_object()) throw bad("the request body must be a JSON object", "");
               for (const auto& [k, v] : body.items()) {
-                if (k != "source" && k != "targets" && k != "messages" && k != "prompt" && k != "priority")
-                  throw bad("unknown field '" + k + "' (a handoff takes source, targets, messages or prompt, priority)",
+                if (k != "source" && k != "targets" && k != "messages" && k != "tools" && k != "prompt" &&
+                    k != "priority")
+                  throw bad("unknown field '" + k +
+                                "' (a handoff takes source, targets, messages (and tools) or prompt, priority)",
                             k);
               }
               if (!body.contains("source") || !body["source"].is_string())
@@ -127,6 +129,8 @@ void Server::Impl::handoff_routes() {
                 throw bad("a handoff carries exactly one of 'messages' (chat) and 'prompt' (completions text)",
                           chat ? "prompt" : "messages");
               if (!chat && !body["prompt"].is_string()) throw bad("'prompt' must be a string", "prompt");
+              if (!chat && body.contains("tools"))
+                throw bad("'tools' goes with 'messages' (a chat prefix), not with 'prompt'", "tools");
               if (chat && (!body["messages"].is_array() || body["messages"].empty()))
                 throw bad("'messages' must be a non-empty array of chat messages", "messages");
               double rho = 2.0;
@@ -147,15 +151,19 @@ void Server::Impl::handoff_routes() {
               h.source = source;
               h.rho = rho;
               CompletionRequest base;
+              ClientOrder order;
               if (chat) {
+                // As a chat request of these messages (and tools) reads them.
+                json as_chat = {{"messages", body["messages"]}};
+                if (body.contains("tools")) as_chat["tools"] = body["tools"];
                 try {
-                  base = parse_completion_request(json{{"messages", body["messages"]}}, Endpoint::kChat, limits);
+                  base = parse_completion_request(as_chat, Endpoint::kChat, limits);
                 } catch (const ApiException& e) {
                   ApiError err = e.error();
                   if (err.param.empty()) err.param = "messages";
                   throw ApiException(err);
                 }
-                if (!base.tools.empty()) throw bad("a handoff's messages carry no tools", "messages");
+                order = client_order(base, req.body);  // the tools' keys in the client's order, as the request's
               } else {
                 base.endpoint = Endpoint::kCompletions;
                 base.prompt = body["prompt"].get<std::string>();
@@ -179,7 +187,7 @@ void Server::Impl::handoff_routes() {
                 HandoffTarget t;
                 t.agent = a.name;
                 t.ns = a.cache_namespace();
-                t.system_prompt = prompt_tokens(r, go, fmt, ClientOrder{}, /*generation_prompt=*/false);
+                t.system_prompt = prompt_tokens(r, go, fmt, order, /*generation_prompt=*/false);
                 if (static_cast<int64_t>(t.system_prompt.size()) >= opts.n_ctx)
                   throw ApiException(invalid_request("the prefix of agent '" + a.name + "' has " +
                                                          std::to_string(t.system_prompt.size()) +
