@@ -171,60 +171,8 @@ void Server::Impl::handoff_routes() {
               }
               std::vector<int64_t> n_tokens;
               for (const AgentSpec& a : targets) {
-                CompletionRequest r = base;
-                r.agent = a.name;
-                if (chat && !a.system_prompt.empty()) {  // as apply_agent: when the messages have none
-                  bool has_system = false;
-                  for (const ChatMessage& m : r.messages) has_system = has_system || m.role == "system";
-                  if (!has_system) {
-                    r.messages.insert(r.messages.begin(), ChatMessage{"system", a.system_prompt});
-                    r.chat_messages.insert(r.chat_messages.begin(),
-                                           json{{"role", "system"}, {"content", a.system_prompt}});
-                  }
-                }
-                GenerateOptions go;
-                ChatOutputFormat fmt;
-                HandoffTarget t;
-                t.agent = a.name;
-                t.ns = a.cache_namespace();
-                t.system_prompt = prompt_tokens(r, go, fmt, order, /*generation_prompt=*/false);
-                if (static_cast<int64_t>(t.system_prompt.size()) >= opts.n_ctx)
-                  throw ApiException(invalid_request("the prefix of agent '" + a.name + "' has " +
-                                                         std::to_string(t.system_prompt.size()) +
-                                                         " tokens; the context holds " + std::to_string(opts.n_ctx),
-                                                     chat ? "messages" : "prompt", "context_length_exceeded"));
-                // Its adapter binding, as apply_agent runs its request: pinned,
-                // following the published version, or (a learning agent with
-                // no version that passed a gate yet) the base model.
-                if (!a.adapter.empty()) {
-                  bool ungated = false;
-                  {
-                    std::lock_guard lock(learn_state->mu);
-                    ungated = learn_state->ungated_first.count(a.adapter) > 0;
-                  }
-                  bool published = false, pinned_found = false;
-                  for (const AdapterInfo& i : engine.adapters().list()) {
-                    if (i.name != a.adapter) continue;
-                    published = published || (i.published && !ungated);
-                    pinned_found = pinned_found || (a.adapter_version && i.version == a.adapter_version);
-                  }
-                  if (a.adapter_version ? pinned_found : published)
-                    t.adapters.push_back({a.adapter, 1.0f, a.adapter_version});
-                  else if (!a.learn || a.adapter_version) {
-                    ApiError e = error_of(404,
-                                          "agent '" + a.name + "' binds adapter '" + a.adapter + "'" +
-                                              (a.adapter_version ? " version " + std::to_string(a.adapter_version) : "") +
-                                              ", which is not loaded (GET /v1/adapters lists them)",
-                                          "invalid_request_error", "adapter_not_found");
-                    e.param = "targets";
-                    throw ApiException(e);
-                  }
-                }
-                n_tokens.push_back(static_cast<int64_t>(t.system_prompt.size()));
-                // Only whole chunks up to max_prefix_tokens are prefilled: no more is kept.
-                const auto keep = static_cast<size_t>(handoff_state->pp->options().max_prefix_tokens);
-                if (t.system_prompt.size() > keep) t.system_prompt.resize(keep);
-                h.targets.push_back(std::move(t));
+                n_tokens.push_back(0);
+                h.targets.push_back(handoff_target(a, base, order, &n_tokens.back()));
               }
 
               HandoffState& hs = *handoff_state;
@@ -299,6 +247,67 @@ void Server::Impl::handoff_routes() {
                                        {"stats", stats}}),
                              kJson);
            }));
+}
+
+// Target a's prefix and KV identity, as its request under the agent would
+// have them; n_tokens receives the prefix's length (before it is cut to
+// max_prefix_tokens).
+HandoffTarget Server::Impl::handoff_target(const AgentSpec& a, const CompletionRequest& base, const ClientOrder& order,
+                                           int64_t* n_tokens) const {
+  const bool chat = base.endpoint == Endpoint::kChat;
+  CompletionRequest r = base;
+  r.agent = a.name;
+  if (chat && !a.system_prompt.empty()) {  // as apply_agent: when the messages have none
+    bool has_system = false;
+    for (const ChatMessage& m : r.messages) has_system = has_system || m.role == "system";
+    if (!has_system) {
+      r.messages.insert(r.messages.begin(), ChatMessage{"system", a.system_prompt});
+      r.chat_messages.insert(r.chat_messages.begin(), json{{"role", "system"}, {"content", a.system_prompt}});
+    }
+  }
+  GenerateOptions go;
+  ChatOutputFormat fmt;
+  HandoffTarget t;
+  t.agent = a.name;
+  t.ns = a.cache_namespace();
+  t.system_prompt = prompt_tokens(r, go, fmt, order, /*generation_prompt=*/false);
+  if (static_cast<int64_t>(t.system_prompt.size()) >= opts.n_ctx)
+    throw ApiException(invalid_request("the prefix of agent '" + a.name + "' has " +
+                                           std::to_string(t.system_prompt.size()) + " tokens; the context holds " +
+                                           std::to_string(opts.n_ctx),
+                                       chat ? "messages" : "prompt", "context_length_exceeded"));
+  // Its adapter binding, as apply_agent runs its request: pinned, following
+  // the published version, or (a learning agent with no version that passed
+  // a gate yet) the base model.
+  if (!a.adapter.empty()) {
+    bool ungated = false;
+    {
+      std::lock_guard lock(learn_state->mu);
+      ungated = learn_state->ungated_first.count(a.adapter) > 0;
+    }
+    bool published = false, pinned_found = false;
+    for (const AdapterInfo& i : engine.adapters().list()) {
+      if (i.name != a.adapter) continue;
+      published = published || (i.published && !ungated);
+      pinned_found = pinned_found || (a.adapter_version && i.version == a.adapter_version);
+    }
+    if (a.adapter_version ? pinned_found : published) {
+      t.adapters.push_back({a.adapter, 1.0f, a.adapter_version});
+    } else if (!a.learn || a.adapter_version) {
+      ApiError e = error_of(404,
+                            "agent '" + a.name + "' binds adapter '" + a.adapter + "'" +
+                                (a.adapter_version ? " version " + std::to_string(a.adapter_version) : "") +
+                                ", which is not loaded (GET /v1/adapters lists them)",
+                            "invalid_request_error", "adapter_not_found");
+      e.param = "targets";
+      throw ApiException(e);
+    }
+  }
+  *n_tokens = static_cast<int64_t>(t.system_prompt.size());
+  // Only whole chunks up to max_prefix_tokens are prefilled: no more is kept.
+  const auto keep = static_cast<size_t>(handoff_state->pp->options().max_prefix_tokens);
+  if (t.system_prompt.size() > keep) t.system_prompt.resize(keep);
+  return t;
 }
 
 void Server::Impl::consume_handoffs(const std::string& agent) {

@@ -27,6 +27,7 @@
 
 namespace ebb {
 struct AgentSpec;
+struct HandoffTarget;
 struct TraceFeedback;
 struct TrainSample;
 class TrainJob;
@@ -265,6 +266,8 @@ struct Server::Impl {
   std::shared_ptr<HandoffState> handoff_state;
   void handoff_routes();
   void handoff_metrics(std::string& out) const;
+  HandoffTarget handoff_target(const AgentSpec& a, const CompletionRequest& base, const ClientOrder& order,
+                               int64_t* n_tokens) const;
   // A request of `agent` came: its pending handoffs are consumed.
   void consume_handoffs(const std::string& agent);
   // Version `version` of adapter `name` was published (any thread): pending
