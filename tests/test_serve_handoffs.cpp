@@ -166,6 +166,8 @@ TEST(ServeHandoffs, TheTargetsRequestFindsItsPrefixCached) {
   EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_tasks_total{outcome=\"completed\"}"), 2);
   EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_tokens_total"), h["stats"]["tokens_prefilled"].get<double>());
   EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_stale_total"), 0);
+  EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_consumed_total"), 2);
+  EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_pending_targets"), 1);
 }
 
 // The same through a real Jinja template (Qwen3's, with --chat-template):

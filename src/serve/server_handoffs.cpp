@@ -351,6 +351,13 @@ void Server::Impl::handoff_metrics(std::string& o) const {
   sample(o, "ebb_preprefill_chunks_total", static_cast<double>(s.chunks_inserted));
   metric(o, "ebb_preprefill_consumed_total", "counter", "Handoff targets whose request came");
   sample(o, "ebb_preprefill_consumed_total", static_cast<double>(s.consumed));
+  int64_t pending = 0;
+  {
+    std::lock_guard lock(handoff_state->mu);
+    for (const auto& [agent, ids] : handoff_state->pending) pending += static_cast<int64_t>(ids.size());
+  }
+  metric(o, "ebb_preprefill_pending_targets", "gauge", "Handoff targets whose request has not come yet");
+  sample(o, "ebb_preprefill_pending_targets", static_cast<double>(pending));
   metric(o, "ebb_preprefill_stale_total", "counter",
          "Handoff targets re-planned because their adapter was published at another version before their request");
   sample(o, "ebb_preprefill_stale_total", static_cast<double>(s.stale));
