@@ -8,6 +8,8 @@
 // polled), nothing is timed.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -168,6 +170,7 @@ TEST(ServeHandoffs, TheTargetsRequestFindsItsPrefixCached) {
   EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_stale_total"), 0);
   EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_consumed_total"), 2);
   EXPECT_EQ(test::metric_value(*c, "ebb_preprefill_pending_targets"), 1);
+  EXPECT_EQ(s.stop(SIGTERM), 0);  // a pending handoff does not hold the shutdown up
 }
 
 // The same through a real Jinja template (Qwen3's, with --chat-template):
@@ -242,6 +245,11 @@ TEST(ServeHandoffs, TheTasksUseTheRequestsKvGeometry) {
   const Answer handed = complete(*c, "tool", prompt);
   EXPECT_GE(handed.cached, whole);
   EXPECT_EQ(handed.text, alone.text);
+  // A shutdown right after a handoff (its task may be running) ends cleanly.
+  ASSERT_EQ(post(*c, "/v1/handoffs", json{{"source", "planner"}, {"targets", {"twin"}}, {"prompt", prompt + " Again."}})
+                .status,
+            200);
+  EXPECT_EQ(s.stop(SIGTERM), 0);
 }
 
 // Unknown targets are a 404 naming them; a malformed body a 400 naming its
