@@ -136,21 +136,26 @@ class DeviceForward {
   // copies on the step stream and submits once per staging-full of
   // positions (once for a chunk). Between steps only.
   //
+  // On a split they move the device layers [first_layer, n_layers) only;
+  // the CPU layers' rows are the host KvCache's (its chunks hold them).
+  //
   // The caller's side of a block of rows: rows [p, p + n) of one layer's K
   // (v false) or V, [n, kv_dim] F16 in staging memory, read from after a
   // read-back or filled before an upload.
   using KvRows = std::function<void(int64_t layer, bool v, int64_t p, int64_t n, uint16_t* rows)>;
-  // Reads positions [p0, p1) (p1 <= kv.n_tokens()) of every layer; `take`
+  // Reads positions [p0, p1) (p1 <= kv.n_tokens()) of every device layer; `take`
   // sees each block of rows once.
   void read_kv(const KvCache& kv, int64_t p0, int64_t p1, const KvRows& take);
-  // Writes positions [p0, p1) of every layer, `fill` providing each block;
+  // Writes positions [p0, p1) of every device layer, `fill` providing each block;
   // kv's device KV grows to hold p1; kv.n_tokens() stays the caller's.
   void write_kv(KvCache& kv, int64_t p0, int64_t p1, const KvRows& fill);
-  // The same with whole arrays: k, v: [n_layers, p1 - p0, kv_dim] F16.
+  // The same with whole arrays: k, v: [n_layers, p1 - p0, kv_dim] F16 (a
+  // split's CPU layers' slices are not touched).
   void read_kv(const KvCache& kv, int64_t p0, int64_t p1, uint16_t* k, uint16_t* v);
   void write_kv(KvCache& kv, int64_t p0, int64_t p1, const uint16_t* k, const uint16_t* v);
   // The first n positions of src's device KV copied into dst's on the
-  // device (no host round trip): a fork.
+  // device (no host round trip): a fork (a split's CPU layers:
+  // KvCache::share_from).
   void copy_kv(const KvCache& src, KvCache& dst, int64_t n);
 
   DeviceFootprint footprint() const;
@@ -229,8 +234,6 @@ class DeviceForward {
   // one submission per block; `host` runs on each block's rows (after the
   // copies when reading, before them when writing).
   void transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device, const KvRows& host);
-  // KV transfers cover every layer on the device: a split refuses them (what: the feature).
-  void refuse_split_kv(const char* what) const;
 };
 
 }  // namespace ebb

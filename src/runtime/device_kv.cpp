@@ -30,7 +30,9 @@ BackendBuffer& DeviceForward::staging(uint64_t bytes) {
 }
 
 void DeviceForward::transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device, const KvRows& host) {
-  const int64_t nl = model_.n_layers(), kvd = cfg_.kv_dim();
+  // A split's CPU layers [0, first_layer) hold their rows in the host
+  // cache: only the device layers' rows move here.
+  const int64_t l0 = opts_.first_layer, nl = model_.n_layers() - l0, kvd = cfg_.kv_dim();
   const uint64_t row = static_cast<uint64_t>(kvd) * 2;
   const int64_t block = std::min(p1 - p0, block_positions(nl, row, opts_.kv_staging_bytes));
   BackendBuffer& st = staging(2 * static_cast<uint64_t>(nl * block) * row);
@@ -43,8 +45,8 @@ void DeviceForward::transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device
     const int64_t m = std::min(block, p1 - a);
     const uint64_t part = static_cast<uint64_t>(m) * row;  // one layer's K (or V) rows of the block
     auto each = [&](const auto& f) {
-      for (int64_t l = 0; l < nl; ++l)
-        for (const bool v : {false, true}) f(l, v, (2 * l + (v ? 1 : 0)) * part);
+      for (int64_t i = 0; i < nl; ++i)
+        for (const bool v : {false, true}) f(l0 + i, v, (2 * i + (v ? 1 : 0)) * part);
     };
     if (to_device) {
       each([&](int64_t l, bool v, uint64_t off) { host(l, v, a, m, reinterpret_cast<uint16_t*>(base + off)); });
@@ -71,17 +73,8 @@ void DeviceForward::transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device
   }
 }
 
-void DeviceForward::refuse_split_kv(const char* what) const {
-  if (opts_.first_layer > 0) {
-    throw Error(std::string(what) + " on a split of the layers between " + be_.info().id + " and the CPU (-ngl " +
-                std::to_string(model_.n_layers() - opts_.first_layer) + " of " + std::to_string(model_.n_layers()) +
-                " layers) is not supported yet: run every layer on the device, or on the CPU");
-  }
-}
-
 void DeviceForward::read_kv(const KvCache& kv, int64_t p0, int64_t p1, const KvRows& take) {
   std::lock_guard lock(mu_);
-  refuse_split_kv("reading a session's KV back (the prefix cache, saving a session)");
   EBB_CHECK(0 <= p0 && p0 <= p1 && p1 <= kv.n_tokens());
   if (p0 == p1) return;
   const auto it = kv_.find(&kv);
@@ -92,7 +85,6 @@ void DeviceForward::read_kv(const KvCache& kv, int64_t p0, int64_t p1, const KvR
 
 void DeviceForward::write_kv(KvCache& kv, int64_t p0, int64_t p1, const KvRows& fill) {
   std::lock_guard lock(mu_);
-  refuse_split_kv("writing a session's KV (the prefix cache, loading a session)");
   EBB_CHECK(0 <= p0 && p0 <= p1 && p1 <= kv.options().max_tokens);
   if (p0 == p1) return;
   transfer_kv(kv_for(kv, p1), p0, p1, true, fill);
@@ -114,7 +106,6 @@ void DeviceForward::write_kv(KvCache& kv, int64_t p0, int64_t p1, const uint16_t
 
 void DeviceForward::copy_kv(const KvCache& src, KvCache& dst, int64_t n) {
   std::lock_guard lock(mu_);
-  refuse_split_kv("forking a session's KV (n > 1)");
   EBB_CHECK(&src != &dst && 0 <= n && n <= src.n_tokens() && n <= dst.options().max_tokens);
   if (n == 0) return;
   const auto it = kv_.find(&src);
@@ -125,7 +116,7 @@ void DeviceForward::copy_kv(const KvCache& src, KvCache& dst, int64_t n) {
   const uint64_t bytes = static_cast<uint64_t>(n * cfg_.kv_dim()) * 2;
   BackendStream& str = *stream_;
   try {
-    for (int l = 0; l < model_.n_layers(); ++l) {
+    for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {  // a split's CPU layers: the host cache's
       str.copy({{s.k[l].get(), 0}, {d.k[l].get(), 0}, bytes});
       str.copy({{s.v[l].get(), 0}, {d.v[l].get(), 0}, bytes});
     }
@@ -142,19 +133,25 @@ void DeviceForward::copy_kv(const KvCache& src, KvCache& dst, int64_t n) {
 
 std::vector<std::vector<KvChunkHandle>> download_kv_chunks(DeviceForward& dev, const KvCache& kv, int64_t c0,
                                                            int64_t c1, KvPool& pool) {
-  const int64_t cs = kv.options().chunk_size, nl = kv.shape().n_layer;
+  const int64_t cs = kv.options().chunk_size, nl = kv.shape().n_layer, nh = kv.n_host_layers();
   const int64_t kvd = kv.shape().n_kv_heads * kv.shape().head_dim;
   EBB_CHECK(0 <= c0 && c0 <= c1 && c1 * cs <= kv.n_tokens());
+  EBB_CHECK(nh == dev.first_layer());
   std::vector<std::vector<KvChunkHandle>> out;
   if (c0 == c1) return out;
-  std::vector<int32_t> layers;
+  std::vector<int32_t> layers;  // the device layers' chunks are new
   for (int64_t c = c0; c < c1; ++c)
-    for (int64_t l = 0; l < nl; ++l) layers.push_back(static_cast<int32_t>(l));
+    for (int64_t l = nh; l < nl; ++l) layers.push_back(static_cast<int32_t>(l));
   std::vector<KvChunkHandle> fresh = pool.create(layers, cs, DType::kF16);
   size_t next = 0;
   for (int64_t c = c0; c < c1; ++c) {
     std::vector<KvChunkHandle>& ch = out.emplace_back();
-    for (int64_t l = 0; l < nl; ++l) {
+    // A split's CPU layers: the host cache's own (full) chunks, shared.
+    for (int64_t l = 0; l < nh; ++l) {
+      EBB_CHECK(kv.chunk(l, c).rows >= cs);
+      ch.push_back(kv.handle(l, c));
+    }
+    for (int64_t l = nh; l < nl; ++l) {
       fresh[next]->rows = cs;
       ch.push_back(std::move(fresh[next++]));
     }
@@ -173,13 +170,14 @@ std::vector<std::vector<KvChunkHandle>> download_kv_chunks(DeviceForward& dev, c
 }
 
 void upload_kv_chunks(DeviceForward& dev, KvCache& kv, int64_t c0, std::span<const std::vector<KvChunkHandle>> chunks) {
-  const int64_t cs = kv.options().chunk_size, nl = kv.shape().n_layer;
+  const int64_t cs = kv.options().chunk_size, nl = kv.shape().n_layer, nh = kv.n_host_layers();
   const int64_t kvd = kv.shape().n_kv_heads * kv.shape().head_dim;
+  EBB_CHECK(nh == dev.first_layer());
   if (chunks.empty()) return;
   const int64_t nc = static_cast<int64_t>(chunks.size());
   for (int64_t c = 0; c < nc; ++c) {
     EBB_CHECK(static_cast<int64_t>(chunks[c].size()) == nl);
-    for (int64_t l = 0; l < nl; ++l) {
+    for (int64_t l = nh; l < nl; ++l) {  // a split's CPU layers are the host cache's (KvCache::adopt)
       const KvChunk& h = *chunks[c][l];
       if (h.chunk_size != cs || h.type != DType::kF16 || h.rows < cs)
         throw Error("a KV chunk of " + std::to_string(h.chunk_size) + " tokens (" + std::to_string(h.rows) +

@@ -164,14 +164,6 @@ Engine::Engine(const EngineOptions& opts)
     mmap_weights_ = std::make_unique<MmapWeights>(*model_, alloc_);
     weight_source_ = mmap_weights_.get();
   }
-  if (opts_.prefix_cache && device_ && device_->first_layer() > 0) {  // its chunks move whole-device only
-    if (!opts_.prefix_cache_where_supported || !opts_.cache_dir.empty()) {
-      throw Error("the prefix cache on a split of the layers between " + device_->device().id +
-                  " and the CPU is not supported yet: run every layer on the device (-ngl " +
-                  std::to_string(model_->n_layers()) + ") or on the CPU (-ngl 0)");
-    }
-    opts_.prefix_cache = false;
-  }
   if (!opts_.cache_dir.empty() && !opts_.prefix_cache) {
     throw Error("a KV cache directory needs the prefix cache (it is the cache's persistent tier)");
   }

@@ -79,10 +79,6 @@ struct EngineOptions {
   // The prefix cache: sessions reuse the KV of cached prefixes (same
   // namespace, adapters and tokens) instead of recomputing it.
   bool prefix_cache = false;
-  // With prefix_cache: an engine that cannot hold one (a split of the layers
-  // between a device and the CPU) runs without instead of refusing (ebb
-  // serve's default; Engine::prefix_cache() is then null).
-  bool prefix_cache_where_supported = false;
   PrefixCacheOptions prefix_cache_opts;
   // The prefix cache's persistent tier ("": none): full chunks are written
   // there and read back by a later process (needs prefix_cache).
