@@ -1,5 +1,6 @@
-// DeviceForward's KV transfers (declared in device_forward.h) and the
-// host-side helpers of device_kv.h.
+// DeviceForward's KV transfers (declared in device_forward.h), parking a
+// session's device KV on the host (evict) and back, and the host-side
+// helpers of device_kv.h.
 #include "runtime/device_kv.h"
 
 #include <algorithm>
@@ -73,6 +74,47 @@ void DeviceForward::transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device
   }
 }
 
+void DeviceForward::park(SeqKv& s, int64_t n) {
+  if (s.is_parked || s.cap_chunks == 0) return;
+  const int64_t l0 = opts_.first_layer, nd = model_.n_layers() - l0;
+  const uint64_t row = static_cast<uint64_t>(cfg_.kv_dim()) * 2;
+  Buffer host;
+  if (n > 0) {
+    host = alloc_.allocate(2 * static_cast<uint64_t>(nd * n) * row, MemCategory::kKvCache);
+    uint8_t* base = host.as<uint8_t>();
+    transfer_kv(s, 0, n, false, [&](int64_t l, bool v, int64_t p, int64_t m, uint16_t* rows) {
+      std::memcpy(base + ((2 * (l - l0) + (v ? 1 : 0)) * n + p) * row, rows, m * row);
+    });
+  }
+  s.parked = std::move(host);
+  s.parked_tokens = n;
+  s.is_parked = true;
+  for (auto* side : {&s.k, &s.v})
+    for (auto& b : *side) b.reset();
+  s.table.reset();  // cap_chunks stays: unpark() takes the same capacity again
+}
+
+void DeviceForward::unpark(SeqKv& s) {
+  if (!s.is_parked) return;
+  const int64_t l0 = opts_.first_layer, n = s.parked_tokens;
+  const uint64_t row = static_cast<uint64_t>(cfg_.kv_dim()) * 2;
+  const uint64_t bytes = static_cast<uint64_t>(s.cap_chunks * s.chunk_size) * row;
+  // A failure (device memory) leaves the session parked; what was taken is kept for the next try.
+  for (int l = opts_.first_layer; l < model_.n_layers(); ++l)
+    for (auto* side : {&s.k, &s.v})
+      if (!(*side)[l]) (*side)[l] = be_.alloc(bytes, MemoryPlace::kDevice);
+  if (!s.table) make_table(s, s.cap_chunks);
+  if (n > 0) {
+    const uint8_t* base = s.parked.as<uint8_t>();
+    transfer_kv(s, 0, n, true, [&](int64_t l, bool v, int64_t p, int64_t m, uint16_t* rows) {
+      std::memcpy(rows, base + ((2 * (l - l0) + (v ? 1 : 0)) * n + p) * row, m * row);
+    });
+  }
+  s.parked = Buffer{};
+  s.parked_tokens = 0;
+  s.is_parked = false;
+}
+
 void DeviceForward::read_kv(const KvCache& kv, int64_t p0, int64_t p1, const KvRows& take) {
   std::lock_guard lock(mu_);
   EBB_CHECK(0 <= p0 && p0 <= p1 && p1 <= kv.n_tokens());
@@ -80,6 +122,7 @@ void DeviceForward::read_kv(const KvCache& kv, int64_t p0, int64_t p1, const KvR
   const auto it = kv_.find(&kv);
   EBB_CHECK_MSG(it != kv_.end() && it->second.cap_chunks * it->second.chunk_size >= p1,
                 "read_kv: the device holds fewer positions than the cache says");
+  unpark(it->second);
   transfer_kv(it->second, p0, p1, false, take);
 }
 
@@ -111,6 +154,7 @@ void DeviceForward::copy_kv(const KvCache& src, KvCache& dst, int64_t n) {
   const auto it = kv_.find(&src);
   EBB_CHECK_MSG(it != kv_.end() && it->second.cap_chunks * it->second.chunk_size >= n,
                 "copy_kv: the device holds fewer positions than the cache says");
+  unpark(it->second);
   const SeqKv& s = it->second;
   SeqKv& d = kv_for(dst, n);  // std::map: s stays valid
   const uint64_t bytes = static_cast<uint64_t>(n * cfg_.kv_dim()) * 2;

@@ -180,9 +180,10 @@ Engine::Engine(const EngineOptions& opts)
 
 EvictReport Engine::evict(uint64_t bytes) {
   if (device_) {
-    // On a device: whole layers' weights leave device memory, then a split's
-    // CPU layers leave the host (the sessions' KV stays, on both sides, for
-    // now); the next step or restore() brings them back.
+    // On a device: whole layers' weights leave device memory, then the
+    // sessions' device KV (parked on the host), then a split's CPU layers
+    // leave the host (a split's CPU layers' KV stays in the host cache); the
+    // next step or restore() brings them back.
     const Stopwatch sw;
     const DeviceForward::Evicted d = device_->evict(bytes);
     EvictReport r;
@@ -190,7 +191,9 @@ EvictReport Engine::evict(uint64_t bytes) {
     r.freed = d.freed + d.host_freed;
     r.weights_dropped = d.layers + d.host_layers;
     r.seconds = sw.seconds();
-    r.note = device_->device().id + ": weight layers only (the KV stays where it is)";
+    r.note = device_->device().id + ": " + std::to_string(d.layers) + " weight layers, the device KV of " +
+             std::to_string(d.kv_sessions) + " sessions read back to the host (" + std::to_string(d.kv_freed) +
+             " device bytes)";
     return r;
   }
   if (!elastic_) throw Error("elastic memory is off (budget mode); nothing can be evicted");
