@@ -408,6 +408,9 @@ TEST(VulkanKv, EvictParksLiveSessionsKvAndTheirNextStepsBringItBack) {
     const uint64_t rows = static_cast<uint64_t>(2 * nl * (pa.size() + pb.size()) * kvd) * 2;
     EXPECT_EQ(gpu.footprint().device->kv_parked, rows);
     EXPECT_EQ(gpu.ledger().total() - host_held, static_cast<int64_t>(rows)) << "the host holds the rows, exactly";
+    EXPECT_EQ(gpu.footprint().kv_parked, rows);
+    EXPECT_EQ(static_cast<int64_t>(gpu.footprint().total()) - static_cast<int64_t>(f.total()),
+              gpu.ledger().total() - host_held) << "the host footprint counts them";
     EXPECT_NE(r.note.find("2 sessions"), std::string::npos) << r.note;
     // a's next step: its KV goes up, b's stays parked.
     EXPECT_LE(nmse(a.feed({&next[0], 1}), ref_a[0]), 1e-12);

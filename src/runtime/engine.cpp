@@ -290,6 +290,7 @@ Footprint Engine::footprint() const {
   }
   if (device_) {
     f.device = device_->footprint();
+    f.kv_parked = f.device->kv_parked;
     // A split's CPU layers that evict() dropped: the GGUF backs them.
     for (int l = 0; l < device_->first_layer(); ++l)
       if (!model_->layer_unit(l).resident()) f.weights_stored += model_->layer_unit(l).bytes();

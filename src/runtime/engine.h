@@ -103,13 +103,15 @@ struct Footprint {
   uint64_t adapters = 0;                    // LoRA adapter tensors (every version still held)
   uint64_t adapters_stored = 0;             // evicted adapter versions (backed by their files, not in RAM)
   uint64_t training = 0;                    // a trainer's activations, gradients and optimizer state
+  uint64_t kv_parked = 0;                   // a device's session KV that evict() read back to the host (RAM)
   // What a compute device holds (the engine runs there): its weights, KV and
   // scratch, apart from the host bytes above. Empty on the CPU.
   std::optional<DeviceFootprint> device;
   uint64_t weights() const;
   uint64_t kv() const;
   uint64_t total() const {
-    return weights() + globals + kv() + kv_spare + scratch + compressed + io_buffers + adapters + training;
+    return weights() + globals + kv() + kv_spare + scratch + compressed + io_buffers + adapters + training +
+           kv_parked;
   }
 };
 
