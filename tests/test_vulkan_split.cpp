@@ -568,5 +568,41 @@ TEST(VulkanSplitCli, NglSplitsAndAutoFitsTheBudget) {
   EXPECT_NE(r.err.find("or auto"), std::string::npos) << r.err;
 }
 
+// The KV of a split on the command line: `ebb run -ngl 2 --cache-dir DIR`
+// run twice gives the CPU's text both times, and the second run takes the
+// prompt's whole chunks from DIR (its summary's "prompt N tok" counts only
+// the rest); `ebb chat`'s /save on a split loads on the CPU with the same
+// next turn.
+TEST(VulkanSplitCli, CacheDirAndSessionFilesOnASplit) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vksplitcli");
+  const std::string run = "run -m " + test::model_path("stories260K.gguf") +
+                          " -p 'Once upon a time there was a little girl named Lily' --temp 0 -n 4 --threads 1 ";
+  const test::CliResult cpu = run_cli(run);
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  auto prompt_run = [](const std::string& err) {
+    const size_t at = err.find("| prompt ");
+    return at == std::string::npos ? -1 : std::stoi(err.substr(at + 9));
+  };
+  std::vector<int> ran;
+  for (int i = 0; i < 2; ++i) {
+    const test::CliResult r = run_cli(run + "-ngl 2 --kv-chunk 4 --cache-dir " + dir.file("kv"));
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out, cpu.out);
+    ran.push_back(prompt_run(r.err));
+  }
+  EXPECT_GT(ran[0], 8);
+  EXPECT_EQ(ran[1], ran[0] - (ran[0] - 1) / 4 * 4) << "the second run takes the whole chunks from the directory";
+  const std::string chat = "chat -m " + test::model_path("stories260K.gguf") + " --temp 0 -n 8 --threads 1 --quiet";
+  const test::CliResult saved = run_cli(chat + " -ngl 2", "Lily and the cat\n/save " + dir.file("s.bin") + "\n");
+  ASSERT_EQ(saved.status, 0) << saved.err;
+  const std::string turn = "/load " + dir.file("s.bin") + "\nThe dog\n";
+  const test::CliResult on_cpu = run_cli(chat, turn), on_split = run_cli(chat + " -ngl 2", turn);
+  ASSERT_EQ(on_cpu.status, 0) << on_cpu.err;
+  ASSERT_EQ(on_split.status, 0) << on_split.err;
+  EXPECT_FALSE(on_cpu.out.empty());
+  EXPECT_EQ(on_split.out, on_cpu.out);
+}
+
 }  // namespace
 }  // namespace ebb
