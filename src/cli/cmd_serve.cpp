@@ -260,7 +260,6 @@ int serve(ServeArgs& a) {
   // Conversations reuse their KV across requests through the prefix cache
   // (on a device too: its chunks are kept on the host, runtime/device_kv.h).
   a.model.prefix_cache = true;
-  a.model.prefix_cache_where_supported = true;
   a.model.quiet = a.model.quiet || a.quiet;  // --quiet: no load progress or notes either
   std::unique_ptr<Engine> engine = make_engine(a.model);
   if (!engine->prefix_cache() && engine->device() && !a.model.quiet)
