@@ -262,9 +262,6 @@ int serve(ServeArgs& a) {
   a.model.prefix_cache = true;
   a.model.quiet = a.model.quiet || a.quiet;  // --quiet: no load progress or notes either
   std::unique_ptr<Engine> engine = make_engine(a.model);
-  if (!engine->prefix_cache() && engine->device() && !a.model.quiet)
-    std::fprintf(stderr, "note: the prefix cache is not supported yet on a split of the layers between %s and the "
-                         "CPU: off (each request runs its whole prompt)\n", engine->device()->device().id.c_str());
   SessionOptions sopts = session_options(a.model);
   int64_t n_ctx = 0;
   {
