@@ -1,7 +1,8 @@
 // ebb serve on a Vulkan device (--device vulkan): completions give the CPU
 // server's greedy text, /v1/memory says what the device holds, several
 // choices of one prompt (its KV copied on the device) and cached prompt
-// tokens (the prefix cache's chunks kept on the host, runtime/device_kv.h).
+// tokens (the prefix cache's chunks kept on the host, runtime/device_kv.h),
+// wholly on the device and on a split of the layers.
 // Skips without a Vulkan device unless EBB_TEST_REQUIRE_VULKAN=1.
 #include <gtest/gtest.h>
 
@@ -65,6 +66,35 @@ TEST(ServeVulkan, CompletionsMemoryChoicesAndCachedTokens) {
   const int64_t cached = r1.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
   EXPECT_GE(cached, 16) << r1.raw;
   EXPECT_LT(cached, r1.body["usage"]["prompt_tokens"].get<int64_t>());
+}
+
+// On a split (-ngl 2 of stories260K's 5 layers: the first 3 on the CPU):
+// several choices of one prompt (the CPU layers' KV shared, the device
+// layers' copied on the device) and cached prompt tokens (the prefix cache
+// on, its chunks holding both sides' rows), with the CPU server's text.
+TEST(ServeVulkan, OnASplitChoicesAndCachedTokens) {
+  EBB_REQUIRE_VULKAN(be);
+  test::ServerProcess cpu({}), split({"-ngl", "2"});
+  ASSERT_GT(cpu.port(), 0) << cpu.first_line();
+  ASSERT_GT(split.port(), 0) << split.first_line() << split.err();
+  auto cc = test::client(cpu.port()), sc = test::client(split.port());
+  const std::string text =
+      "Once upon a time there was a little girl named Lily who loved to play in the park with her friends every day.";
+  const json story = {{"prompt", text}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+  json two = story;
+  two["n"] = 2;
+  const test::Reply r2 = test::post(*sc, "/v1/completions", two);
+  ASSERT_EQ(r2.status, 200) << r2.raw;
+  ASSERT_EQ(r2.body["choices"].size(), 2u) << r2.raw;
+  EXPECT_EQ(r2.body["choices"][0]["text"], r2.body["choices"][1]["text"]);
+  const test::Reply r1 = test::post(*sc, "/v1/completions", story);
+  ASSERT_EQ(r1.status, 200) << r1.raw;
+  EXPECT_EQ(r1.body["choices"][0]["text"], r2.body["choices"][0]["text"]);
+  EXPECT_EQ(r1.body["choices"][0]["text"], test::post(*cc, "/v1/completions", story).body["choices"][0]["text"]);
+  const int64_t cached = r1.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  EXPECT_GE(cached, 16) << r1.raw;
+  EXPECT_LT(cached, r1.body["usage"]["prompt_tokens"].get<int64_t>());
+  EXPECT_EQ(split.err().find("prefix cache is not supported"), std::string::npos) << split.err();
 }
 
 // A random rank-4 adapter for stories260K whose greedy answers differ from the base model's.

@@ -246,10 +246,11 @@ TEST(VulkanEngineMemory, LedgerReturnsToWhereItWas) {
   EXPECT_EQ(after.n_slabs, before.n_slabs);
 }
 
-// Elastic memory on the device, weights: evict() gives back whole layers'
-// device buffers (the ledger's delta is what it reports), a step after it
-// uploads them again and computes the same logits, and restore() brings the
-// ledger back to exactly where it was.
+// Elastic memory on the device: evict() gives back whole layers' device
+// buffers, then the session's KV (read back to the host: the host ledger
+// grows by its rows, exactly; the ledger's delta is what it reports), a
+// step after it uploads them again and computes the same logits, and
+// restore() brings both ledgers back to exactly where they were.
 TEST(VulkanEngineMemory, EvictRestoreGenerate) {
   EBB_REQUIRE_VULKAN(be);
   Engine gpu(device_options("tiny-llama-f16", be));
@@ -268,13 +269,18 @@ TEST(VulkanEngineMemory, EvictRestoreGenerate) {
   EXPECT_EQ(r.freed, held.buffer_bytes - be->ledger(MemoryPlace::kDevice).buffer_bytes);
   EXPECT_GE(r.freed, f.device->weights_per_layer.back());
   EXPECT_EQ(gpu.footprint().device->weights_per_layer.back(), 0u);
-  // All of them; the KV stays.
+  EXPECT_EQ(gpu.footprint().device->kv, f.device->kv) << "the weights gave enough";
+  // All of them, then the KV: K and V of every layer and the chunk table leave the device.
   r = gpu.evict(UINT64_MAX);
   EXPECT_EQ(r.weights_dropped, nl - 1);
   EXPECT_EQ(gpu.footprint().device->weights(), 0u);
-  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, held.n_buffers - nl);
-  EXPECT_GE(held.buffer_bytes - be->ledger(MemoryPlace::kDevice).buffer_bytes, f.device->weights());
-  EXPECT_EQ(gpu.footprint().device->kv, f.device->kv);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, held.n_buffers - nl - (2 * nl + 1));
+  EXPECT_GE(held.buffer_bytes - be->ledger(MemoryPlace::kDevice).buffer_bytes, f.device->weights() + f.device->kv);
+  EXPECT_EQ(gpu.footprint().device->kv, 0u);
+  EXPECT_EQ(gpu.device()->n_parked(), 1);
+  const uint64_t rows = static_cast<uint64_t>(2 * nl * s.n_processed() * gpu.config().kv_dim()) * 2;
+  EXPECT_EQ(gpu.footprint().device->kv_parked, rows) << "the positions held, K and V of every layer, F16";
+  EXPECT_EQ(gpu.ledger().total() - host_before, static_cast<int64_t>(rows));
   // restore(): the device ledger exactly as it was, the host's too (its
   // transient copies of the layers are freed).
   const RestoreReport rr = gpu.restore();
@@ -282,6 +288,9 @@ TEST(VulkanEngineMemory, EvictRestoreGenerate) {
   EXPECT_EQ(be->ledger(MemoryPlace::kDevice).buffer_bytes, held.buffer_bytes);
   EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, held.n_buffers);
   EXPECT_EQ(gpu.footprint().device->weights(), f.device->weights());
+  EXPECT_EQ(gpu.footprint().device->kv, f.device->kv);
+  EXPECT_EQ(gpu.footprint().device->kv_parked, 0u);
+  EXPECT_EQ(gpu.device()->n_parked(), 0);
   EXPECT_EQ(gpu.ledger().total(), host_before);
   // Evicted again, a step uploads the layers first and computes what it did.
   gpu.evict(UINT64_MAX);
@@ -289,8 +298,10 @@ TEST(VulkanEngineMemory, EvictRestoreGenerate) {
     Session t(gpu);
     EXPECT_LE(nmse(t.feed(prompt), first), 0.0);
     EXPECT_EQ(gpu.footprint().device->weights(), f.device->weights());
-    // The first session continues on them as a fresh one runs it all.
+    EXPECT_EQ(gpu.device()->n_parked(), 1) << "the first session's KV waits for its own step";
+    // The first session continues on them (its KV uploaded first) as a fresh one runs it all.
     const std::span<const float> l1 = s.feed({&next, 1});
+    EXPECT_EQ(gpu.device()->n_parked(), 0);
     std::vector<int32_t> longer = prompt;
     longer.push_back(next);
     Session u(gpu);

@@ -4,7 +4,9 @@
 // share; the persistent tier across engines), forks copied on the device
 // (two continuations each equal an unforked run), session files saved on
 // the device and loaded on the CPU and the reverse, and the device ledger
-// back where it was once the sessions and the engine are gone (serve's
+// back where it was once the sessions and the engine are gone, and the
+// device KV of live sessions parked on the host by evict() and brought back
+// by their next steps (serve's
 // n > 1 and cached tokens on a device: test_serve_vulkan.cpp). Skips without a Vulkan device
 // unless EBB_TEST_REQUIRE_VULKAN=1 (vulkan_support.h).
 #include <gtest/gtest.h>
@@ -359,6 +361,84 @@ TEST(VulkanKv, SaveOnTheDeviceLoadOnTheCpuAndTheReverse) {
   }
   EXPECT_EQ(gpu.footprint().device->kv, kv_before);
   EXPECT_EQ(e.n_processed(), static_cast<int64_t>(longer.size()));
+}
+
+// KV eviction on the device: evict(everything) with two live sessions
+// gives back the weights and both sessions' device KV (read back to the
+// host, exactly their rows); each session's next step brings its own KV
+// back (the other stays parked) and its logits equal those of the same
+// steps on an engine never evicted; a fork of a parked session and a
+// session file saved from one read the KV back first; once the sessions go,
+// both ledgers are where they were.
+TEST(VulkanKv, EvictParksLiveSessionsKvAndTheirNextStepsBringItBack) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vkkv");
+  const std::vector<int32_t> all = long_tokens();
+  const std::vector<int32_t> pa(all.begin(), all.begin() + 9), pb(all.begin() + 2, all.begin() + 7);
+  const std::vector<int32_t> next = {all[9], all[10], all[11]};
+  // The reference: the same sessions and steps, never evicted.
+  std::vector<std::vector<float>> ref_a, ref_b;
+  {
+    Engine ref(device_options("stories260K", be));
+    Session a(ref, chunked()), b(ref, chunked());
+    a.feed(pa);
+    b.feed(pb);
+    for (const int32_t t : next) {
+      ref_a.push_back(copy(a.feed({&t, 1})));
+      ref_b.push_back(copy(b.feed({&t, 1})));
+    }
+  }
+  Engine gpu(device_options("stories260K", be));
+  const int64_t nl = gpu.config().n_layer, kvd = gpu.config().kv_dim();
+  const MemoryLedger loaded = be->ledger(MemoryPlace::kDevice);
+  const int64_t host0 = gpu.ledger().total();
+  {
+    Session a(gpu, chunked()), b(gpu, chunked());
+    a.feed(pa);
+    b.feed(pb);
+    const Footprint f = gpu.footprint();
+    ASSERT_GT(f.device->kv, 0u);
+    const MemoryLedger held = be->ledger(MemoryPlace::kDevice);
+    const int64_t host_held = gpu.ledger().total();
+    const EvictReport r = gpu.evict(UINT64_MAX);
+    EXPECT_EQ(r.freed, held.buffer_bytes - be->ledger(MemoryPlace::kDevice).buffer_bytes);
+    EXPECT_GE(r.freed, f.device->weights() + f.device->kv) << "the device's bytes fall by the weights' and the KV's";
+    EXPECT_EQ(gpu.footprint().device->kv, 0u);
+    EXPECT_EQ(gpu.device()->n_parked(), 2);
+    const uint64_t rows = static_cast<uint64_t>(2 * nl * (pa.size() + pb.size()) * kvd) * 2;
+    EXPECT_EQ(gpu.footprint().device->kv_parked, rows);
+    EXPECT_EQ(gpu.ledger().total() - host_held, static_cast<int64_t>(rows)) << "the host holds the rows, exactly";
+    EXPECT_EQ(gpu.footprint().kv_parked, rows);
+    EXPECT_EQ(static_cast<int64_t>(gpu.footprint().total()) - static_cast<int64_t>(f.total()),
+              gpu.ledger().total() - host_held) << "the host footprint counts them";
+    EXPECT_NE(r.note.find("2 sessions"), std::string::npos) << r.note;
+    // a's next step: its KV goes up, b's stays parked.
+    EXPECT_LE(nmse(a.feed({&next[0], 1}), ref_a[0]), 1e-12);
+    EXPECT_EQ(gpu.device()->n_parked(), 1);
+    EXPECT_EQ(a.tokens_run(), static_cast<int64_t>(pa.size()) + 1) << "nothing recomputed";
+    for (size_t i = 0; i < next.size(); ++i) EXPECT_LE(nmse(b.feed({&next[i], 1}), ref_b[i]), 1e-12) << i;
+    EXPECT_EQ(gpu.device()->n_parked(), 0);
+    for (size_t i = 1; i < next.size(); ++i) EXPECT_LE(nmse(a.feed({&next[i], 1}), ref_a[i]), 1e-12) << i;
+    // Parked again: a fork and a save read the KV back first.
+    gpu.evict(UINT64_MAX);
+    EXPECT_EQ(gpu.device()->n_parked(), 2);
+    Session c(gpu, chunked());
+    c.fork_from(a, static_cast<int64_t>(pa.size()));
+    EXPECT_LE(nmse(c.feed(next), ref_a.back()), 1e-12);
+    b.save(dir.file("b.ebbs"));
+    EXPECT_EQ(gpu.device()->n_parked(), 0);
+    Session d(gpu);
+    d.load(dir.file("b.ebbs"));
+    EXPECT_EQ(d.n_processed(), b.n_processed());
+    // Parked sessions that go away take their host rows with them.
+    gpu.evict(UINT64_MAX);
+  }
+  EXPECT_EQ(gpu.device()->n_parked(), 0);
+  EXPECT_EQ(gpu.footprint().device->kv_parked, 0u);
+  gpu.restore();
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).buffer_bytes, loaded.buffer_bytes);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, loaded.n_buffers);
+  EXPECT_EQ(gpu.ledger().total(), host0);
 }
 
 // Every device byte comes back: sessions that published, reused, forked,

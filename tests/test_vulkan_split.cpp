@@ -4,7 +4,10 @@
 // memory budget. Against ebb's CPU engine and the all-device engine on the
 // same model files: a prefill, decode steps and a step of two sessions; the
 // footprint split between host and device; auto picking the layers a budget
-// fits; evict -> restore -> generate on both sides; the command line.
+// fits; evict -> restore -> generate on both sides; the KV of a split
+// meeting the host (the prefix cache and its persistent tier, forks, session
+// files saved on a split and loaded on the CPU and the reverse); the command
+// line.
 // Skips without a Vulkan device unless EBB_TEST_REQUIRE_VULKAN=1.
 #include <gtest/gtest.h>
 
@@ -15,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/prefix_cache.h"
 #include "platform/error.h"
 #include "runtime/batch.h"
 #include "runtime/device_plan.h"
@@ -248,9 +252,10 @@ TEST(VulkanSplitMemory, AutoPicksTheLayersTheBudgetFits) {
 }
 
 // Elastic memory on a split engine: evict() drops the device's layers (the
-// last first), then the CPU's; restore() brings both back with both ledgers
-// exactly where they were; the next step after an eviction restores first
-// and computes the same logits.
+// last first), then the session's device KV (read back to the host), then
+// the CPU's layers (the CPU layers' KV stays in the host cache); restore()
+// brings all back with both ledgers exactly where they were; the next step
+// after an eviction restores first and computes the same logits.
 TEST(VulkanSplitMemory, EvictRestoreGenerate) {
   EBB_REQUIRE_VULKAN(be);
   Engine e(device_options("tiny-llama-f16", be, 2));
@@ -272,11 +277,16 @@ TEST(VulkanSplitMemory, EvictRestoreGenerate) {
   EXPECT_EQ(e.footprint().device->weights(), 0u);
   EXPECT_EQ(e.footprint().weights(), 0u);
   EXPECT_EQ(e.footprint().weights_stored, f.weights()) << "the CPU's dropped layers, backed by the GGUF";
-  // What it reports: the device ledger's delta and the CPU layers' host bytes (the host ledger's delta).
+  // What it reports: the device ledger's delta (the device KV's bytes
+  // among them) and the CPU layers' host bytes; the host ledger gives those
+  // back and takes the device layers' KV rows, parked.
   EXPECT_EQ(r.freed, (dev_after_one - be->ledger(MemoryPlace::kDevice).buffer_bytes) + f.weights());
-  EXPECT_EQ(host_held - e.ledger().total(), static_cast<int64_t>(f.weights()));
-  EXPECT_EQ(e.footprint().device->kv, f.device->kv) << "the KV stays";
-  EXPECT_EQ(e.footprint().kv(), f.kv());
+  EXPECT_GE(held.buffer_bytes - be->ledger(MemoryPlace::kDevice).buffer_bytes, f.device->weights() + f.device->kv);
+  const uint64_t parked = static_cast<uint64_t>(2 * 2 * s.n_processed() * e.config().kv_dim()) * 2;  // 2 device layers
+  EXPECT_EQ(e.footprint().device->kv, 0u);
+  EXPECT_EQ(e.footprint().device->kv_parked, parked);
+  EXPECT_EQ(host_held - e.ledger().total(), static_cast<int64_t>(f.weights()) - static_cast<int64_t>(parked));
+  EXPECT_EQ(e.footprint().kv(), f.kv()) << "the CPU layers' KV stays in the host cache";
   const RestoreReport rr = e.restore();
   EXPECT_EQ(rr.weights_loaded, nl);
   EXPECT_EQ(be->ledger(MemoryPlace::kDevice).buffer_bytes, held.buffer_bytes);
@@ -284,6 +294,8 @@ TEST(VulkanSplitMemory, EvictRestoreGenerate) {
   EXPECT_EQ(e.ledger().total(), host_held);
   EXPECT_EQ(e.footprint().weights(), f.weights());
   EXPECT_EQ(e.footprint().device->weights(), f.device->weights());
+  EXPECT_EQ(e.footprint().device->kv, f.device->kv);
+  EXPECT_EQ(e.footprint().device->kv_parked, 0u);
   EXPECT_EQ(e.footprint().weights_stored, 0u);
   // Evicted again: the next step brings both sides back first.
   e.evict(UINT64_MAX);
@@ -301,6 +313,213 @@ TEST(VulkanSplitMemory, EvictRestoreGenerate) {
   EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, held.n_buffers);
   EXPECT_EQ(e.ledger().total(), host_held);
   EXPECT_EQ(e.footprint().weights(), host_layer_bytes(e, first));
+}
+
+// ---- the KV of a split meets the host (runtime/device_kv.h) ----
+// stories260K (5 layers) at -ngl 2: layers 0-2 keep their KV in the host
+// cache's chunks, layers 3-4 on the device; chunks of 4 tokens.
+
+constexpr int kKvNgl = 2;
+
+EngineOptions split_kv_options(Backend* be, bool prefix_cache = false) {
+  EngineOptions eo = device_options("stories260K", be, kKvNgl);
+  eo.prefix_cache = prefix_cache;
+  return eo;
+}
+
+// stories260K's first golden prompt and its greedy continuation: 13 tokens or more.
+std::vector<int32_t> long_tokens() {
+  const std::vector<test::GoldenCase> golden = test::load_golden("stories260K");
+  std::vector<int32_t> all = golden[0].prompt_tokens;
+  for (int32_t t : golden[0].greedy_tokens) all.push_back(t);
+  return all;
+}
+
+SessionOptions chunked(int64_t chunk = 4) {
+  SessionOptions so;
+  so.kv_chunk_size = chunk;
+  return so;
+}
+
+// A prefix published by one session on a split (the CPU layers' chunks
+// shared, the device layers' read back) is taken by another (the CPU
+// layers' chunks adopted, the device layers' uploaded; counted as reused,
+// not run): its logits equal a cold prefill's on the split and the CPU
+// engine's, after a decode step too.
+TEST(VulkanSplitKv, APrefixCachedOnASplitIsReusedByAnotherSession) {
+  EBB_REQUIRE_VULKAN(be);
+  const std::vector<int32_t> all = long_tokens();
+  ASSERT_GE(all.size(), 13u);
+  const std::vector<int32_t> toks(all.begin(), all.begin() + 13);
+  const std::vector<int32_t> first(all.begin(), all.begin() + 9);  // 2 whole chunks of 4
+  Engine split(split_kv_options(be, /*prefix_cache=*/true));
+  ASSERT_EQ(split.device()->first_layer(), split.model().n_layers() - kKvNgl);
+  PrefixCache* pc = split.prefix_cache();
+  ASSERT_NE(pc, nullptr) << "the prefix cache runs on a split";
+  Session a(split, chunked());
+  a.feed(first);
+  EXPECT_EQ(pc->stats().inserted_chunks, 2);
+  EXPECT_EQ(pc->covered(a.cache_key(), first), 8);
+  Session b(split, chunked());
+  const std::vector<float> lb = copy(b.feed(toks));
+  EXPECT_EQ(b.reused_tokens(), 8);
+  EXPECT_EQ(b.tokens_run(), 5);
+  EXPECT_EQ(pc->stats().inserted_chunks, 3) << "b's third chunk is published";
+  SessionOptions cold = chunked();
+  cold.use_prefix_cache = false;
+  Session c(split, cold);
+  const std::vector<float> lc = copy(c.feed(toks));
+  EXPECT_EQ(c.reused_tokens(), 0);
+  EXPECT_LE(nmse(lb, lc), 1e-9);
+  Engine cpu(cpu_options("stories260K"));
+  Session r(cpu, chunked());
+  const std::vector<float> lr = copy(r.feed(toks));
+  EXPECT_LE(nmse(lb, lr), 1e-5);
+  const int32_t next = argmax(lb);
+  const std::vector<float> nb = copy(b.feed({&next, 1}));
+  EXPECT_LE(nmse(nb, c.feed({&next, 1})), 1e-9);
+  EXPECT_LE(nmse(nb, r.feed({&next, 1})), 1e-5);
+  // The reused session's CPU layers hold the cache's chunks (shared), its
+  // device layers their own copy on the device.
+  EXPECT_GT(split.footprint().device->kv, 0u);
+  EXPECT_GT(split.footprint().kv(), 0u);
+}
+
+// The persistent tier on a split: chunks published by one engine are
+// written to the directory, and a second engine (another process's place)
+// reads them back from there, the CPU layers' into its host cache and the
+// device layers' up to the device.
+TEST(VulkanSplitKv, ThePersistentTierSurvivesAnEngineRestart) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vksplitkv");
+  const std::vector<int32_t> all = long_tokens();
+  const std::vector<int32_t> toks(all.begin(), all.begin() + 13);
+  std::vector<float> ref;
+  {
+    EngineOptions eo = split_kv_options(be, true);
+    eo.cache_dir = dir.path();
+    Engine e(eo);
+    Session a(e, chunked());
+    ref = copy(a.feed(toks));
+    EXPECT_EQ(a.reused_tokens(), 0);
+    EXPECT_EQ(e.prefix_cache()->stats().inserted_chunks, 3);
+  }
+  EngineOptions eo = split_kv_options(be, true);
+  eo.cache_dir = dir.path();
+  Engine e(eo);
+  Session b(e, chunked());
+  EXPECT_LE(nmse(b.feed(toks), ref), 1e-9);
+  EXPECT_EQ(b.reused_tokens(), 12);
+  EXPECT_EQ(b.tokens_run(), 1);
+  EXPECT_EQ(e.prefix_cache()->stats().read_from_store, 3);
+}
+
+// A fork on a split: the CPU layers' chunks shared copy-on-write, the device
+// layers' copied on the device. The fork and the original continue
+// differently, each equal to an unforked run; a fork before the end runs
+// the rest; the device's KV bytes go with the sessions.
+TEST(VulkanSplitKv, ForkThenTwoContinuationsEachEqualAnUnforkedRun) {
+  EBB_REQUIRE_VULKAN(be);
+  const std::vector<int32_t> all = long_tokens();
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 9);
+  const std::vector<int32_t> cont1 = {all[9], all[10]}, cont2 = {all[11]};
+  Engine e(split_kv_options(be));
+  const MemoryLedger loaded = be->ledger(MemoryPlace::kDevice);
+  {
+    Session a(e, chunked());
+    a.feed(prompt);
+    Session b(e, chunked());
+    b.fork_from(a, static_cast<int64_t>(prompt.size()));
+    ASSERT_TRUE(b.has_logits());
+    EXPECT_EQ(b.tokens(), a.tokens());
+    EXPECT_EQ(b.n_processed(), a.n_processed());
+    const std::vector<float> l1 = copy(b.feed(cont1));
+    const std::vector<float> l2 = copy(a.feed(cont2));
+    auto unforked = [&](const std::vector<int32_t>& tail) {
+      std::vector<int32_t> t = prompt;
+      t.insert(t.end(), tail.begin(), tail.end());
+      Session s(e, chunked());
+      return copy(s.feed(t));
+    };
+    EXPECT_LE(nmse(l1, unforked(cont1)), 1e-9);
+    EXPECT_LE(nmse(l2, unforked(cont2)), 1e-9);
+    EXPECT_GT(nmse(l1, l2), 1e-3) << "the two continuations differ";
+    Session c(e, chunked());
+    c.fork_from(a, 6);
+    EXPECT_FALSE(c.has_logits());
+    const std::vector<int32_t> rest(all.begin() + 6, all.begin() + 11);
+    const std::vector<float> l3 = copy(c.feed(rest));
+    EXPECT_EQ(c.tokens_run(), 5);
+    EXPECT_LE(nmse(l3, unforked(cont1)), 1e-9);
+  }
+  EXPECT_EQ(e.footprint().device->kv, 0u);
+  EXPECT_EQ(e.footprint().kv(), 0u);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).buffer_bytes, loaded.buffer_bytes);
+  EXPECT_EQ(be->ledger(MemoryPlace::kDevice).n_buffers, loaded.n_buffers);
+}
+
+// Session files on a split: the CPU layers' rows from the host cache, the
+// device layers' read back, in the CPU's file format. Saved on a split,
+// loaded on the CPU and on the whole device; saved on the CPU (F16 and F32
+// rows), loaded on a split: same tokens, only the new token run, and its
+// logits within F16 tolerance of a run on the loading side.
+TEST(VulkanSplitKv, SaveOnASplitLoadOnTheCpuAndTheReverse) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vksplitkv");
+  const std::vector<int32_t> all = long_tokens();
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 10);
+  const int32_t next = all[10];
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(next);
+  Engine cpu(cpu_options("stories260K"));
+  Engine split(split_kv_options(be));
+  std::vector<float> cpu_ref, split_ref;
+  {
+    Session s(cpu);
+    cpu_ref = copy(s.feed(longer));
+    Session t(split);
+    split_ref = copy(t.feed(longer));
+  }
+  // Split -> CPU, split -> split, split -> the whole device.
+  Session g(split, chunked());
+  g.feed(prompt);
+  g.save(dir.file("split.ebbs"));
+  Session c(cpu);
+  c.load(dir.file("split.ebbs"));
+  EXPECT_EQ(c.tokens(), prompt);
+  EXPECT_EQ(c.n_processed(), static_cast<int64_t>(prompt.size()));
+  EXPECT_LE(nmse(c.feed({&next, 1}), cpu_ref), 1e-5);
+  EXPECT_EQ(c.tokens_run(), 1) << "the KV came from the file";
+  Session h(split, chunked(8));
+  h.load(dir.file("split.ebbs"));
+  EXPECT_LE(nmse(h.feed({&next, 1}), split_ref), 1e-9);
+  EXPECT_EQ(h.tokens_run(), 1);
+  {
+    EngineOptions eo = cpu_options("stories260K");
+    eo.backend = be;
+    Engine whole(eo);
+    ASSERT_EQ(whole.device()->first_layer(), 0);
+    Session w(whole);
+    w.load(dir.file("split.ebbs"));
+    EXPECT_LE(nmse(w.feed({&next, 1}), split_ref), 1e-5);
+    EXPECT_EQ(w.tokens_run(), 1);
+  }
+  // CPU -> split (F16 and F32 files).
+  for (const DType type : {DType::kF16, DType::kF32}) {
+    SessionOptions so;
+    so.kv_type = type;
+    Session s(cpu, so);
+    s.feed(prompt);
+    const std::string f = dir.file(std::string("cpu_") + std::string(dtype_name(type)) + ".ebbs");
+    s.save(f);
+    Session d(split, chunked(8));
+    d.feed(std::vector<int32_t>{all[0], all[1], all[2]});  // something to replace
+    d.load(f);
+    EXPECT_EQ(d.tokens(), prompt);
+    EXPECT_EQ(d.n_processed(), static_cast<int64_t>(prompt.size()));
+    EXPECT_LE(nmse(d.feed({&next, 1}), split_ref), 1e-5) << dtype_name(type);
+    EXPECT_EQ(d.tokens_run(), 3 + 1) << "3 before the load, then the new token only";
+  }
 }
 
 // ---- the command line ----
@@ -347,6 +566,42 @@ TEST(VulkanSplitCli, NglSplitsAndAutoFitsTheBudget) {
   r = run_cli(m + "-ngl lots");
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_NE(r.err.find("or auto"), std::string::npos) << r.err;
+}
+
+// The KV of a split on the command line: `ebb run -ngl 2 --cache-dir DIR`
+// run twice gives the CPU's text both times, and the second run takes the
+// prompt's whole chunks from DIR (its summary's "prompt N tok" counts only
+// the rest); `ebb chat`'s /save on a split loads on the CPU with the same
+// next turn.
+TEST(VulkanSplitCli, CacheDirAndSessionFilesOnASplit) {
+  EBB_REQUIRE_VULKAN(be);
+  test::TempDir dir("ebb-vksplitcli");
+  const std::string run = "run -m " + test::model_path("stories260K.gguf") +
+                          " -p 'Once upon a time there was a little girl named Lily' --temp 0 -n 4 --threads 1 ";
+  const test::CliResult cpu = run_cli(run);
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  auto prompt_run = [](const std::string& err) {
+    const size_t at = err.find("| prompt ");
+    return at == std::string::npos ? -1 : std::stoi(err.substr(at + 9));
+  };
+  std::vector<int> ran;
+  for (int i = 0; i < 2; ++i) {
+    const test::CliResult r = run_cli(run + "-ngl 2 --kv-chunk 4 --cache-dir " + dir.file("kv"));
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out, cpu.out);
+    ran.push_back(prompt_run(r.err));
+  }
+  EXPECT_GT(ran[0], 8);
+  EXPECT_EQ(ran[1], ran[0] - (ran[0] - 1) / 4 * 4) << "the second run takes the whole chunks from the directory";
+  const std::string chat = "chat -m " + test::model_path("stories260K.gguf") + " --temp 0 -n 8 --threads 1 --quiet";
+  const test::CliResult saved = run_cli(chat + " -ngl 2", "Lily and the cat\n/save " + dir.file("s.bin") + "\n");
+  ASSERT_EQ(saved.status, 0) << saved.err;
+  const std::string turn = "/load " + dir.file("s.bin") + "\nThe dog\n";
+  const test::CliResult on_cpu = run_cli(chat, turn), on_split = run_cli(chat + " -ngl 2", turn);
+  ASSERT_EQ(on_cpu.status, 0) << on_cpu.err;
+  ASSERT_EQ(on_split.status, 0) << on_split.err;
+  EXPECT_FALSE(on_cpu.out.empty());
+  EXPECT_EQ(on_split.out, on_cpu.out);
 }
 
 }  // namespace

@@ -260,12 +260,8 @@ int serve(ServeArgs& a) {
   // Conversations reuse their KV across requests through the prefix cache
   // (on a device too: its chunks are kept on the host, runtime/device_kv.h).
   a.model.prefix_cache = true;
-  a.model.prefix_cache_where_supported = true;
   a.model.quiet = a.model.quiet || a.quiet;  // --quiet: no load progress or notes either
   std::unique_ptr<Engine> engine = make_engine(a.model);
-  if (!engine->prefix_cache() && engine->device() && !a.model.quiet)
-    std::fprintf(stderr, "note: the prefix cache is not supported yet on a split of the layers between %s and the "
-                         "CPU: off (each request runs its whole prompt)\n", engine->device()->device().id.c_str());
   SessionOptions sopts = session_options(a.model);
   int64_t n_ctx = 0;
   {

@@ -495,7 +495,6 @@ EngineOptions engine_options(const ModelArgs& a) {
   }
   o.elastic_opts.swap_dir = a.swap_dir;
   o.prefix_cache = a.prefix_cache || !a.cache_dir.empty();
-  o.prefix_cache_where_supported = a.prefix_cache_where_supported;
   o.cache_dir = a.cache_dir;
   if (a.kv_codec == "none") {
     o.elastic_opts.lossless_kv = true;

@@ -46,7 +46,6 @@ struct ModelArgs {
   int budget_window = 3;              // budget mode prefetch window in layers
   std::string swap_dir;               // elastic memory: swap files ("": the user's cache directory)
   bool prefix_cache = false;          // reuse cached prefixes' KV across sessions
-  bool prefix_cache_where_supported = false;  // serve: off without a word where the engine cannot (a split)
   std::string cache_dir;              // the prefix cache's files, kept across runs ("": none)
   std::string cache_namespace;        // sessions in different namespaces never share KV
   std::string kv_codec = "int8";      // elastic memory: codec of compressed KV

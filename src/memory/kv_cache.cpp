@@ -161,23 +161,22 @@ int64_t KvCache::lost_from() const {
 }
 
 void KvCache::share_from(const KvCache& other, int64_t n) {
-  EBB_CHECK_MSG(all_on_host() && other.all_on_host(), "KV on a device is not shared");
+  EBB_CHECK_MSG(n_host_ == other.n_host_, "KV caches of different splits of the layers are not shared");
   EBB_CHECK(&other.pool_ == &pool_ && other.opts_.chunk_size == opts_.chunk_size && other.opts_.type == opts_.type);
   EBB_CHECK(n >= 0 && n <= other.n_tokens_ && n <= opts_.max_tokens);
   const size_t k = static_cast<size_t>((n + opts_.chunk_size - 1) / opts_.chunk_size);
-  for (size_t l = 0; l < tables_.size(); ++l)
+  for (size_t l = 0; l < static_cast<size_t>(n_host_); ++l)
     tables_[l].assign(other.tables_[l].begin(), other.tables_[l].begin() + static_cast<std::ptrdiff_t>(k));
   n_tokens_ = n;
 }
 
 void KvCache::adopt(std::span<const std::vector<KvChunkHandle>> chunks) {
-  EBB_CHECK_MSG(all_on_host(), "KV on a device adopts no chunks");
   const int64_t n = static_cast<int64_t>(chunks.size()) * opts_.chunk_size;
   EBB_CHECK(n <= opts_.max_tokens);
   for (auto& t : tables_) t.clear();
   for (const std::vector<KvChunkHandle>& c : chunks) {
     EBB_CHECK(c.size() == tables_.size());
-    for (size_t l = 0; l < tables_.size(); ++l) {
+    for (size_t l = 0; l < static_cast<size_t>(n_host_); ++l) {
       EBB_CHECK(c[l]->chunk_size == opts_.chunk_size && c[l]->type == opts_.type && c[l]->rows == opts_.chunk_size);
       tables_[l].push_back(c[l]);
     }

@@ -96,11 +96,14 @@ class KvCache {
   int64_t lost_from() const;
 
   // Sharing. Takes the chunks of `other` that hold positions [0, n) (every
-  // layer; no data is copied) in place of what this cache held; n_tokens()
-  // becomes n. Same chunk size and type.
+  // host layer; no data is copied) in place of what this cache held;
+  // n_tokens() becomes n. Same chunk size, type and host layers (the device
+  // layers' rows are the device's to copy: DeviceForward::copy_kv).
   void share_from(const KvCache& other, int64_t n);
   // Takes whole chunks: chunks[c][layer] for c < chunks.size(), positions
-  // [0, chunks.size() * chunk_size); n_tokens() becomes that.
+  // [0, chunks.size() * chunk_size); n_tokens() becomes that. Only the host
+  // layers' chunks are taken (every layer's on the CPU; a split's device
+  // layers go up through upload_kv_chunks, runtime/device_kv.h).
   void adopt(std::span<const std::vector<KvChunkHandle>> chunks);
 
  private:

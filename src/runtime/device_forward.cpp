@@ -189,6 +189,16 @@ DeviceForward::Evicted DeviceForward::evict(uint64_t bytes) {
     layers_[l].buf.reset();
     ++e.layers;
   }
+  // Then the sessions' KV, parked on the host (between steps every session is idle).
+  for (auto& [kv, s] : kv_) {
+    if (before - be_.ledger(MemoryPlace::kDevice).buffer_bytes >= bytes) break;
+    if (s.is_parked || s.cap_chunks == 0) continue;
+    const uint64_t held = be_.ledger(MemoryPlace::kDevice).buffer_bytes;
+    park(s, std::min(kv->n_tokens(), s.cap_chunks * s.chunk_size));
+    e.kv_freed += held - be_.ledger(MemoryPlace::kDevice).buffer_bytes;
+    ++e.kv_sessions;
+  }
+  if (e.kv_sessions > 0) staging_.reset();  // host-visible: taken again by the next transfer
   e.freed = before - be_.ledger(MemoryPlace::kDevice).buffer_bytes;
   // A split: then the CPU's layers, whose units the GGUF backs.
   for (int l = opts_.first_layer - 1; l >= 0 && e.freed + e.host_freed < bytes; --l) {
@@ -218,6 +228,7 @@ int64_t DeviceForward::restore_host_locked() {
 }
 
 int64_t DeviceForward::restore_locked() {
+  for (auto& [kv, s] : kv_) unpark(s);
   int64_t n = restore_host_locked();
   for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
     if (layers_[l].buf) continue;
@@ -245,6 +256,13 @@ void DeviceForward::restore_layer(int l) {
   // The CRC only when the inode may have been written since load (as the CPU path).
   if (!bytes_unchanged(f.fd(), f)) crc_.verify(l, u, u.base(), f.path());
   upload_layer(l);
+}
+
+int64_t DeviceForward::n_parked() const {
+  std::lock_guard lock(mu_);
+  int64_t n = 0;
+  for (const auto& [kv, s] : kv_) n += s.is_parked ? 1 : 0;
+  return n;
 }
 
 void DeviceForward::set_restore_hooks(DeviceRestoreHooks hooks) {
@@ -278,6 +296,7 @@ DeviceForward::SeqKv& DeviceForward::kv_for(KvCache& kv, int64_t n) {
   const int64_t cs = kv.options().chunk_size;
   if (s.chunk_size != cs) s = SeqKv{};  // a new cache (or one re-created with another chunk): start empty
   s.chunk_size = cs;
+  unpark(s);
   const int64_t need = (n + cs - 1) / cs;
   if (need <= s.cap_chunks) return s;
   // Double the capacity (at most the context), copying what is held.
@@ -299,16 +318,21 @@ DeviceForward::SeqKv& DeviceForward::kv_for(KvCache& kv, int64_t n) {
       (*side)[l] = std::move(grown);
     }
   }
+  make_table(s, cap);
+  return s;
+}
+
+void DeviceForward::make_table(SeqKv& s, int64_t cap) {
+  const int64_t cs = s.chunk_size;
   std::vector<uint32_t> table(static_cast<size_t>(cap));
   for (int64_t i = 0; i < cap; ++i) {
-    const uint64_t off = static_cast<uint64_t>(i * cs * c.kv_dim());
+    const uint64_t off = static_cast<uint64_t>(i * cs * cfg_.kv_dim());
     if (off > UINT32_MAX) throw Error(be_.info().id + ": a session's KV is over 2^32 F16 elements per layer");
     table[i] = static_cast<uint32_t>(off);
   }
   s.table = be_.alloc(4 * static_cast<uint64_t>(cap), MemoryPlace::kDevice);
   s.table->write(0, table.data(), 4 * static_cast<uint64_t>(cap));
   s.cap_chunks = cap;
-  return s;
 }
 
 void DeviceForward::matmul(BackendStream& s, const LayerBuf& w, const Mat& m, BackendBuffer* x, uint64_t x_off,
@@ -515,7 +539,10 @@ DeviceFootprint DeviceForward::footprint() const {
   f.name = be_.info().name;
   for (const LayerBuf& l : layers_) f.weights_per_layer.push_back(l.buf ? l.buf->size() : 0);
   f.globals = head_.buf->size();
-  for (const auto& [k, s] : kv_) f.kv += s.bytes();
+  for (const auto& [k, s] : kv_) {
+    f.kv += s.bytes();
+    f.kv_parked += s.parked.size();
+  }
   for (const auto* b : {&x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &rope_, &logits_}) f.scratch += (*b)->size();
   f.adapters = lora_.adapter_bytes();
   f.scratch += lora_.scratch_bytes();

@@ -20,9 +20,10 @@
 // LoRA adapters: each sequence's adapters apply to its own rows on the
 // device (runtime/device_lora.h; token_embd's on the host's lookup).
 //
-// Not yet on the device: eviction of the KV (evict() and restore() below
-// move whole layers' weights; a step that finds layers dropped restores
-// them while it runs: runtime/device_restore.h).
+// Elastic memory: evict() and restore() below move whole layers' weights
+// (a step that finds layers dropped restores them while it runs:
+// runtime/device_restore.h) and the sessions' device KV (read back to host
+// memory, uploaded again by the session's next step).
 #pragma once
 
 #include <cstdint>
@@ -53,7 +54,8 @@ struct DeviceFootprint {
   std::string name;  // the driver's name for the device
   std::vector<uint64_t> weights_per_layer;  // one buffer per layer unit
   uint64_t globals = 0;  // output norm + output head
-  uint64_t kv = 0;       // every session's KV chunks
+  uint64_t kv = 0;       // every session's KV chunks on the device
+  uint64_t kv_parked = 0;  // host bytes of the sessions' device KV that evict() read back (not on the device)
   uint64_t adapters = 0; // LoRA adapter versions uploaded (runtime/device_lora.h)
   uint64_t scratch = 0;  // the step's activations, inputs and logits (and the adapters' A x, B A x)
   MemoryLedger ledger;   // the backend's device ledger (all of the above, exactly)
@@ -98,12 +100,17 @@ class DeviceForward {
   // Frees the device KV of a cache (its session is going away).
   void release(const KvCache* kv);
 
-  // Elastic memory on the device, weights only for now (the sessions' KV
-  // stays): evict() frees whole layers' device buffers, the last layer
-  // first, until at least `bytes` are given back (the device ledger's delta
-  // is returned), then in a split the CPU layers' host units, again the last
-  // first; restore() uploads every dropped device layer again from the model
-  // file (through a transient host copy) and reads the CPU layers back. A
+  // Elastic memory on the device: evict() frees whole layers' device
+  // buffers, the last layer first, until at least `bytes` are given back
+  // (the device ledger's delta is returned); then, still short, the
+  // sessions' device KV: each session's rows are read back into host memory
+  // (the engine's allocator, as KV) and its device buffers freed, one
+  // session after another; then in a split the CPU layers' host units,
+  // again the last first. A session's parked KV goes back up (one
+  // submission) when a step, a transfer or restore() needs it; the parked
+  // copy is then freed. restore() uploads every dropped device layer again
+  // from the model file (through a transient host copy), every parked KV,
+  // and reads the CPU layers back. A
   // step that finds device layers dropped records and submits the layers
   // before the first dropped one while a restore thread brings the dropped
   // ones back, lowest first, and runs each as soon as it is back
@@ -116,9 +123,12 @@ class DeviceForward {
     int64_t layers = 0;
     uint64_t host_freed = 0;  // host bytes of the CPU layers' units dropped
     int64_t host_layers = 0;
+    uint64_t kv_freed = 0;     // device ledger bytes of that given back by parking sessions' KV
+    int64_t kv_sessions = 0;   // sessions whose device KV was parked on the host
   };
   Evicted evict(uint64_t bytes);
-  int64_t restore();  // layers uploaded
+  int64_t restore();  // layers uploaded (parked KV goes up too)
+  int64_t n_parked() const;  // sessions whose device KV is parked on the host
   int64_t n_dropped() const;
   // Test hooks of the overlapped restore (set between steps).
   void set_restore_hooks(DeviceRestoreHooks hooks);
@@ -136,21 +146,26 @@ class DeviceForward {
   // copies on the step stream and submits once per staging-full of
   // positions (once for a chunk). Between steps only.
   //
+  // On a split they move the device layers [first_layer, n_layers) only;
+  // the CPU layers' rows are the host KvCache's (its chunks hold them).
+  //
   // The caller's side of a block of rows: rows [p, p + n) of one layer's K
   // (v false) or V, [n, kv_dim] F16 in staging memory, read from after a
   // read-back or filled before an upload.
   using KvRows = std::function<void(int64_t layer, bool v, int64_t p, int64_t n, uint16_t* rows)>;
-  // Reads positions [p0, p1) (p1 <= kv.n_tokens()) of every layer; `take`
+  // Reads positions [p0, p1) (p1 <= kv.n_tokens()) of every device layer; `take`
   // sees each block of rows once.
   void read_kv(const KvCache& kv, int64_t p0, int64_t p1, const KvRows& take);
-  // Writes positions [p0, p1) of every layer, `fill` providing each block;
+  // Writes positions [p0, p1) of every device layer, `fill` providing each block;
   // kv's device KV grows to hold p1; kv.n_tokens() stays the caller's.
   void write_kv(KvCache& kv, int64_t p0, int64_t p1, const KvRows& fill);
-  // The same with whole arrays: k, v: [n_layers, p1 - p0, kv_dim] F16.
+  // The same with whole arrays: k, v: [n_layers, p1 - p0, kv_dim] F16 (a
+  // split's CPU layers' slices are not touched).
   void read_kv(const KvCache& kv, int64_t p0, int64_t p1, uint16_t* k, uint16_t* v);
   void write_kv(KvCache& kv, int64_t p0, int64_t p1, const uint16_t* k, const uint16_t* v);
   // The first n positions of src's device KV copied into dst's on the
-  // device (no host round trip): a fork.
+  // device (no host round trip): a fork (a split's CPU layers:
+  // KvCache::share_from).
   void copy_kv(const KvCache& src, KvCache& dst, int64_t n);
 
   DeviceFootprint footprint() const;
@@ -182,6 +197,12 @@ class DeviceForward {
     std::unique_ptr<BackendBuffer> table;              // [cap_chunks] uint32
     int64_t chunk_size = 0;
     int64_t cap_chunks = 0;
+    // Parked by evict(): the device buffers above are freed and positions
+    // [0, parked_tokens) of every device layer are here, [device layer]
+    // [K, V][parked_tokens, kv_dim] F16; empty when on the device.
+    bool is_parked = false;
+    Buffer parked;
+    int64_t parked_tokens = 0;
     uint64_t bytes() const;
   };
 
@@ -198,8 +219,12 @@ class DeviceForward {
   void restore_layer(int l);  // reads layer l from the file and uploads it (any thread; throws)
   // Refuses a step the device cannot run; n, n_out: its rows and logits rows.
   void check_step(std::span<const StepSeq> seqs, int64_t& n, int64_t& n_out) const;
-  // Grows kv's device KV to hold n positions (copying what it held).
+  // Grows kv's device KV to hold n positions (copying what it held; parked KV goes up first).
   SeqKv& kv_for(KvCache& kv, int64_t n);
+  // Parking (evict) and its way back: rows through the staging buffer.
+  void park(SeqKv& s, int64_t n_tokens);
+  void unpark(SeqKv& s);
+  void make_table(SeqKv& s, int64_t cap);  // the chunk table of cap chunks; s.cap_chunks = cap
   void record_layer(BackendStream& s, const LayerBuf& w, int l, std::span<const StepSeq> seqs, int64_t n);
   void matmul(BackendStream& s, const LayerBuf& w, const Mat& m, BackendBuffer* x, uint64_t x_off,
               BackendBuffer* y, uint64_t y_off, int64_t n_tokens);
@@ -229,8 +254,6 @@ class DeviceForward {
   // one submission per block; `host` runs on each block's rows (after the
   // copies when reading, before them when writing).
   void transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device, const KvRows& host);
-  // KV transfers cover every layer on the device: a split refuses them (what: the feature).
-  void refuse_split_kv(const char* what) const;
 };
 
 }  // namespace ebb

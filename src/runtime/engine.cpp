@@ -164,14 +164,6 @@ Engine::Engine(const EngineOptions& opts)
     mmap_weights_ = std::make_unique<MmapWeights>(*model_, alloc_);
     weight_source_ = mmap_weights_.get();
   }
-  if (opts_.prefix_cache && device_ && device_->first_layer() > 0) {  // its chunks move whole-device only
-    if (!opts_.prefix_cache_where_supported || !opts_.cache_dir.empty()) {
-      throw Error("the prefix cache on a split of the layers between " + device_->device().id +
-                  " and the CPU is not supported yet: run every layer on the device (-ngl " +
-                  std::to_string(model_->n_layers()) + ") or on the CPU (-ngl 0)");
-    }
-    opts_.prefix_cache = false;
-  }
   if (!opts_.cache_dir.empty() && !opts_.prefix_cache) {
     throw Error("a KV cache directory needs the prefix cache (it is the cache's persistent tier)");
   }
@@ -188,9 +180,10 @@ Engine::Engine(const EngineOptions& opts)
 
 EvictReport Engine::evict(uint64_t bytes) {
   if (device_) {
-    // On a device: whole layers' weights leave device memory, then a split's
-    // CPU layers leave the host (the sessions' KV stays, on both sides, for
-    // now); the next step or restore() brings them back.
+    // On a device: whole layers' weights leave device memory, then the
+    // sessions' device KV (parked on the host), then a split's CPU layers
+    // leave the host (a split's CPU layers' KV stays in the host cache); the
+    // next step or restore() brings them back.
     const Stopwatch sw;
     const DeviceForward::Evicted d = device_->evict(bytes);
     EvictReport r;
@@ -198,7 +191,9 @@ EvictReport Engine::evict(uint64_t bytes) {
     r.freed = d.freed + d.host_freed;
     r.weights_dropped = d.layers + d.host_layers;
     r.seconds = sw.seconds();
-    r.note = device_->device().id + ": weight layers only (the KV stays where it is)";
+    r.note = device_->device().id + ": " + std::to_string(d.layers) + " weight layers, the device KV of " +
+             std::to_string(d.kv_sessions) + " sessions read back to the host (" + std::to_string(d.kv_freed) +
+             " device bytes)";
     return r;
   }
   if (!elastic_) throw Error("elastic memory is off (budget mode); nothing can be evicted");
@@ -295,6 +290,7 @@ Footprint Engine::footprint() const {
   }
   if (device_) {
     f.device = device_->footprint();
+    f.kv_parked = f.device->kv_parked;
     // A split's CPU layers that evict() dropped: the GGUF backs them.
     for (int l = 0; l < device_->first_layer(); ++l)
       if (!model_->layer_unit(l).resident()) f.weights_stored += model_->layer_unit(l).bytes();

@@ -79,10 +79,6 @@ struct EngineOptions {
   // The prefix cache: sessions reuse the KV of cached prefixes (same
   // namespace, adapters and tokens) instead of recomputing it.
   bool prefix_cache = false;
-  // With prefix_cache: an engine that cannot hold one (a split of the layers
-  // between a device and the CPU) runs without instead of refusing (ebb
-  // serve's default; Engine::prefix_cache() is then null).
-  bool prefix_cache_where_supported = false;
   PrefixCacheOptions prefix_cache_opts;
   // The prefix cache's persistent tier ("": none): full chunks are written
   // there and read back by a later process (needs prefix_cache).
@@ -107,13 +103,15 @@ struct Footprint {
   uint64_t adapters = 0;                    // LoRA adapter tensors (every version still held)
   uint64_t adapters_stored = 0;             // evicted adapter versions (backed by their files, not in RAM)
   uint64_t training = 0;                    // a trainer's activations, gradients and optimizer state
+  uint64_t kv_parked = 0;                   // a device's session KV that evict() read back to the host (RAM)
   // What a compute device holds (the engine runs there): its weights, KV and
   // scratch, apart from the host bytes above. Empty on the CPU.
   std::optional<DeviceFootprint> device;
   uint64_t weights() const;
   uint64_t kv() const;
   uint64_t total() const {
-    return weights() + globals + kv() + kv_spare + scratch + compressed + io_buffers + adapters + training;
+    return weights() + globals + kv() + kv_spare + scratch + compressed + io_buffers + adapters + training +
+           kv_parked;
   }
 };
 

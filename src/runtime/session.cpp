@@ -119,10 +119,8 @@ void Session::reuse_prefix() {
     // The cached chunks past what the device holds go up in place of a prefill.
     const int64_t from = kv_->n_tokens() / cs;
     upload_kv_chunks(*dev, *kv_, from, std::span(hit.chunks).subspan(static_cast<size_t>(from)));
-    kv_->set_n_tokens(hit.n_tokens);
-  } else {
-    kv_->adopt(hit.chunks);
   }
+  kv_->adopt(hit.chunks);  // the host layers' chunks (every layer's on the CPU, a split's CPU layers)
   recorded_chunks_ = static_cast<int64_t>(hit.chunks.size());
 }
 
@@ -222,7 +220,7 @@ void Session::fork_from(const Session& other, int64_t n) {
   make_resident();
   if (DeviceForward* dev = engine_.device()) {
     dev->copy_kv(*other.kv_, *kv_, n);  // on the device, one submission
-    kv_->set_n_tokens(n);
+    kv_->share_from(*other.kv_, n);     // a split's CPU layers: shared as on the CPU
   } else {
     kv_->share_from(*other.kv_, n);
   }

@@ -13,8 +13,9 @@
 // kept and the KV is recomputed.
 //
 // A session whose KV is on a compute device reads it back to save it and
-// writes it up to load it (DeviceForward::read_kv / write_kv): the file is
-// the same, so one saved on a device loads on the CPU and the reverse.
+// writes it up to load it (DeviceForward::read_kv / write_kv; a split's CPU
+// layers are the host cache's rows): the file is the same, so one saved on a
+// device, on a split or on the CPU loads on any of them.
 //
 // Saving writes NAME.tmp and renames it into place; every failure removes
 // NAME.tmp (a full disk stays as full as it was). Loading opens without
@@ -151,6 +152,11 @@ void Session::save(const std::string& path) const {
       std::vector<uint16_t> k(layer * static_cast<size_t>(c.n_layer)), v(k.size());  // [n_layer, n, kv_dim]
       dev->read_kv(kv, 0, n, k.data(), v.data());
       for (int64_t l = 0; l < c.n_layer; ++l) {
+        if (kv.on_host(l)) {  // a split's CPU layers: the host cache's rows (F16 there too)
+          for (int64_t p = 0; p < n; ++p) w.write(kv.k_row(l, p), kv.row_bytes());
+          for (int64_t p = 0; p < n; ++p) w.write(kv.v_row(l, p), kv.row_bytes());
+          continue;
+        }
         w.write(k.data() + l * layer, layer * 2);
         w.write(v.data() + l * layer, layer * 2);
       }
@@ -266,16 +272,25 @@ void Session::load(const std::string& path) {
   if (dev) {
     // The rows go up from the file's bytes; the device keeps F16, so a file
     // of F32 rows (saved on the CPU with an F32 cache) is rounded once.
-    dev->write_kv(*kv, 0, np, [&](int64_t l, bool v, int64_t p, int64_t n, uint16_t* dst) {
-      const void* src = row_at(l, p, !v);  // a layer's K (or V) rows are consecutive in the file
-      const size_t count = static_cast<size_t>(n * kvd);
+    auto to_f16 = [&](const void* src, uint16_t* dst, size_t count) {
       if (file_type == DType::kF16) {
         std::memcpy(dst, src, count * 2);
       } else {
         const auto* f32 = static_cast<const float*>(src);
         for (size_t i = 0; i < count; ++i) dst[i] = fp32_to_fp16(f32[i]);
       }
+    };
+    dev->write_kv(*kv, 0, np, [&](int64_t l, bool v, int64_t p, int64_t n, uint16_t* dst) {
+      to_f16(row_at(l, p, !v), dst, static_cast<size_t>(n * kvd));  // a layer's K (or V) rows are consecutive
     });
+    // A split's CPU layers: into the host cache's chunks (F16 too).
+    kv->reserve(np);
+    for (int64_t l = 0; l < kv->n_host_layers(); ++l) {
+      for (int64_t p = 0; p < np; ++p) {
+        to_f16(row_at(l, p, true), static_cast<uint16_t*>(kv->k_row(l, p)), static_cast<size_t>(kvd));
+        to_f16(row_at(l, p, false), static_cast<uint16_t*>(kv->v_row(l, p)), static_cast<size_t>(kvd));
+      }
+    }
   }
   kv->set_n_tokens(np);
   // The adapters this session is bound to now: KV made under others is

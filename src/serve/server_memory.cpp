@@ -98,7 +98,7 @@ json footprint_json(const Footprint& f) {
   return {{"weights", f.weights()},       {"globals", f.globals},       {"kv", f.kv()},
           {"kv_spare", f.kv_spare},       {"scratch", f.scratch},         {"compressed", f.compressed}, {"io_buffers", f.io_buffers},
           {"adapters", f.adapters},       {"training", f.training},     {"kv_stored", f.kv_stored},
-          {"weights_stored", f.weights_stored}, {"total", f.total()}};
+          {"weights_stored", f.weights_stored}, {"kv_parked", f.kv_parked}, {"total", f.total()}};
 }
 
 json elastic_footprint_json(const ElasticFootprint& e) {
@@ -328,7 +328,7 @@ std::string memory_json(const MemoryRead& r, const json& counters, bool map_stal
             // adapters, training),
             // and on storage (not in RAM, not in the total).
             {"by_state",
-             {{"resident", f.weights() + f.globals + f.kv()},
+             {{"resident", f.weights() + f.globals + f.kv() + f.kv_parked},
               {"compressed", f.compressed},
               {"working", f.scratch + f.kv_spare + f.io_buffers + f.adapters + f.training},
               {"stored", f.kv_stored + f.weights_stored}}},
@@ -342,6 +342,7 @@ std::string memory_json(const MemoryRead& r, const json& counters, bool map_stal
                    {"weights", d.weights()},
                    {"globals", d.globals},
                    {"kv", d.kv},
+                   {"kv_parked", d.kv_parked},  // host bytes: evicted from the device, back at the session's next step
                    {"adapters", d.adapters},
                    {"scratch", d.scratch},
                    {"total", d.total()},
