@@ -28,7 +28,8 @@
 // the request prefills what is still missing itself.
 //
 // 400 a malformed body (the field named), 404 a target that is no agent,
-// 409 when the server runs without a prefix cache (nothing could be reused).
+// 409 when the engine has no prefix cache (nothing could be reused; ebb
+// serve always has one).
 #include <algorithm>
 #include <cmath>
 #include <set>
