@@ -150,7 +150,7 @@ struct World {
 
 HandoffTarget target(const std::string& agent, const std::string& ns, std::vector<AdapterBinding> b,
                      std::vector<TokenId> sys) {
-  return {agent, ns, std::move(b), std::move(sys)};
+  return {agent, ns, std::move(b), std::move(sys), {}};
 }
 
 bool settled(const PrePrefill& p) { return p.stats().tasks_running == 0; }
@@ -242,6 +242,69 @@ TEST(PrePrefill, PublishBeforeTheRequestMakesItStaleAndPlansItAgain) {
   const AdapterInfo v3 = w.add("A", 10, true);
   pp.on_published("A", v3.version);
   EXPECT_EQ(pp.stats().stale, 1);
+}
+
+// A learning agent before its adapter's first publish runs on the base
+// model: its prefix is planned so, and that first publish plans it again
+// under the adapter (the key its requests use from then).
+TEST(PrePrefill, AFirstPublishMovesATargetWaitingForItOntoTheAdapter) {
+  World w;
+  PrePrefill pp(*w.engine, w.sched);
+  Handoff h;
+  h.shared_context = w.shared;
+  HandoffTarget t = target("learner", "support", {}, w.sys_a);
+  t.on_first_publish = {{"L"}};
+  h.targets = {t};
+  const uint64_t id = pp.post(h);
+  ASSERT_TRUE(wait_until([&] { return settled(pp) && pp.stats().tasks_completed == 1; }));
+  const std::vector<TokenId> prompt = cat(cat(w.sys_a, w.shared), w.turn);
+  const AdapterInfo first = w.add("L", 5, true);
+  pp.on_published("L", first.version);
+  EXPECT_EQ(pp.stats().stale, 1);
+  ASSERT_TRUE(wait_until([&] { return settled(pp) && pp.stats().tasks_completed == 2; }));
+  const Fed hit = w.run({"support", {{"L"}}}, prompt);  // under L: the re-plan's coverage
+  pp.consume(id, "learner");
+  EXPECT_GT(hit.reused, 0);
+  EXPECT_TRUE(same_bits(hit.logits, w.run({"support", {{"L"}}}, prompt, false).logits));
+  // A later publish of L follows it as any follow-published target.
+  const AdapterInfo second = w.add("L", 6, true);
+  pp.on_published("L", second.version);
+  EXPECT_EQ(pp.stats().stale, 1);  // consumed: nothing pending
+}
+
+// A version staged ahead of its publish: the pending targets that follow
+// the adapter are pre-prefilled under it too, so the publish finds their
+// prefixes warm and keeps that task instead of planning again.
+TEST(PrePrefill, AStagedVersionIsWarmedForThePendingTargetsBeforeItsPublish) {
+  World w;
+  PrePrefill pp(*w.engine, w.sched);
+  Handoff h;
+  h.shared_context = w.shared;
+  h.targets = {target("tool", "support", {{"A"}}, w.sys_a), target("critic", "support", {}, w.sys_b)};
+  const uint64_t id = pp.post(h);
+  ASSERT_TRUE(wait_until([&] { return settled(pp) && pp.stats().tasks_completed == 2; }));
+  const AdapterInfo staged = w.add("A", 9, false);  // committed, not yet published
+  EXPECT_EQ(pp.on_staged("A", staged.version).get(), 1u);  // the tool only: the critic binds no adapter
+  EXPECT_EQ(pp.on_staged("A", staged.version).get(), 0u);  // planned once per version
+  ASSERT_TRUE(wait_until([&] { return settled(pp) && pp.stats().tasks_completed == 3; }));
+  PrePrefillStats s = pp.stats();
+  EXPECT_EQ(s.staged_planned, 1);
+  EXPECT_EQ(s.stale, 0);  // nothing published yet
+  const std::vector<TokenId> prompt = cat(cat(w.sys_a, w.shared), w.turn);
+  // The published version's coverage still serves a request before the publish.
+  EXPECT_GT(w.run({"support", {{"A"}}}, prompt).reused, 0);
+
+  w.call([&](Engine& e) { return e.adapters().publish("A", staged.version); });
+  const int64_t submitted = pp.stats().tasks_submitted;
+  pp.on_published("A", staged.version);
+  ASSERT_TRUE(wait_until([&] { return settled(pp); }));
+  s = pp.stats();
+  EXPECT_EQ(s.stale, 1);
+  EXPECT_EQ(s.tasks_submitted, submitted);  // covered already: no task planned again
+  const Fed hit = w.run({"support", {{"A"}}}, prompt);  // under the new version
+  pp.consume(id, "tool");
+  EXPECT_EQ(hit.reused, static_cast<int64_t>((w.sys_a.size() + w.shared.size()) / kChunk * kChunk));
+  EXPECT_TRUE(same_bits(hit.logits, w.run({"support", {{"A"}}}, prompt, false).logits));
 }
 
 TEST(PrePrefill, ARequestThatComesFirstLeavesTheTaskNothingToDo) {

@@ -158,9 +158,16 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
   sto.step_seconds = w.step_seconds;
   LearningLoop learn(
       engine, sched, w.learn, stw ? TrainGranularity::kWindows : TrainGranularity::kPhases, stale, w.window_gap_s,
-      [&pp](uint64_t v) {
-        if (pp) pp->on_published(kLearnedAdapter, v);
-      },
+      LearningCallbacks{.on_staged =
+                            [&pp, stale](uint64_t v) {
+                              // Stale-coverage prefill of the staged version covers the prompts known
+                              // to come too: the handoffs' pending targets.
+                              if (pp && stale) pp->on_staged(kLearnedAdapter, v).get();
+                            },
+                        .on_publish =
+                            [&pp](uint64_t v) {
+                              if (pp) pp->on_published(kLearnedAdapter, v);
+                            }},
       sto, [&w] {
         SleepWakeOptions sw;
         sw.steps = w.window_steps;
@@ -240,7 +247,12 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
     Handoff h;
     h.source = source;
     h.shared_context = shared;
-    for (const Agent* t : targets) h.targets.push_back({t->name, t->name, bindings(*t), t->system});
+    for (const Agent* t : targets) {
+      HandoffTarget ht{t->name, t->name, bindings(*t), t->system, {}};
+      // A learning agent runs on the base model until the first publish, then binds it.
+      if (t->learns && ht.adapters.empty()) ht.on_first_publish.push_back({kLearnedAdapter, 1.0f, 0});
+      h.targets.push_back(std::move(ht));
+    }
     return pp->post(std::move(h));
   };
   const auto consume = [&](uint64_t id, const Agent& a) {

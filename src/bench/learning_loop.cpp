@@ -18,10 +18,10 @@
 namespace ebb::cli {
 
 LearningLoop::LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload& w, TrainGranularity g,
-                           bool stale_prefill, double window_gap_s, std::function<void(uint64_t)> on_publish,
+                           bool stale_prefill, double window_gap_s, LearningCallbacks callbacks,
                            StalePrefillOptions stale_opts, SleepWakeOptions sleep_wake)
     : engine_(engine), sched_(sched), w_(w), g_(g), stale_(stale_prefill), warm_(engine, sched, stale_opts),
-      sw_(std::move(sleep_wake)), on_publish_(std::move(on_publish)) {
+      sw_(std::move(sleep_wake)), cb_(std::move(callbacks)) {
   if (g == TrainGranularity::kWindows && sw_.steps < 1)
     throw Error("sleep/train/wake: a window must run at least 1 optimizer step");
   const int64_t n_vocab = engine.config().n_vocab;
@@ -101,6 +101,7 @@ LearningLoop::LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload
       const TrainJobStatus st = job_->status();
       if (st.version_staged > last) {
         last = st.version_staged;
+        if (cb_.on_staged) cb_.on_staged(last);
         if (stale_) stale_tasks_ += static_cast<int64_t>(warm_.on_staged(kLearnedAdapter, last).get());
         const double until = now_seconds() + w_.publish_wait_s;
         while (!stopping_.load() && now_seconds() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -110,7 +111,7 @@ LearningLoop::LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload
           // newer one replaced before it was published.
           last = std::max(last, job_->publish(0));
           ++publishes_;
-          if (on_publish_) on_publish_(last);
+          if (cb_.on_publish) cb_.on_publish(last);
         } catch (const Error& e) {
           ++publish_failures_;
           std::fprintf(stderr, "bench: publish: %s\n", e.what());

@@ -57,6 +57,12 @@ struct SleepWakeOptions {
   bool random_gaps = true;
 };
 
+// Called on the publisher thread with the version: after it was staged
+// (before its stale-coverage prefill is planned) and after it was published.
+struct LearningCallbacks {
+  std::function<void(uint64_t)> on_staged, on_publish;
+};
+
 struct LearningResult {
   int64_t commits = 0, publishes = 0, train_steps = 0, judge_calls = 0;
   int64_t stale_tasks = 0, stale_completed = 0, stale_tokens = 0, stale_chunks = 0;
@@ -72,10 +78,9 @@ struct LearningResult {
 class LearningLoop {
  public:
   // Starts training (w's train_* , rank, commit_every, phase_s, seed) and
-  // the publisher (publish_wait_s). on_publish (optional) is called on the
-  // publisher thread after each publish with the version published.
+  // the publisher (publish_wait_s), which calls `callbacks` (optional).
   LearningLoop(Engine& engine, Scheduler& sched, const SchedWorkload& w, TrainGranularity g, bool stale_prefill,
-               double window_gap_s = 1.0, std::function<void(uint64_t)> on_publish = {},
+               double window_gap_s = 1.0, LearningCallbacks callbacks = {},
                StalePrefillOptions stale_opts = {}, SleepWakeOptions sleep_wake = {});
   // stop(). Shut the scheduler down first: its tasks call back into this.
   ~LearningLoop();
@@ -108,7 +113,7 @@ class LearningLoop {
   std::atomic<double> window_s_{0}, sleep_s_{0}, wake_s_{0};
   std::atomic<uint64_t> wake_bytes_{0};
   SleepWakeOptions sw_;
-  std::function<void(uint64_t)> on_publish_;
+  LearningCallbacks cb_;
   std::thread publisher_, windows_thread_;
   bool stopped_ = false;
 };

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "platform/error.h"
 #include "platform/timer.h"
@@ -46,6 +47,15 @@ struct PrePrefill::Shared {
     double d_ma = 0;
     std::shared_ptr<Job> job;  // the unfinished task, if any
     TaskId task = 0;
+    // A task under a staged version of an adapter the target follows
+    // (on_staged): the coverage its request finds once that version is
+    // published; promoted to `job` then.
+    std::shared_ptr<Job> staged_job;
+    TaskId staged_task = 0;
+    std::string staged_name;
+    uint64_t staged_version = 0;
+    // Marks both tasks gone; returns their ids to cancel (outside the lock).
+    void drop(std::vector<TaskId>& cancel);
   };
 
   struct Pending {
@@ -65,6 +75,13 @@ struct PrePrefill::Shared {
     return nullptr;
   }
   static size_t plan_on(const std::shared_ptr<Shared>& sh, uint64_t id);
+  static size_t plan_staged(const std::shared_ptr<Shared>& sh, const std::string& name, uint64_t version);
+  // Submits target i of handoff `id` as a task over `tokens` under `key`
+  // (bindings `pinned`, `missing` tokens not covered, utility d) into
+  // `slot`/`task` (under mu). False when the scheduler takes no more.
+  static bool submit(const std::shared_ptr<Shared>& sh, uint64_t id, const std::string& agent, CacheKey key,
+                     std::vector<TokenId> tokens, std::vector<AdapterBinding> pinned, int64_t missing, double d,
+                     std::shared_ptr<Job>& slot, TaskId& task);
 };
 
 // One target's prefix, pre-prefilled under its key; the Session lives from
@@ -82,6 +99,15 @@ struct PrePrefill::Job {
   bool step();
   void done(TaskOutcome outcome);
 };
+
+void PrePrefill::Shared::Target::drop(std::vector<TaskId>& cancel) {
+  for (auto* slot : {&job, &staged_job}) {
+    if (!*slot) continue;
+    (*slot)->gone = true;
+    cancel.push_back(slot == &job ? task : staged_task);
+    slot->reset();
+  }
+}
 
 bool PrePrefill::Job::step() {
   Engine& e = sh->engine;
@@ -145,9 +171,97 @@ void PrePrefill::Job::done(TaskOutcome outcome) {
   sh->ended.emplace_back(handoff, agent);
   while (sh->ended.size() > kEndedLog) sh->ended.pop_front();
   if (Shared::Pending* p = sh->find_locked(handoff)) {
-    for (Shared::Target& t : p->t)
+    for (Shared::Target& t : p->t) {
       if (t.job.get() == this) t.job.reset();
+      if (t.staged_job.get() == this) t.staged_job.reset();
+    }
   }
+}
+
+namespace {
+
+// A target's prefix and its key under `bindings` (resolved now: a
+// follow-published binding pins the published version); nullopt when an
+// adapter is gone (its request will fail or bind another).
+struct TargetPlan {
+  CacheKey key;
+  std::vector<AdapterBinding> pinned;  // the key's adapters, versions pinned
+  std::vector<TokenId> tokens;         // whole KV chunks, at most max_prefix_tokens
+  int64_t missing = 0;                 // not covered under key
+};
+
+std::optional<TargetPlan> plan_target(Engine& e, PrefixCache& pc, const PrePrefillOptions& o, const Handoff& h,
+                                      const HandoffTarget& tg, const std::vector<AdapterBinding>& bindings) {
+  TargetPlan p;
+  p.key.ns = tg.ns;
+  p.key.chunk_size = o.kv_chunk_size > 0 ? o.kv_chunk_size : e.options().kv_chunk_size;
+  p.key.kv_type = o.kv_type;
+  p.key.f16_accumulator = o.f16_accumulator;
+  try {
+    p.key.adapters = adapter_keys(e.adapters().resolve(bindings));
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  for (const AdapterKey& a : p.key.adapters) p.pinned.push_back({a.name, a.scale, a.version});
+  p.tokens = tg.system_prompt;
+  p.tokens.insert(p.tokens.end(), h.shared_context.begin(), h.shared_context.end());
+  const int64_t cap = std::min<int64_t>(static_cast<int64_t>(p.tokens.size()), o.max_prefix_tokens) /
+                      p.key.chunk_size * p.key.chunk_size;
+  p.tokens.resize(static_cast<size_t>(std::max<int64_t>(0, cap)));
+  p.missing = static_cast<int64_t>(p.tokens.size()) - pc.covered(p.key, p.tokens);
+  return p;
+}
+
+// Whether the target's requests follow the published version of `name`.
+bool follows(const HandoffTarget& tg, const std::string& name) {
+  for (const AdapterBinding& b : tg.adapters)
+    if (b.name == name && b.version == 0) return true;
+  return false;
+}
+
+// Whether they bind `name` once it is first published.
+bool awaits(const HandoffTarget& tg, const std::string& name) {
+  for (const AdapterBinding& b : tg.on_first_publish)
+    if (b.name == name) return true;
+  return false;
+}
+
+}  // namespace
+
+bool PrePrefill::Shared::submit(const std::shared_ptr<Shared>& sh, uint64_t id, const std::string& agent,
+                                CacheKey key, std::vector<TokenId> tokens, std::vector<AdapterBinding> pinned,
+                                int64_t missing, double d, std::shared_ptr<Job>& slot, TaskId& task) {
+  const ModelConfig& c = sh->engine.config();
+  const PrefixCache& pc = *sh->engine.prefix_cache();
+  auto job = std::make_shared<Job>();
+  job->sh = sh;
+  job->handoff = id;
+  job->agent = agent;
+  job->key = std::move(key);
+  job->tokens = std::move(tokens);
+  job->bindings = std::move(pinned);
+
+  Task t;
+  t.desc.cls = TaskClass::kBackground;
+  t.desc.kind = "preprefill";
+  t.desc.priority = sh->opts.priority;
+  t.desc.utility = d;
+  t.desc.adapter = job->bindings.empty() ? "" : job->bindings.front().name;
+  const int64_t step_tokens = std::min<int64_t>(sh->opts.chunk_tokens, static_cast<int64_t>(job->tokens.size()));
+  t.desc.est_memory = kv_bytes_per_token(c, job->key) * static_cast<uint64_t>(step_tokens);
+  t.desc.next_yield_s = pc.prefill_cost() * static_cast<double>(step_tokens);
+  t.desc.est_duration_s = pc.prefill_cost() * static_cast<double>(missing);
+  t.step = [job] { return job->step(); };
+  t.on_done = [job](TaskOutcome o, const std::string&) { job->done(o); };
+  try {
+    task = sh->sched.submit_background(std::move(t));
+  } catch (const SchedulerBusy&) {
+    return false;  // a full queue or a shutdown: the request prefills it itself
+  }
+  slot = job;
+  ++sh->stats.tasks_submitted;
+  ++sh->stats.tasks_running;
+  return true;
 }
 
 size_t PrePrefill::Shared::plan_on(const std::shared_ptr<Shared>& sh, uint64_t id) {
@@ -167,72 +281,92 @@ size_t PrePrefill::Shared::plan_on(const std::shared_ptr<Shared>& sh, uint64_t i
       consumers += t.consumed ? 0 : 1;
     }
   }
-  const ModelConfig& c = e.config();
   size_t submitted = 0;
   for (size_t i = 0; i < h.targets.size(); ++i) {
     if (!want[i]) continue;
     const HandoffTarget& tg = h.targets[i];
-    // The target's key now: a follow-published binding pins the published version.
-    CacheKey key;
-    key.ns = tg.ns;
-    key.chunk_size = sh->opts.kv_chunk_size > 0 ? sh->opts.kv_chunk_size : e.options().kv_chunk_size;
-    key.kv_type = sh->opts.kv_type;
-    key.f16_accumulator = sh->opts.f16_accumulator;
-    std::vector<AdapterBinding> pinned;
-    try {
-      key.adapters = adapter_keys(e.adapters().resolve(tg.adapters));
-    } catch (const Error&) {
-      continue;  // its adapter is gone: its request will fail or bind another
-    }
-    for (const AdapterKey& a : key.adapters) pinned.push_back({a.name, a.scale, a.version});
-    std::vector<TokenId> tokens = tg.system_prompt;
-    tokens.insert(tokens.end(), h.shared_context.begin(), h.shared_context.end());
-    const int64_t cap = std::min<int64_t>(static_cast<int64_t>(tokens.size()), sh->opts.max_prefix_tokens) /
-                        key.chunk_size * key.chunk_size;
-    tokens.resize(static_cast<size_t>(std::max<int64_t>(0, cap)));
-    const int64_t missing = static_cast<int64_t>(tokens.size()) - pc->covered(key, tokens);
-    const double d = preprefill_priority(h.rho, consumers, missing, sh->opts.beta_s, sh->opts.m_max);
+    std::optional<TargetPlan> plan = plan_target(e, *pc, sh->opts, h, tg, tg.adapters);
+    if (!plan) continue;
+    const double d = preprefill_priority(h.rho, consumers, plan->missing, sh->opts.beta_s, sh->opts.m_max);
 
     std::lock_guard lock(sh->mu);  // lock order: this, then the scheduler's
     Shared::Pending* p = sh->find_locked(id);
     if (!p || p->t[i].consumed || p->t[i].job) continue;
+    // A first publish gave the target a binding while this planned: the
+    // re-plan on_published queued behind this call plans it under that.
+    if (p->h.targets[i].adapters.size() != tg.adapters.size()) continue;
     Shared::Target& ts = p->t[i];
     ts.planned = true;
-    ts.key = key;
+    ts.key = plan->key;
     ts.d_ma = d;
-    if (missing <= 0) {
+    if (plan->missing <= 0) {
       ++sh->stats.nothing_missing;
       continue;
     }
     ++sh->stats.targets_planned;
-    auto job = std::make_shared<Job>();
-    job->sh = sh;
-    job->handoff = id;
-    job->agent = tg.agent;
-    job->key = key;
-    job->tokens = std::move(tokens);
-    job->bindings = pinned;
+    if (!submit(sh, id, tg.agent, plan->key, std::move(plan->tokens), std::move(plan->pinned), plan->missing, d,
+                ts.job, ts.task))
+      break;
+    ++submitted;
+  }
+  return submitted;
+}
 
-    Task t;
-    t.desc.cls = TaskClass::kBackground;
-    t.desc.kind = "preprefill";
-    t.desc.priority = sh->opts.priority;
-    t.desc.utility = d;
-    t.desc.adapter = pinned.empty() ? "" : pinned.front().name;
-    const int64_t step_tokens = std::min<int64_t>(sh->opts.chunk_tokens, static_cast<int64_t>(job->tokens.size()));
-    t.desc.est_memory = kv_bytes_per_token(c, key) * static_cast<uint64_t>(step_tokens);
-    t.desc.next_yield_s = pc->prefill_cost() * static_cast<double>(step_tokens);
-    t.desc.est_duration_s = pc->prefill_cost() * static_cast<double>(missing);
-    t.step = [job] { return job->step(); };
-    t.on_done = [job](TaskOutcome o, const std::string&) { job->done(o); };
-    try {
-      ts.task = sh->sched.submit_background(std::move(t));
-    } catch (const SchedulerBusy&) {
-      break;  // a full queue or a shutdown: the request prefills it itself
+size_t PrePrefill::Shared::plan_staged(const std::shared_ptr<Shared>& sh, const std::string& name,
+                                       uint64_t version) {
+  Engine& e = sh->engine;
+  PrefixCache* pc = e.prefix_cache();
+  if (!sh->opts.enabled || !pc) return 0;
+  // The pending targets that follow `name`, copied (planning resolves
+  // adapters and reads the cache outside the lock).
+  struct Want {
+    uint64_t id;
+    size_t i;
+    Handoff h;
+    int64_t consumers;
+  };
+  std::vector<Want> wants;
+  std::vector<TaskId> cancel;
+  {
+    std::lock_guard lock(sh->mu);
+    for (Shared::Pending& p : sh->pending) {
+      int64_t consumers = 0;
+      for (const Shared::Target& t : p.t) consumers += t.consumed ? 0 : 1;
+      for (size_t i = 0; i < p.t.size(); ++i) {
+        Shared::Target& t = p.t[i];
+        if (t.consumed || !(follows(p.h.targets[i], name) || awaits(p.h.targets[i], name))) continue;
+        if (t.staged_job && t.staged_name == name && t.staged_version == version) continue;
+        if (t.staged_job) {  // an older staged version's: it will never be published now
+          t.staged_job->gone = true;
+          cancel.push_back(t.staged_task);
+          t.staged_job.reset();
+        }
+        wants.push_back({p.id, i, p.h, consumers});
+      }
     }
-    ts.job = job;
-    ++sh->stats.tasks_submitted;
-    ++sh->stats.tasks_running;
+  }
+  for (TaskId t : cancel) sh->sched.cancel(t);
+  size_t submitted = 0;
+  for (Want& w : wants) {
+    const HandoffTarget& tg = w.h.targets[w.i];
+    std::vector<AdapterBinding> bindings = tg.adapters;
+    for (AdapterBinding& b : bindings)
+      if (b.name == name && b.version == 0) b.version = version;
+    for (const AdapterBinding& b : tg.on_first_publish)
+      if (b.name == name) bindings.push_back({b.name, b.scale, version});
+    std::optional<TargetPlan> plan = plan_target(e, *pc, sh->opts, w.h, tg, bindings);
+    if (!plan || plan->missing <= 0) continue;
+    const double d = preprefill_priority(w.h.rho, w.consumers, plan->missing, sh->opts.beta_s, sh->opts.m_max);
+    std::lock_guard lock(sh->mu);
+    Shared::Pending* p = sh->find_locked(w.id);
+    if (!p || p->t[w.i].consumed || p->t[w.i].staged_job) continue;
+    Shared::Target& ts = p->t[w.i];
+    if (!submit(sh, w.id, tg.agent, plan->key, std::move(plan->tokens), std::move(plan->pinned), plan->missing, d,
+                ts.staged_job, ts.staged_task))
+      break;
+    ts.staged_name = name;
+    ts.staged_version = version;
+    ++sh->stats.staged_planned;
     ++submitted;
   }
   return submitted;
@@ -254,11 +388,7 @@ PrePrefill::~PrePrefill() {
   {
     std::lock_guard lock(shared_->mu);
     for (Shared::Pending& p : shared_->pending)
-      for (Shared::Target& t : p.t)
-        if (t.job) {
-          t.job->gone = true;
-          ids.push_back(t.task);
-        }
+      for (Shared::Target& t : p.t) t.drop(ids);
   }
   for (TaskId id : ids) shared_->sched.cancel(id);
 }
@@ -287,11 +417,7 @@ uint64_t PrePrefill::post(Handoff h, std::future<size_t>* planned) {
     shared_->pending.push_back(std::move(p));
     ++shared_->stats.handoffs;
     while (shared_->pending.size() > opts_.max_pending) {
-      for (Shared::Target& t : shared_->pending.front().t)
-        if (t.job) {
-          t.job->gone = true;
-          cancel.push_back(t.task);
-        }
+      for (Shared::Target& t : shared_->pending.front().t) t.drop(cancel);
       shared_->pending.pop_front();
     }
   }
@@ -320,7 +446,7 @@ uint64_t PrePrefill::post_now(Handoff h, size_t* planned) {
 }
 
 void PrePrefill::consume(uint64_t handoff, const std::string& agent) {
-  TaskId cancel = 0;
+  std::vector<TaskId> cancel;
   {
     std::lock_guard lock(shared_->mu);
     auto& pend = shared_->pending;
@@ -333,16 +459,13 @@ void PrePrefill::consume(uint64_t handoff, const std::string& agent) {
         t.consumed = true;
         ++shared_->stats.consumed;
         // The request prefills what is still missing itself.
-        if (t.job) {
-          t.job->gone = true;
-          cancel = t.task;
-        }
+        t.drop(cancel);
       }
       all = all && t.consumed;
     }
     if (all) pend.erase(it);
   }
-  if (cancel) shared_->sched.cancel(cancel);
+  for (TaskId t : cancel) shared_->sched.cancel(t);
 }
 
 void PrePrefill::on_published(const std::string& name, uint64_t version) {
@@ -354,20 +477,46 @@ void PrePrefill::on_published(const std::string& name, uint64_t version) {
       bool again = false;
       for (size_t i = 0; i < p.t.size(); ++i) {
         Shared::Target& t = p.t[i];
-        if (t.consumed || !t.planned) continue;
-        bool follows = false;
-        for (const AdapterBinding& b : p.h.targets[i].adapters) follows = follows || (b.name == name && b.version == 0);
-        if (!follows) continue;
-        bool moved = false;
-        for (const AdapterKey& a : t.key.adapters) moved = moved || (a.name == name && a.version != version);
-        if (!moved) continue;
+        if (t.consumed) continue;
+        HandoffTarget& ht = p.h.targets[i];
+        const auto first = std::find_if(ht.on_first_publish.begin(), ht.on_first_publish.end(),
+                                        [&](const AdapterBinding& b) { return b.name == name; });
+        if (first != ht.on_first_publish.end()) {
+          // Its requests bind the adapter from now on.
+          ht.adapters.push_back(*first);
+          ht.on_first_publish.erase(first);
+          if (!t.planned && !t.job && !t.staged_job) {
+            again = true;  // never planned (nothing was missing, or not yet): plan it under the adapter
+            continue;
+          }
+        } else {
+          if (!t.planned || !follows(ht, name)) continue;
+          bool moved = false;
+          for (const AdapterKey& a : t.key.adapters) moved = moved || (a.name == name && a.version != version);
+          if (!moved) continue;
+        }
         ++shared_->stats.stale;
-        t.planned = false;
         if (t.job) {
           t.job->gone = true;
           cancel.push_back(t.task);
           t.job.reset();  // its on_done finds nothing to clear
         }
+        if (t.staged_job && t.staged_name == name && t.staged_version == version) {
+          // Warmed under this version since it was staged: that task goes on
+          // as the target's own, no re-plan.
+          t.job = std::move(t.staged_job);
+          t.task = t.staged_task;
+          t.key = t.job->key;
+          t.planned = true;
+          ++shared_->stats.staged_promoted;
+          continue;
+        }
+        if (t.staged_job) {  // another version's, never to be published now
+          t.staged_job->gone = true;
+          cancel.push_back(t.staged_task);
+          t.staged_job.reset();
+        }
+        t.planned = false;
         again = true;
       }
       if (again) replan.push_back(p.id);
@@ -378,6 +527,15 @@ void PrePrefill::on_published(const std::string& name, uint64_t version) {
   shared_->sched.call([sh = shared_, replan](Engine&) {
     for (uint64_t id : replan) Shared::plan_on(sh, id);
   });
+}
+
+std::future<size_t> PrePrefill::on_staged(const std::string& name, uint64_t version) {
+  return shared_->sched.call(
+      [sh = shared_, name, version](Engine&) { return Shared::plan_staged(sh, name, version); });
+}
+
+size_t PrePrefill::on_staged_now(const std::string& name, uint64_t version) {
+  return Shared::plan_staged(shared_, name, version);
 }
 
 PrePrefillStats PrePrefill::stats() const {

@@ -35,6 +35,11 @@
 // arrives first prefills as usual (it records its chunks in the cache); the
 // task then finds nothing missing and ends.
 //
+// on_staged(name, v): a version committed and staged ahead of its publish
+// has the pending targets that follow it pre-prefilled under it as well
+// (LOCAL's stale-coverage prefill, for the prompts known to come), so the
+// publish finds their prefixes warm instead of making them stale.
+//
 // consume(id, agent): the target's request came; the handoff is no longer
 // pending for it (fewer consumers for the plans after). Pending handoffs
 // are bounded (max_pending): the oldest is forgotten first.
@@ -62,6 +67,11 @@ struct HandoffTarget {
   std::string ns;                        // its context namespace
   std::vector<AdapterBinding> adapters;  // its adapter binding (version 0: the published one)
   std::vector<TokenId> system_prompt;    // its prompt before the shared context
+  // Bindings the target's requests take once these adapters are first
+  // published (a learning agent whose first version has not passed its gate
+  // runs on the base model until then): on_published(name) moves the
+  // binding into `adapters` and plans the target again, as a stale one.
+  std::vector<AdapterBinding> on_first_publish;
 };
 
 struct Handoff {
@@ -114,6 +124,8 @@ struct PrePrefillStats {
   double busy_s = 0;                // seconds in the tasks' steps
   int64_t consumed = 0;             // targets whose request came
   int64_t stale = 0;                // targets whose adapter moved to another version before their request
+  int64_t staged_planned = 0;       // tasks under a staged version (on_staged)
+  int64_t staged_promoted = 0;      // of those, kept when their version was published
 };
 
 class PrePrefill {
@@ -136,9 +148,22 @@ class PrePrefill {
   void consume(uint64_t handoff, const std::string& agent);
   // Version `version` of adapter `name` was committed and published: the
   // pending targets that follow it were pre-prefilled under another
-  // version (stale); their tasks are cancelled and planned again under it
-  // at the next step boundary.
+  // version (stale), and those that take it at its first publish
+  // (HandoffTarget::on_first_publish) under none; their tasks are cancelled
+  // and planned again under it at the next step boundary.
   void on_published(const std::string& name, uint64_t version);
+  // Version `version` of adapter `name` was committed and staged, not yet
+  // published: the pending targets that follow `name` (or take it at its
+  // first publish) are pre-prefilled
+  // under it too, beside their task under the published version, so a
+  // request after the publish finds its prefix (stale-coverage prefill for
+  // the prompts known to come); on_published(name, version) then keeps
+  // that task instead of planning again. A later staged version replaces
+  // an earlier one's tasks. Returns (at the next step boundary) the number
+  // of tasks submitted.
+  std::future<size_t> on_staged(const std::string& name, uint64_t version);
+  // The same, now: only on the scheduler thread.
+  size_t on_staged_now(const std::string& name, uint64_t version);
 
   PrePrefillStats stats() const;
   // Handoff ids and agents of the tasks that ended, in the order they

@@ -338,7 +338,10 @@ void Server::Impl::adapter_routes() {
 void Server::Impl::adapter_staged(const std::string& name, uint64_t version, uint64_t dropped) {
   if (!adapter_state || !adapter_state->stale) return;
   if (dropped != 0) adapter_state->stale->on_unloaded(name, dropped);
-  if (version != 0) adapter_state->stale->plan(name, version);
+  if (version != 0) {
+    adapter_state->stale->plan(name, version);
+    handoffs_staged(name, version);
+  }
 }
 
 void Server::Impl::adapter_metrics(std::string& o) const {

@@ -294,7 +294,9 @@ HandoffTarget Server::Impl::handoff_target(const AgentSpec& a, const CompletionR
     }
     if (a.adapter_version ? pinned_found : published) {
       t.adapters.push_back({a.adapter, 1.0f, a.adapter_version});
-    } else if (!a.learn || a.adapter_version) {
+    } else if (a.learn && !a.adapter_version) {
+      t.on_first_publish.push_back({a.adapter, 1.0f, 0});  // its gate's first pass re-plans it under the adapter
+    } else {
       ApiError e = error_of(404,
                             "agent '" + a.name + "' binds adapter '" + a.adapter + "'" +
                                 (a.adapter_version ? " version " + std::to_string(a.adapter_version) : "") +
@@ -323,6 +325,15 @@ void Server::Impl::consume_handoffs(const std::string& agent) {
     hs.pending.erase(it);
   }
   for (uint64_t id : ids) hs.pp->consume(id, agent);
+}
+
+void Server::Impl::handoffs_staged(const std::string& name, uint64_t version) {
+  if (!handoff_state || !handoff_state->pp) return;
+  try {
+    handoff_state->pp->on_staged_now(name, version);
+  } catch (const SchedulerBusy&) {
+    // The scheduler is shutting down: nothing will be published.
+  }
 }
 
 void Server::Impl::adapter_published(const std::string& name, uint64_t version) {

@@ -273,6 +273,10 @@ struct Server::Impl {
   // Version `version` of adapter `name` was published (any thread): pending
   // handoff targets that follow it are re-planned under it.
   void adapter_published(const std::string& name, uint64_t version);
+  // On the scheduler thread: version `version` of adapter `name` was staged
+  // and waits for its publish (a gate, a manual publish): the pending
+  // handoff targets that follow it are pre-prefilled under it too.
+  void handoffs_staged(const std::string& name, uint64_t version);
   // server_web.cpp: the page at /
   void web_routes();
   // server_pressure.cpp: memory pressure watching (--pressure)

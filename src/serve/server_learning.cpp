@@ -364,6 +364,7 @@ void Server::Impl::gate(const std::string& agent, const AdapterInfo& staged, uin
   v.adapter = staged.name;
   v.version = staged.version;
   v.step = job ? job->status().step : 0;
+  handoffs_staged(v.adapter, v.version);  // warm while the gate runs
   if (opts.learn.gate == "off" || heldout.empty()) {
     const bool first = gate_baseline(v);
     v.gate = opts.learn.gate == "off" ? "off" : "no_heldout";
