@@ -440,6 +440,10 @@ TEST(ServeHandoffs, ALearningRoundsPublishReplansIt) {
            j["stats"]["tasks_submitted"].get<int64_t>() + j["stats"]["nothing_missing"].get<int64_t>() >= 2;
   });
   EXPECT_GE(h["stats"]["stale"].get<int64_t>(), 1) << h.dump();
+  // Each committed version was warmed for the pending target as its gate
+  // began (gate off: published in the same step), and that task was kept.
+  EXPECT_GE(h["stats"]["staged_planned"].get<int64_t>(), 1) << h.dump();
+  EXPECT_GE(h["stats"]["staged_promoted"].get<int64_t>(), 1) << h.dump();
   const Answer alone = complete(*c, "twin", kPlan);  // the same published version, its own namespace
   EXPECT_EQ(alone.cached, 0);
   const Answer handed = complete(*c, "teller", kPlan);

@@ -388,6 +388,8 @@ AgentsRun run_agents_workload(Engine& engine, const AgentsWorkload& w, const std
     run.preprefill_s = ps.busy_s;
     run.preprefill_shrunk_steps = ps.shrunk_steps;
     run.preprefill_timed_steps = ps.timed_steps;
+    run.preprefill_staged = ps.staged_planned;
+    run.preprefill_staged_kept = ps.staged_promoted;
     run.preprefill_min_chunk = ps.min_chunk_tokens;
   }
   return run;

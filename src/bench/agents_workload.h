@@ -114,6 +114,7 @@ struct AgentsRun {
   int64_t preprefill_tasks = 0, preprefill_completed = 0, preprefill_tokens = 0, preprefill_stale = 0;
   int64_t preprefill_shrunk_steps = 0, preprefill_min_chunk = 0;
   int64_t preprefill_timed_steps = 0;  // steps --step-seconds ended before their chunk
+  int64_t preprefill_staged = 0, preprefill_staged_kept = 0;  // under staged versions; kept at their publish
   double preprefill_s = 0;
   int64_t cached_tokens = 0, prompt_tokens = 0;  // foreground prompt tokens, and of them taken from the cache
   int64_t offload_requests = 0, offload_short = 0, bg_pending_memory = 0;

@@ -108,6 +108,8 @@ json result_json(const AgentsRun& r) {
           {"preprefill_stale", r.preprefill_stale},
           {"preprefill_shrunk_steps", r.preprefill_shrunk_steps},
           {"preprefill_timed_steps", r.preprefill_timed_steps},
+          {"preprefill_staged", r.preprefill_staged},
+          {"preprefill_staged_kept", r.preprefill_staged_kept},
           {"preprefill_min_chunk_tokens", r.preprefill_min_chunk},
           {"prompt_tokens", r.prompt_tokens},
           {"cached_tokens", r.cached_tokens},

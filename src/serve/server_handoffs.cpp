@@ -241,7 +241,9 @@ void Server::Impl::handoff_routes() {
                                  {"min_chunk_tokens", s.min_chunk_tokens},
                                  {"busy_s", s.busy_s},
                                  {"consumed", s.consumed},
-                                 {"stale", s.stale}};
+                                 {"stale", s.stale},
+                                 {"staged_planned", s.staged_planned},
+                                 {"staged_promoted", s.staged_promoted}};
              res.set_content(dump(json{{"object", "handoffs"},
                                        {"prefix_cache", engine.prefix_cache() != nullptr},
                                        {"pending", {{"handoffs", ids.size()}, {"targets", targets}}},
@@ -373,6 +375,10 @@ void Server::Impl::handoff_metrics(std::string& o) const {
   metric(o, "ebb_preprefill_stale_total", "counter",
          "Handoff targets re-planned because their adapter was published at another version before their request");
   sample(o, "ebb_preprefill_stale_total", static_cast<double>(s.stale));
+  metric(o, "ebb_preprefill_staged_total", "counter",
+         "Handoff targets pre-prefilled under a staged version ahead of its publish, by outcome so far");
+  sample(o, "ebb_preprefill_staged_total" + label("outcome", "planned"), static_cast<double>(s.staged_planned));
+  sample(o, "ebb_preprefill_staged_total" + label("outcome", "kept_at_publish"), static_cast<double>(s.staged_promoted));
 }
 
 }  // namespace ebb::serve
