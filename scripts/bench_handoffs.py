@@ -18,46 +18,22 @@ the ratio cannot go below (prompt - cached) / prompt for a prefill-bound
 TTFT. A table, or one JSON object with --json.
 """
 import argparse
-import http.client
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 
-KEY = "bench-key"
 WORDS = ("the order of the customer was shipped late so the agent checks the refund policy and the tool looks up "
          "the status of each item in the warehouse before the critic reviews the plan").split()
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ebb_server import Server as BaseServer  # noqa: E402
 
-class Server:
+
+class Server(BaseServer):
     def __init__(self, ebb, model, threads, ctx):
-        args = [ebb, "serve", "-m", model, "--port", "0", "--quiet", "--api-key", KEY, "-t", str(threads),
-                "--ctx", str(ctx)]
-        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.p.stdout.readline()
-        m = re.search(r"127\.0\.0\.1:(\d+)", line)
-        if not m:
-            self.p.kill()
-            sys.exit(f"ebb serve did not start: {line!r}")
-        self.port = int(m.group(1))
-
-    def call(self, method, path, body=None):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
-        c.request(method, path, None if body is None else json.dumps(body),
-                  {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        if r.status != 200:
-            sys.exit(f"{method} {path}: {r.status} {data[:300]!r}")
-        return json.loads(data)
-
-    def stop(self):
-        self.p.terminate()
-        self.p.wait(timeout=30)
+        super().__init__(ebb, model, threads, ["--ctx", str(ctx)])
 
 
 def main():

@@ -28,45 +28,25 @@ import http.client
 import json
 import os
 import random
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-KEY = "bench-key"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ebb_server import Server as BaseServer  # noqa: E402
 
 
-class Server:
+class Server(BaseServer):
     def __init__(self, ebb, model, extra, threads):
-        args = [ebb, "serve", "-m", model, "--port", "0", "--quiet", "--api-key", KEY, "-t", str(threads)] + extra
-        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.p.stdout.readline()
-        m = re.search(r"127\.0\.0\.1:(\d+)", line)
-        if not m:
-            self.p.kill()
-            sys.exit(f"ebb serve did not start: {line!r}")
-        self.port = int(m.group(1))
-
-    def call(self, method, path, body=None):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-        c.request(method, path, None if body is None else json.dumps(body),
-                  {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        if r.status != 200:
-            sys.exit(f"{method} {path}: {r.status} {data[:300]!r}")
-        return json.loads(data)
+        super().__init__(ebb, model, threads, extra, timeout=120)
 
     def stream(self, body):
         """(ttft_s, decode tok/s, id, text) of a streamed completion."""
         body = dict(body, stream=True)
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
         t0 = time.perf_counter()
-        c.request("POST", "/v1/completions", json.dumps(body),
-                  {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+        c.request("POST", "/v1/completions", json.dumps(body), self.headers())
         r = c.getresponse()
         if r.status != 200:
             sys.exit(f"POST /v1/completions: {r.status} {r.read()[:300]!r}")
@@ -90,10 +70,6 @@ class Server:
         ttft = (first or time.perf_counter()) - t0
         rate = (chunks - 1) / (last - first) if chunks > 1 and last > first else 0.0
         return ttft, rate, rid, text
-
-    def stop(self):
-        self.p.terminate()
-        self.p.wait(timeout=30)
 
 
 def pct(xs, q):

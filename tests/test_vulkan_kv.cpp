@@ -32,30 +32,17 @@
 namespace ebb {
 namespace {
 
+using test::chunked;
+using test::copy;
+using test::long_tokens;
 using test::nmse;
 using test::cpu_options;
-
-std::vector<float> copy(std::span<const float> v) { return {v.begin(), v.end()}; }
 
 EngineOptions device_options(const std::string& model, Backend* be, bool prefix_cache = false) {
   EngineOptions eo = cpu_options(model);
   eo.backend = be;
   eo.prefix_cache = prefix_cache;
   return eo;
-}
-
-// stories260K's first golden prompt and its greedy continuation: 13 tokens or more.
-std::vector<int32_t> long_tokens() {
-  const std::vector<test::GoldenCase> golden = test::load_golden("stories260K");
-  std::vector<int32_t> all = golden[0].prompt_tokens;
-  for (int32_t t : golden[0].greedy_tokens) all.push_back(t);
-  return all;
-}
-
-SessionOptions chunked(int64_t chunk = 4) {
-  SessionOptions so;
-  so.kv_chunk_size = chunk;
-  return so;
 }
 
 // The transfers themselves, through a staging buffer of 3 positions (so a

@@ -31,6 +31,9 @@
 namespace ebb {
 namespace {
 
+using test::chunked;
+using test::copy;
+using test::long_tokens;
 using test::nmse;
 using test::argmax;
 using test::cpu_options;
@@ -41,8 +44,6 @@ EngineOptions device_options(const std::string& model, Backend* be, int ngl) {
   eo.n_gpu_layers = ngl;
   return eo;
 }
-
-std::vector<float> copy(std::span<const float> s) { return {s.begin(), s.end()}; }
 
 // The bytes of layers [0, first)'s units (the CPU's part of a split).
 uint64_t host_layer_bytes(const Engine& e, int first) {
@@ -325,20 +326,6 @@ EngineOptions split_kv_options(Backend* be, bool prefix_cache = false) {
   EngineOptions eo = device_options("stories260K", be, kKvNgl);
   eo.prefix_cache = prefix_cache;
   return eo;
-}
-
-// stories260K's first golden prompt and its greedy continuation: 13 tokens or more.
-std::vector<int32_t> long_tokens() {
-  const std::vector<test::GoldenCase> golden = test::load_golden("stories260K");
-  std::vector<int32_t> all = golden[0].prompt_tokens;
-  for (int32_t t : golden[0].greedy_tokens) all.push_back(t);
-  return all;
-}
-
-SessionOptions chunked(int64_t chunk = 4) {
-  SessionOptions so;
-  so.kv_chunk_size = chunk;
-  return so;
 }
 
 // A prefix published by one session on a split (the CPU layers' chunks
