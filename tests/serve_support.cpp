@@ -171,6 +171,24 @@ Reply get(httplib::Client& c, const std::string& path) {
   return r;
 }
 
+json poll_get(httplib::Client& c, const std::string& path, const std::function<bool(const json&)>& done,
+              std::chrono::milliseconds limit, std::chrono::milliseconds every) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  json j;
+  while (std::chrono::steady_clock::now() < end) {
+    const Reply r = get(c, path);
+    if (r.status != 200) {
+      ADD_FAILURE() << "GET " << path << ": " << r.raw;
+      return j;
+    }
+    j = r.body;
+    if (done(j)) return j;
+    std::this_thread::sleep_for(every);
+  }
+  ADD_FAILURE() << "GET " << path << " did not get there in time: " << j.dump();
+  return j;
+}
+
 std::vector<std::string> sse_data(const std::string& body) {
   std::vector<std::string> out;
   size_t at = 0;

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <string>
 #include <sys/types.h>
 #include <vector>
@@ -69,6 +70,12 @@ struct Reply {
 Reply post(httplib::Client& c, const std::string& path, const std::string& body);
 Reply post(httplib::Client& c, const std::string& path, const nlohmann::json& body);
 Reply get(httplib::Client& c, const std::string& path);
+// Polls GET path every `every` until done(its JSON body) or `limit`; a
+// non-200 answer or the limit is a test failure naming the last body.
+nlohmann::json poll_get(httplib::Client& c, const std::string& path,
+                        const std::function<bool(const nlohmann::json&)>& done,
+                        std::chrono::milliseconds limit = std::chrono::seconds(30),
+                        std::chrono::milliseconds every = std::chrono::milliseconds(10));
 
 // The data lines of a Server-Sent Events body, in order ("[DONE]" included).
 std::vector<std::string> sse_data(const std::string& body);

@@ -58,20 +58,7 @@ Reply send(httplib::Client& c, const char* method, const std::string& path, cons
 
 // Polls GET /v1/learning until done(it) or the limit.
 json poll_learning(httplib::Client& c, const std::function<bool(const json&)>& done, std::chrono::seconds limit = 30s) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  json j;
-  while (std::chrono::steady_clock::now() < end) {
-    const Reply r = get(c, "/v1/learning");
-    if (r.status != 200) {
-      ADD_FAILURE() << r.raw;
-      return j;
-    }
-    j = r.body;
-    if (done(j)) return j;
-    std::this_thread::sleep_for(20ms);
-  }
-  ADD_FAILURE() << "/v1/learning did not get there in time: " << j.dump();
-  return j;
+  return test::poll_get(c, "/v1/learning", done, limit, 20ms);
 }
 
 // No round running or waiting to start.

@@ -41,20 +41,7 @@ const char* kPlan =
 
 // Polls GET /v1/handoffs until done(its body) or 30 s.
 json poll_handoffs(httplib::Client& c, const std::function<bool(const json&)>& done) {
-  const auto end = std::chrono::steady_clock::now() + 30s;
-  json j;
-  while (std::chrono::steady_clock::now() < end) {
-    const Reply r = get(c, "/v1/handoffs");
-    if (r.status != 200) {
-      ADD_FAILURE() << r.raw;
-      return j;
-    }
-    j = r.body;
-    if (done(j)) return j;
-    std::this_thread::sleep_for(10ms);
-  }
-  ADD_FAILURE() << "/v1/handoffs did not get there in time: " << j.dump();
-  return j;
+  return test::poll_get(c, "/v1/handoffs", done);
 }
 
 // Every task submitted so far has ended (the scheduler holds none of them).

@@ -126,16 +126,9 @@ class SystemRun {
     so.n_ctx = n_ctx + o.query_tokens;
     so.kv_chunk_size = o.kv_chunk_size;
     s_ = std::make_unique<Session>(*e_, so);
-    // The same context and query for every system.
-    std::mt19937_64 rng(o.seed + static_cast<uint64_t>(n_ctx));
-    const int32_t n_vocab = e_->config().n_vocab;
-    auto random_tokens = [&](int64_t n) {
-      std::vector<TokenId> t(static_cast<size_t>(n));
-      for (TokenId& x : t) x = static_cast<TokenId>(1 + rng() % static_cast<uint64_t>(n_vocab - 1));
-      return t;
-    };
-    const std::vector<TokenId> context = random_tokens(n_ctx);
-    query_ = random_tokens(o.query_tokens);
+    TtftPrompt prompt = ttft_prompt(o.seed, n_ctx, o.query_tokens, e_->config().n_vocab);
+    const std::vector<TokenId> context = std::move(prompt.context);
+    query_ = std::move(prompt.query);
     log(o, "bench ttft: " + name_ + ": prefilling " + std::to_string(n_ctx) + " tokens");
     int64_t last_pct = -1;
     const double t_pre = now_seconds();
@@ -330,6 +323,19 @@ std::string_view ttft_system_name(TtftSystem s) {
     case TtftSystem::kOsPaging: return "os_paging";
   }
   return "?";
+}
+
+TtftPrompt ttft_prompt(uint64_t seed, int64_t n_ctx, int64_t query_tokens, int32_t n_vocab) {
+  std::mt19937_64 rng(seed + static_cast<uint64_t>(n_ctx));
+  auto random_tokens = [&](int64_t n) {
+    std::vector<TokenId> t(static_cast<size_t>(n));
+    for (TokenId& x : t) x = static_cast<TokenId>(1 + rng() % static_cast<uint64_t>(n_vocab - 1));
+    return t;
+  };
+  TtftPrompt p;
+  p.context = random_tokens(n_ctx);
+  p.query = random_tokens(query_tokens);
+  return p;
 }
 
 BenchTtftResult bench_ttft(const BenchTtftOptions& o) {

@@ -99,6 +99,14 @@ struct BenchTtftResult {
   UnitTimes ebb_unit_times;
 };
 
+// The context [n_ctx] and query [query_tokens] a run prefills and then asks,
+// random tokens in [1, n_vocab) seeded by (seed, n_ctx): the same for every
+// system and device.
+struct TtftPrompt {
+  std::vector<TokenId> context, query;
+};
+TtftPrompt ttft_prompt(uint64_t seed, int64_t n_ctx, int64_t query_tokens, int32_t n_vocab);
+
 BenchTtftResult bench_ttft(const BenchTtftOptions& o);
 
 nlohmann::json ttft_rows_json(const std::vector<BenchTtftRow>& rows);

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "bench/bench_budget.h"
+#include "bench/bench_ttft.h"
 #include "platform/error.h"
 #include "platform/timer.h"
 #include "runtime/engine.h"
@@ -41,15 +42,9 @@ class DeviceRun {
     so.n_ctx = n_ctx + o.query_tokens;
     so.kv_chunk_size = o.kv_chunk_size;
     s_ = std::make_unique<Session>(*e_, so);
-    std::mt19937_64 rng(o.seed + static_cast<uint64_t>(n_ctx));
-    const int32_t n_vocab = e_->config().n_vocab;
-    auto random_tokens = [&](int64_t n) {
-      std::vector<TokenId> t(static_cast<size_t>(n));
-      for (TokenId& x : t) x = static_cast<TokenId>(1 + rng() % static_cast<uint64_t>(n_vocab - 1));
-      return t;
-    };
-    const std::vector<TokenId> context = random_tokens(n_ctx);
-    query_ = random_tokens(o.query_tokens);
+    TtftPrompt prompt = ttft_prompt(o.seed, n_ctx, o.query_tokens, e_->config().n_vocab);
+    const std::vector<TokenId> context = std::move(prompt.context);
+    query_ = std::move(prompt.query);
     say(o, "bench ttft: " + e_->device_id() + ": prefilling " + std::to_string(n_ctx) + " tokens");
     s_->feed(context);
     weights_ = e_->footprint().device->weights();
