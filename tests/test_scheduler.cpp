@@ -491,6 +491,73 @@ TEST(Scheduler, AGuaranteedShareHoldsWhileTheForegroundSaturatesTheEngine) {
   }
 }
 
+// The share ahead of the foreground is of the time the foreground and the
+// shared kinds used. Before, it was of all busy time: in bench agents,
+// cross-agent pre-prefill (44-46 s of 150) ran in the foreground's idle
+// time, training fell below half of all busy time after each burst of it,
+// and took 174-249 steps ahead of the foreground (13 without pre-prefill),
+// each delaying a cold prefill's next round by a phase.
+TEST(Scheduler, OtherBackgroundWorkDoesNotMakeAShareOwedOverTheForeground) {
+  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+  o.background_shares = {{"train", 0.5}};
+  o.shares_over_foreground = true;
+  o.background_share_horizon_s = 0.5;
+  o.background_window_s = 0.5;
+  o.margin_s = 0.05;
+  Recorder rec;
+  Gate gate;
+  std::atomic<bool> fg_done{false};
+  std::atomic<int> fg_left{2};
+  Scheduler s(nullptr, o);
+  s.submit(gate.task(rec));
+  ASSERT_TRUE(wait_until([&] { return gate.entered.load(); }));
+  // Training runs alone for 40 steps, then a higher-priority cache task
+  // takes the engine for 60 steps (train waits: lower priority), then two
+  // foreground tasks saturate it.
+  const auto submit_foreground = [&] {
+    for (const char* name : {"F1", "F2"}) {
+      s.submit(fake(kFg, "fg", name, 100, rec, 2ms, [&](int n) {
+        if (n == 100 && --fg_left == 0) fg_done = true;
+      }));
+    }
+  };
+  Task cache = fake(kBg, "cache", "cache", 60, rec, 3ms, [&](int n) {
+    if (n == 60) submit_foreground();
+  });
+  cache.desc.priority = 1;
+  auto cache_task = std::make_shared<Task>(std::move(cache));
+  Task t;
+  t.desc.kind = "train";
+  auto n = std::make_shared<int>(0);
+  t.step = [&, n, cache_task] {
+    if (fg_done.load()) return false;
+    rec.add("train");
+    std::this_thread::sleep_for(3ms);
+    if (++*n == 40) s.submit_background(std::move(*cache_task));
+    return true;
+  };
+  s.submit_background(std::move(t));
+  gate.open.set_value();
+  ASSERT_TRUE(wait_until([&] { return fg_done.load(); }, 20000ms));
+  ASSERT_TRUE(wait_until([&] { return s.metrics().bg_completed == 2; }));
+  s.shutdown(0);
+  const std::vector<std::string> log = rec.log();
+  const auto first_fg = std::find_if(log.begin(), log.end(), [](const std::string& e) { return e[0] == 'F'; });
+  ASSERT_NE(first_fg, log.end());
+  ASSERT_EQ(std::count(log.begin(), first_fg, "cache"), 60) << "the cache task ran to its end before the foreground";
+  // Training had about 40 % of the recent busy time (the cache the rest):
+  // below half of all of it, but above half of its own and the
+  // foreground's (which was none). It waits until the foreground has used
+  // about as much as it recently did (about 0.08 s here: some 20 rounds of
+  // the two 2 ms tasks), instead of jumping the very first rounds.
+  const auto first_train = std::find(first_fg, log.end(), std::string("train"));
+  const auto fg_before = std::count_if(first_fg, first_train, [](const std::string& e) { return e[0] == 'F'; });
+  EXPECT_GE(fg_before, 16) << "foreground steps before training's first step ahead of it";
+  // And the share still holds against a foreground that saturates the engine.
+  EXPECT_GE(std::count(first_train, log.end(), std::string("train")), 10);
+  EXPECT_GE(s.metrics().bg_share_fg, 10);
+}
+
 TEST(Scheduler, EstimatesAreMovingAveragesOfMeasuredSteps) {
   Ema e(0.2);
   EXPECT_FALSE(e.set());

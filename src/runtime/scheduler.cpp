@@ -1111,6 +1111,7 @@ void Scheduler::note_busy_locked(const std::string& kind, double dt) {
   const double keep = opts_.background_share_horizon_s > 0 ? std::exp(-dt / opts_.background_share_horizon_s) : 1.0;
   for (auto& [k, sec] : bg_recent_s_) sec *= keep;
   bg_recent_total_s_ = bg_recent_total_s_ * keep + dt;
+  fg_recent_s_ = fg_recent_s_ * keep + (kind.empty() ? dt : 0.0);
   if (!kind.empty()) bg_recent_s_[kind] += dt;
   for (const auto& [k, share] : opts_.background_shares) {
     const auto r = bg_recent_s_.find(k);
@@ -1119,14 +1120,24 @@ void Scheduler::note_busy_locked(const std::string& kind, double dt) {
 }
 
 Scheduler::BgItem* Scheduler::owed_over_foreground_locked(const std::vector<BgItem*>& ok) {
-  if (opts_.background_shares.empty() || bg_recent_total_s_ <= 0) return nullptr;
+  if (opts_.background_shares.empty()) return nullptr;
+  // A share ahead of the foreground is a share of the time the foreground
+  // and the shared kinds used: background work of other kinds (pre-prefill,
+  // stale prefill) ran in time the foreground left idle, and counting it
+  // would make the foreground pay for it.
+  double total = fg_recent_s_;
+  for (const auto& [k, share] : opts_.background_shares) {
+    const auto r = bg_recent_s_.find(k);
+    if (r != bg_recent_s_.end()) total += r->second;
+  }
+  if (total <= 0) return nullptr;
   BgItem* owed = nullptr;
   double deficit = 0;
   for (BgItem* b : ok) {
     const auto sh = opts_.background_shares.find(b->task.desc.kind);
     if (sh == opts_.background_shares.end()) continue;
     const auto r = bg_recent_s_.find(b->task.desc.kind);
-    const double d = sh->second * bg_recent_total_s_ - (r == bg_recent_s_.end() ? 0.0 : r->second);
+    const double d = sh->second * total - (r == bg_recent_s_.end() ? 0.0 : r->second);
     if (d <= 0) continue;
     // The kind furthest below its share; within it, priority then arrival.
     bool take = !owed;

@@ -229,7 +229,11 @@ struct SchedulerOptions {
   //     waiting or running foreground work,
   //     one step at a time, at most one between two foreground rounds (a
   //     foreground that saturates the engine would otherwise leave the kind
-  //     nothing). The step is still bounded by the
+  //     nothing). Here the share is of the recent time the foreground and
+  //     the shared kinds used, not of all busy time: the other kinds' work
+  //     (pre-prefill, stale prefill) ran in time the foreground left idle,
+  //     so it never makes a kind owed over the foreground. The step is
+  //     still bounded by the
   //     window rule (ŷ + δ <= W_bg: no starvation exception while
   //     foreground work is there), so a foreground arrival waits for at
   //     most one such step; SchedulerMetrics::bg_share_fg counts them.
@@ -432,6 +436,7 @@ class Scheduler {
   // busy time.
   std::map<std::string, double> bg_recent_s_;
   double bg_recent_total_s_ = 0;
+  double fg_recent_s_ = 0;  // the foreground rounds' part of it
   // Adds dt seconds of busy time (kind "": a foreground round).
   void note_busy_locked(const std::string& kind, double dt);
   // Under foreground-first with foreground work there: the admissible task
