@@ -99,7 +99,12 @@ struct PrePrefillOptions {
   double step_seconds = 0;
   int64_t max_prefix_tokens = 8192; // longer prefixes are pre-prefilled up to this (whole KV chunks)
   size_t max_pending = 256;         // pending handoffs kept at most (oldest forgotten)
-  int priority = 0;                 // of the background tasks
+  // Of the background tasks: above training's and stale prefill's (0), so
+  // the prefix of a request known to come within seconds (under the
+  // published version, or a staged one about to be) is ready before the
+  // engine's idle time goes to them; the foreground still goes first, and
+  // training keeps its share of the foreground's time.
+  int priority = 1;
   // Bytes background work may take now (above the foreground reserve).
   // Default: the scheduler's memory_headroom().
   std::function<uint64_t()> headroom;
