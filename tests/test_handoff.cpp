@@ -367,6 +367,43 @@ TEST(PrePrefill, HigherDmaRunsFirst) {
   EXPECT_EQ(order.back().first, id_small);  // the lowest D_ma ran last
 }
 
+// A target's request is seconds away: its prefix goes before training in
+// the engine's idle time (training's guaranteed share is of the
+// foreground's time, and stays). At priority 0, training below its share
+// went first and the prefix was half done when the request came.
+TEST(PrePrefill, TasksGoBeforeTrainingInTheIdleTime) {
+  World w;
+  PrePrefillOptions o;
+  o.chunk_tokens = 8;  // several steps per target
+  PrePrefill pp(*w.engine, w.sched, o);
+  Handoff h;
+  h.shared_context = w.shared;
+  h.targets = {target("t1", "x", {}, w.sys_a), target("t2", "y", {}, w.sys_b)};
+  std::atomic<int> train_steps{0}, train_steps_before{0};
+  std::atomic<bool> stop{false};
+  {
+    Hold hold(w.sched);
+    Task t;
+    t.desc.kind = "train";
+    t.step = [&] {
+      ++train_steps;
+      if (pp.stats().tasks_completed < 2) ++train_steps_before;
+      std::this_thread::sleep_for(2ms);
+      return !stop.load();
+    };
+    w.sched.submit_background(std::move(t));
+    std::future<size_t> planned;
+    pp.post(h, &planned);
+    hold.release();
+    EXPECT_EQ(planned.get(), 2u);
+  }
+  ASSERT_TRUE(wait_until([&] { return settled(pp) && pp.stats().tasks_completed == 2; }));
+  ASSERT_TRUE(wait_until([&] { return train_steps.load() > 5; })) << "training runs once they are done";
+  stop = true;
+  EXPECT_GT(pp.stats().steps, 2) << "the prefixes took several steps";
+  EXPECT_EQ(train_steps_before.load(), 0);
+}
+
 TEST(PrePrefill, ChunkShrinksUnderMemoryPressure) {
   World w;
   std::atomic<uint64_t> headroom{1ull << 40};
