@@ -404,6 +404,32 @@ TEST(Scheduler, AGuaranteedShareGivesTrainingItsPartBesidePendingPrePrefill) {
   }
 }
 
+// Shares over a foreground-first scheduler whose window admits short steps.
+SchedulerOptions share_options(double share, bool over_foreground) {
+  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
+  o.background_shares.clear();
+  if (share > 0) o.background_shares = {{"train", share}};
+  o.shares_over_foreground = over_foreground;
+  o.background_share_horizon_s = 0.5;
+  o.background_window_s = 0.5;
+  o.margin_s = 0.05;
+  return o;
+}
+
+// Two foreground tasks ("F1", "F2") of `steps` steps of 2 ms: every round
+// runs one step of each, so foreground work is always there until both end.
+struct SaturatingForeground {
+  std::atomic<bool> done{false};
+  std::atomic<int> left{2};
+  void submit(Scheduler& s, Recorder& rec, int steps) {
+    for (const char* name : {"F1", "F2"}) {
+      s.submit(fake(kFg, "fg", name, steps, rec, 2ms, [this, steps](int n) {
+        if (n == steps && --left == 0) done = true;
+      }));
+    }
+  }
+};
+
 // A foreground that saturates the engine (there is always a foreground task
 // running) left background work nothing under foreground-first, whatever
 // its guaranteed share: in ebb bench agents at load, training got 14.9 s of
@@ -419,27 +445,16 @@ TEST(Scheduler, AGuaranteedShareHoldsWhileTheForegroundSaturatesTheEngine) {
   for (const Case c : {Case{0.0, 0.0}, Case{0.5, 0.0}, Case{0.25, 0.0}, Case{0.5, 1.0}, Case{0.5, 0.0, false}}) {
     SCOPED_TRACE("share " + std::to_string(c.share) + ", step estimate " + std::to_string(c.train_step_estimate_s) +
                  (c.over_foreground ? "" : ", shares not over the foreground"));
-    SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
-    if (c.share > 0) o.background_shares = {{"train", c.share}};
-    o.shares_over_foreground = c.over_foreground;
-    o.background_share_horizon_s = 0.5;
-    o.background_window_s = 0.5;
-    o.margin_s = 0.05;
+    SchedulerOptions o = share_options(c.share, c.over_foreground);
     o.window_starvation_s = 0.2;  // a step past the window runs once the engine is idle
     Recorder rec;
     Gate gate;
-    std::atomic<bool> fg_done{false};
-    std::atomic<int> fg_left{2};
+    SaturatingForeground fg;
+    std::atomic<bool>& fg_done = fg.done;
     Scheduler s(nullptr, o);
     s.submit(gate.task(rec));
     ASSERT_TRUE(wait_until([&] { return gate.entered.load(); }));
-    // Two foreground tasks of 150 steps of 2 ms: every round runs one step
-    // of each, so foreground work is always there until both end.
-    for (const char* name : {"F1", "F2"}) {
-      s.submit(fake(kFg, "fg", name, 150, rec, 2ms, [&](int n) {
-        if (n == 150 && --fg_left == 0) fg_done = true;
-      }));
-    }
+    fg.submit(s, rec, 150);
     // Training: one long task of 3 ms steps, ending at its first step after
     // the foreground is done (so it adds at most one step of idle time).
     std::atomic<int> train_during{0};
@@ -498,31 +513,19 @@ TEST(Scheduler, AGuaranteedShareHoldsWhileTheForegroundSaturatesTheEngine) {
 // and took 174-249 steps ahead of the foreground (13 without pre-prefill),
 // each delaying a cold prefill's next round by a phase.
 TEST(Scheduler, OtherBackgroundWorkDoesNotMakeAShareOwedOverTheForeground) {
-  SchedulerOptions o = fake_options(SchedPolicy::kForegroundFirst);
-  o.background_shares = {{"train", 0.5}};
-  o.shares_over_foreground = true;
-  o.background_share_horizon_s = 0.5;
-  o.background_window_s = 0.5;
-  o.margin_s = 0.05;
+  const SchedulerOptions o = share_options(0.5, true);
   Recorder rec;
   Gate gate;
-  std::atomic<bool> fg_done{false};
-  std::atomic<int> fg_left{2};
+  SaturatingForeground fg;
+  std::atomic<bool>& fg_done = fg.done;
   Scheduler s(nullptr, o);
   s.submit(gate.task(rec));
   ASSERT_TRUE(wait_until([&] { return gate.entered.load(); }));
   // Training runs alone for 40 steps, then a higher-priority cache task
   // takes the engine for 60 steps (train waits: lower priority), then two
   // foreground tasks saturate it.
-  const auto submit_foreground = [&] {
-    for (const char* name : {"F1", "F2"}) {
-      s.submit(fake(kFg, "fg", name, 100, rec, 2ms, [&](int n) {
-        if (n == 100 && --fg_left == 0) fg_done = true;
-      }));
-    }
-  };
   Task cache = fake(kBg, "cache", "cache", 60, rec, 3ms, [&](int n) {
-    if (n == 60) submit_foreground();
+    if (n == 60) fg.submit(s, rec, 100);
   });
   cache.desc.priority = 1;
   auto cache_task = std::make_shared<Task>(std::move(cache));
