@@ -430,6 +430,19 @@ struct SaturatingForeground {
   }
 };
 
+// A scheduler held by a gate (opened by the test) with a saturating
+// foreground to submit.
+struct ShareRun {
+  Recorder rec;
+  Gate gate;
+  SaturatingForeground fg;
+  Scheduler s;
+  explicit ShareRun(const SchedulerOptions& o) : s(nullptr, o) {
+    s.submit(gate.task(rec));
+    EXPECT_TRUE(wait_until([&] { return gate.entered.load(); }));
+  }
+};
+
 // A foreground that saturates the engine (there is always a foreground task
 // running) left background work nothing under foreground-first, whatever
 // its guaranteed share: in ebb bench agents at load, training got 14.9 s of
@@ -447,13 +460,9 @@ TEST(Scheduler, AGuaranteedShareHoldsWhileTheForegroundSaturatesTheEngine) {
                  (c.over_foreground ? "" : ", shares not over the foreground"));
     SchedulerOptions o = share_options(c.share, c.over_foreground);
     o.window_starvation_s = 0.2;  // a step past the window runs once the engine is idle
-    Recorder rec;
-    Gate gate;
-    SaturatingForeground fg;
+    ShareRun run(o);
+    auto& [rec, gate, fg, s] = run;
     std::atomic<bool>& fg_done = fg.done;
-    Scheduler s(nullptr, o);
-    s.submit(gate.task(rec));
-    ASSERT_TRUE(wait_until([&] { return gate.entered.load(); }));
     fg.submit(s, rec, 150);
     // Training: one long task of 3 ms steps, ending at its first step after
     // the foreground is done (so it adds at most one step of idle time).
@@ -514,13 +523,9 @@ TEST(Scheduler, AGuaranteedShareHoldsWhileTheForegroundSaturatesTheEngine) {
 // each delaying a cold prefill's next round by a phase.
 TEST(Scheduler, OtherBackgroundWorkDoesNotMakeAShareOwedOverTheForeground) {
   const SchedulerOptions o = share_options(0.5, true);
-  Recorder rec;
-  Gate gate;
-  SaturatingForeground fg;
+  ShareRun run(o);
+  auto& [rec, gate, fg, s] = run;
   std::atomic<bool>& fg_done = fg.done;
-  Scheduler s(nullptr, o);
-  s.submit(gate.task(rec));
-  ASSERT_TRUE(wait_until([&] { return gate.entered.load(); }));
   // Training runs alone for 40 steps, then a higher-priority cache task
   // takes the engine for 60 steps (train waits: lower priority), then two
   // foreground tasks saturate it.
