@@ -117,7 +117,7 @@ void add_model_options(CLI::App* app, ModelArgs& a, const ModelOptionSet& set) {
   app->add_option("--memory-limit", a.memory_limit,
                   "Elastic memory: keep weights and KV in RAM within this size (300MiB, 40% of the weights, or off); "
                   "what does not fit is streamed or evicted (default: the limit of the process's cgroup, less room "
-                  "for the rest of the process)")
+                  "for the rest of the process); with --device, device and host memory together (no cgroup default)")
       ->group(g);
   app->add_option("--cgroup-root", a.cgroup_root, "where /proc and /sys are read (tests)")->group("");
   app->add_option("--progress-after", a.progress_after, "seconds before a load shows its progress (tests)")->group("");
