@@ -147,6 +147,10 @@ void elastic_or_throw(Engine& e) {
   throw ApiException(err);
 }
 
+// The footprint a fraction or percentage is of: the host's total and, on a
+// device engine, the device's too.
+uint64_t footprint_total(const Footprint& f) { return f.total() + (f.device ? f.device->total() : 0); }
+
 // A size field: a whole number of bytes >= min_bytes, or text parse_size
 // reads ("512MiB", "1.5G", "40%"); the text is checked here and resolved
 // against the engine's footprint on the scheduler thread.
@@ -472,14 +476,14 @@ void Server::Impl::memory_routes() {
               }
               json out = on_engine(sched, [size, fraction, has_bytes](Engine& e) {
                 elastic_or_throw(e);
-                const uint64_t before = e.footprint().total();
+                const uint64_t before = footprint_total(e.footprint());
                 const uint64_t bytes =
                     has_bytes ? size.resolve(before) : static_cast<uint64_t>(std::llround(fraction * before));
                 const EvictReport r = e.evict(std::max<uint64_t>(bytes, 1));
                 json j = evict_json(r);
                 j["object"] = "memory.evict";
                 j["footprint_before"] = before;
-                j["footprint_after"] = e.footprint().total();
+                j["footprint_after"] = footprint_total(e.footprint());
                 return j;
               });
               EvictReport r;
@@ -563,8 +567,8 @@ void Server::Impl::memory_routes() {
                 return json{{"object", "memory.limit"},
                             {"memory_limit", e.memory_limit()},
                             {"evict", evict_json(r)},
-                            {"footprint_before", f.total()},
-                            {"footprint_after", e.footprint().total()}};
+                            {"footprint_before", footprint_total(f)},
+                            {"footprint_after", footprint_total(e.footprint())}};
               });
               {
                 std::lock_guard lock(ms.mu);
@@ -598,7 +602,7 @@ void Server::Impl::memory_routes() {
               const TrimLevel t = *level;
               json out = on_engine(sched, [t](Engine& e) {
                 elastic_or_throw(e);
-                const uint64_t before = e.footprint().total();
+                const uint64_t before = footprint_total(e.footprint());
                 const uint64_t bytes = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(t.fraction * before)));
                 const EvictReport r = e.evict(bytes);
                 return json{{"object", "memory.trim"},
@@ -608,7 +612,7 @@ void Server::Impl::memory_routes() {
                             {"bytes", bytes},
                             {"evict", evict_json(r)},
                             {"footprint_before", before},
-                            {"footprint_after", e.footprint().total()}};
+                            {"footprint_after", footprint_total(e.footprint())}};
               });
               EvictReport r;
               r.freed = out["evict"]["freed"].get<uint64_t>();
