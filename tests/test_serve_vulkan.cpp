@@ -6,6 +6,7 @@
 // Skips without a Vulkan device unless EBB_TEST_REQUIRE_VULKAN=1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -102,6 +103,64 @@ void synth(const std::string& out, int seed) {
   const test::CliResult r = test::run_cli("adapter synth -m " + test::model_path("stories260K.gguf") +
                                           " --rank 4 --b-std 0.2 --seed " + std::to_string(seed) + " -o " + out);
   ASSERT_EQ(r.status, 0) << r.err;
+}
+
+// The memory routes on a device server: a limit below what it holds
+// answers 200 and drops device layers, /v1/memory shows the device's held
+// bytes under it and the dropped layers, a completion under it gives the
+// same greedy text, a limit no step could run under is a 400 naming the
+// sizes, and "off" then a restore bring every layer back; evict works too.
+TEST(ServeVulkan, MemoryLimitEvictAndRestoreOnTheDevice) {
+  EBB_REQUIRE_VULKAN(be);
+  test::ServerProcess gpu({"--device", "vulkan"});
+  ASSERT_GT(gpu.port(), 0) << gpu.first_line() << gpu.err();
+  auto c = test::client(gpu.port());
+  const json req = {{"prompt", "Lily"}, {"max_tokens", 12}, {"temperature", 0}};
+  const test::Reply want = test::post(*c, "/v1/completions", req);
+  ASSERT_EQ(want.status, 200) << want.raw;
+  json m = test::get(*c, "/v1/memory").body;
+  EXPECT_EQ(m["elastic"], true);
+  EXPECT_EQ(m["memory_limit"].get<uint64_t>(), 0u);
+  const uint64_t held = m["device"]["held"].get<uint64_t>(), weights = m["device"]["weights"].get<uint64_t>();
+  uint64_t layer = 0;
+  for (const json& l : m["layers"]) layer = std::max(layer, l["device_weights_bytes"].get<uint64_t>());
+  ASSERT_GT(layer, 0u);
+  // Room for the window (a layer and its host copy), one more layer and the KV.
+  const uint64_t limit = held - weights + 3 * layer + (64u << 10);
+  ASSERT_LT(limit, held);
+  const test::Reply r = test::post(*c, "/v1/memory/limit", json{{"bytes", limit}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["memory_limit"].get<uint64_t>(), limit);
+  EXPECT_GT(r.body["evict"]["weights_dropped"].get<int64_t>(), 0) << r.raw;
+  EXPECT_GT(r.body["evict"]["freed"].get<uint64_t>(), 0u) << r.raw;
+  m = test::get(*c, "/v1/memory").body;
+  EXPECT_EQ(m["memory_limit"].get<uint64_t>(), limit);
+  EXPECT_LE(m["device"]["held"].get<uint64_t>(), limit);
+  EXPECT_GT(m["device"]["weights_dropped"].get<uint64_t>(), 0u);
+  const test::Reply got = test::post(*c, "/v1/completions", req);
+  ASSERT_EQ(got.status, 200) << got.raw;
+  EXPECT_EQ(got.body["choices"][0]["text"], want.body["choices"][0]["text"]);
+  m = test::get(*c, "/v1/memory").body;
+  EXPECT_LE(m["device"]["held"].get<uint64_t>(), limit);
+  const test::Reply tiny = test::post(*c, "/v1/memory/limit", json{{"bytes", 1}});
+  EXPECT_EQ(tiny.status, 400) << tiny.raw;
+  EXPECT_NE(tiny.raw.find("the smallest limit is"), std::string::npos) << tiny.raw;
+  EXPECT_EQ(test::get(*c, "/v1/memory").body["memory_limit"].get<uint64_t>(), limit) << "the refused limit changed nothing";
+  ASSERT_EQ(test::post(*c, "/v1/memory/limit", json{{"bytes", "off"}}).status, 200);
+  const test::Reply back = test::post(*c, "/v1/memory/restore", json::object());
+  ASSERT_EQ(back.status, 200) << back.raw;
+  EXPECT_GT(back.body["restored_bytes"].get<uint64_t>(), 0u) << back.raw;
+  m = test::get(*c, "/v1/memory").body;
+  EXPECT_EQ(m["memory_limit"].get<uint64_t>(), 0u);
+  EXPECT_EQ(m["device"]["weights_dropped"].get<uint64_t>(), 0u);
+  EXPECT_EQ(m["device"]["weights"].get<uint64_t>(), weights);
+  const test::Reply ev = test::post(*c, "/v1/memory/evict", json{{"fraction", 0.5}});
+  ASSERT_EQ(ev.status, 200) << ev.raw;
+  EXPECT_GT(ev.body["freed"].get<uint64_t>(), 0u) << ev.raw;
+  EXPECT_GT(test::get(*c, "/v1/memory").body["device"]["weights_dropped"].get<uint64_t>(), 0u);
+  const test::Reply after = test::post(*c, "/v1/completions", req);
+  ASSERT_EQ(after.status, 200) << after.raw;
+  EXPECT_EQ(after.body["choices"][0]["text"], want.body["choices"][0]["text"]);
 }
 
 // Adapters per request on the device: a request binding one gets the CPU

@@ -125,7 +125,7 @@ typedef struct ebb_engine_options {
   const char* device;         /* where the model runs: "cpu", "vulkan" (the first Vulkan device) or "vulkan:N"
                                  (the Nth, in the Vulkan loader's order); NULL (default): "cpu", or "vulkan" when
                                  n_gpu_layers > 0. On a device the weights, KV and LoRA adapters live in its memory;
-                                 memory_limit is refused there (the host's elastic memory is off). */
+                                 memory_limit there caps device and host memory together (docs/vulkan.md). */
   int32_t n_gpu_layers;       /* layers on the device, as llama.cpp's -ngl: -1 (default) or >= the model's layers:
                                  all; 0: none (the CPU). A split (0 < n < layers) is not supported yet. */
 } ebb_engine_options;
@@ -326,7 +326,11 @@ EBB_API ebb_status ebb_engine_evict(ebb_engine* engine, uint64_t bytes, ebb_evic
 /* Restores everything evicted and waits for it; result may be NULL. */
 EBB_API ebb_status ebb_engine_restore(ebb_engine* engine, ebb_restore_result* result);
 /* Caps weights + KV + compressed KV + streaming buffers in RAM (0: no cap),
- * evicting down to it now; result (may be NULL) reports that eviction. */
+ * evicting down to it now; result (may be NULL) reports that eviction. On a
+ * device (options.device) it caps what the engine holds on the device and
+ * the host together: device layers are dropped now, and steps restore the
+ * ones that fit and stream the rest; a limit no step could run under is
+ * EBB_ERR_FAILED naming the sizes. */
 EBB_API ebb_status ebb_engine_set_memory_limit(ebb_engine* engine, uint64_t bytes, ebb_evict_result* result);
 
 typedef enum ebb_unit_state {

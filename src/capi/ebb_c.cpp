@@ -547,8 +547,6 @@ ebb_status ebb_engine_load(const ebb_engine_options* options, ebb_engine** out) 
                 "options.prefill_batch = " + std::to_string(o.prefill_batch) + " is outside [1, 1048576]");
     check_readable_file(o.model_path, "model file");
     const std::string device = engine_device(o);
-    check_range(device == "cpu" || o.memory_limit == 0,
-                "options.memory_limit: the host's elastic memory is off while the engine runs on " + device);
 
     ebb::EngineOptions eo;
     eo.device = device;

@@ -124,10 +124,18 @@ void evict_command(Engine& engine, const std::string& arg) {
 
 void limit_command(Engine& engine, const std::string& arg) {
   const Footprint f = engine.footprint();
-  const uint64_t bytes = arg == "off" ? 0 : parse_size(arg, f.weights() + f.weights_stored + f.kv());
+  uint64_t of = f.weights() + f.weights_stored + f.kv();  // a percentage: of weights and KV
+  if (f.device) of += f.device->weights() + f.device->weights_dropped + f.device->kv + f.device->kv_parked;
+  const uint64_t bytes = arg == "off" ? 0 : parse_size(arg, of);
   const EvictReport r = engine.set_memory_limit(bytes);
   if (bytes == 0) {
     std::fprintf(stderr, "no memory limit: the next answer restores everything\n");
+  } else if (f.device) {
+    std::fprintf(stderr,
+                 "memory limit %s on %s and the host together: gave back %s now (%lld device layers); answers "
+                 "restore the layers that fit and stream the rest\n",
+                 format_bytes(bytes).c_str(), f.device->id.c_str(), format_bytes(r.freed).c_str(),
+                 static_cast<long long>(r.weights_dropped));
   } else {
     std::fprintf(stderr, "memory limit %s: gave back %s now; answers stream the weight layers that do not fit\n",
                  format_bytes(bytes).c_str(), format_bytes(r.freed).c_str());
@@ -135,9 +143,11 @@ void limit_command(Engine& engine, const std::string& arg) {
 }
 
 void restore_command(Engine& engine) {
-  if (!engine.elastic()) throw Error("elastic memory is off (budget mode); there is nothing to restore");
+  if (!engine.elastic() && !engine.device())
+    throw Error("elastic memory is off (budget mode); there is nothing to restore");
   const Footprint f = engine.footprint();
-  if (f.weights_stored == 0 && f.kv_stored == 0 && f.compressed == 0) {
+  const bool device_evicted = f.device && (f.device->weights_dropped > 0 || f.device->kv_parked > 0);
+  if (f.weights_stored == 0 && f.kv_stored == 0 && f.compressed == 0 && !device_evicted) {
     std::fprintf(stderr, "nothing is evicted: every weight layer and KV chunk is in RAM\n");
     return;
   }

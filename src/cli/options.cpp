@@ -117,7 +117,7 @@ void add_model_options(CLI::App* app, ModelArgs& a, const ModelOptionSet& set) {
   app->add_option("--memory-limit", a.memory_limit,
                   "Elastic memory: keep weights and KV in RAM within this size (300MiB, 40% of the weights, or off); "
                   "what does not fit is streamed or evicted (default: the limit of the process's cgroup, less room "
-                  "for the rest of the process)")
+                  "for the rest of the process); with --device, device and host memory together (no cgroup default)")
       ->group(g);
   app->add_option("--cgroup-root", a.cgroup_root, "where /proc and /sys are read (tests)")->group("");
   app->add_option("--progress-after", a.progress_after, "seconds before a load shows its progress (tests)")->group("");
@@ -396,9 +396,17 @@ constexpr uint64_t kProcessAllowance = 8ull << 20;
 // instead of being killed.
 void apply_memory_limit(Engine& e, const ModelArgs& a, uint64_t weights) {
   if (a.memory_limit == "off") return;
-  if (e.device()) {  // elastic memory is off on a device (for now): device memory is not evicted
-    if (!a.memory_limit.empty())
-      throw UsageError("--memory-limit runs on the CPU only for now, not with --device " + e.device_id());
+  if (e.device()) {  // the device's limit caps device and host memory together (DeviceForward::set_memory_limit)
+    if (a.memory_limit.empty()) return;  // no cgroup default: a device's memory is not the cgroup's
+    const Footprint f = e.footprint();
+    const uint64_t of = f.weights() + f.kv() + f.device->weights() + f.device->kv;  // a percentage: of weights and KV
+    try {
+      e.set_memory_limit(parse_size(a.memory_limit, of));
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error& x) {
+      throw UsageError(std::string("--memory-limit: ") + x.what());
+    }
     return;
   }
   if (!a.memory_limit.empty()) {
@@ -552,7 +560,7 @@ std::unique_ptr<Engine> make_engine(const ModelArgs& a, double* load_seconds) {
                  static_cast<long long>(train_ctx), std::string(isa_name(e->isa())).c_str(), e->pool().size(),
                  static_cast<long long>(context_of(a, *e)), a.kv_type.c_str(),
                  static_cast<long long>(a.kv_chunk > 0 ? a.kv_chunk : e->session_chunk_size(context_of(a, *e))),
-                 static_cast<long long>(a.batch), e->elastic() ? "on" : e->device() ? "off (on a device)" : "off (budget mode)",
+                 static_cast<long long>(a.batch), e->elastic() ? "on" : e->device() ? "on the device (evict, restore, limit)" : "off (budget mode)",
                  o.prefix_cache ? "on" : "off", o.cache_dir.empty() ? "" : " in ", o.cache_dir.c_str(), clock.seconds());
   }
   return e;

@@ -125,6 +125,8 @@ DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, Device
     throw Error(dev + ": the first device layer " + std::to_string(opts_.first_layer) + " is outside [0, " +
                 std::to_string(model.n_layers()) + ")");
   layers_.resize(static_cast<size_t>(model.n_layers()));
+  layer_bytes_.assign(static_cast<size_t>(model.n_layers()), 0);
+  streamed_.assign(static_cast<size_t>(model.n_layers()), 0);
   for (int l = opts_.first_layer; l < model.n_layers(); ++l) {
     if (!model.layer_unit(l).resident()) throw Error("layer " + std::to_string(l) + " is not resident: nothing to upload");
     upload_layer(l);
@@ -176,10 +178,11 @@ void DeviceForward::upload_layer(int l) {
     lb.k_bias = stage_vector(st, w.k_bias, c.kv_dim(), B);
     lb.v_bias = stage_vector(st, w.v_bias, c.kv_dim(), B);
     lb.buf = upload(st);
+    layer_bytes_[l] = lb.buf->size();
   }
 }
 
-DeviceForward::Evicted DeviceForward::evict(uint64_t bytes) {
+DeviceForward::Evicted DeviceForward::evict(uint64_t bytes, bool park_kv) {
   std::lock_guard lock(mu_);
   const uint64_t before = be_.ledger(MemoryPlace::kDevice).buffer_bytes;
   Evicted e;
@@ -191,7 +194,7 @@ DeviceForward::Evicted DeviceForward::evict(uint64_t bytes) {
   }
   // Then the sessions' KV, parked on the host (between steps every session is idle).
   for (auto& [kv, s] : kv_) {
-    if (before - be_.ledger(MemoryPlace::kDevice).buffer_bytes >= bytes) break;
+    if (!park_kv || before - be_.ledger(MemoryPlace::kDevice).buffer_bytes >= bytes) break;
     if (s.is_parked || s.cap_chunks == 0) continue;
     const uint64_t held = be_.ledger(MemoryPlace::kDevice).buffer_bytes;
     park(s, std::min(kv->n_tokens(), s.cap_chunks * s.chunk_size));
@@ -230,8 +233,13 @@ int64_t DeviceForward::restore_host_locked() {
 int64_t DeviceForward::restore_locked() {
   for (auto& [kv, s] : kv_) unpark(s);
   int64_t n = restore_host_locked();
+  // Under a memory limit: the dropped layers that fit, lowest first
+  // (device_limit.cpp); without one, all.
+  uint64_t left = limit_ > 0 ? restore_room_locked(0) : UINT64_MAX;
   for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
     if (layers_[l].buf) continue;
+    if (layer_bytes_[l] > left) break;  // forward-in: the later layers stay dropped too
+    if (left != UINT64_MAX) left -= layer_bytes_[l];
     try {
       restore_layer(l);
     } catch (const Error& e) {
@@ -435,6 +443,7 @@ void DeviceForward::prepare(std::span<const StepSeq> seqs) {
   std::lock_guard lock(mu_);
   int64_t n = 0, n_out = 0;
   check_step(seqs, n, n_out);
+  plan_step_locked(seqs);  // under a memory limit: what comes back, what streams (refused when nothing fits)
   restore_host_locked();  // the CPU's layers evict() dropped come back first; the device's in run_batch
   lora_.prepare(seqs);    // the versions the step binds uploaded, replaced ones freed
   for (const StepSeq& s : seqs) kv_for(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
@@ -447,12 +456,14 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
   int64_t n = 0, n_out = 0;
   check_step(seqs, n, n_out);
   EBB_CHECK(x || opts_.first_layer == 0);  // a split's rows come from the CPU's layers
+  if (opts_.first_layer == 0) plan_step_locked(seqs);  // prepare() did it in a split
   restore_host_locked();  // prepare() did it in a split
   // Device layers evict() dropped come back on a restore thread while the
-  // layers before them run (device_restore.h).
+  // layers before them run (device_restore.h); under a memory limit, the
+  // ones it leaves out stream (stream_layer).
   std::vector<int> dropped;
   for (int l = opts_.first_layer; l < model_.n_layers(); ++l)
-    if (!layers_[l].buf) dropped.push_back(l);
+    if (!layers_[l].buf && !streamed_[l]) dropped.push_back(l);
   std::optional<LayerRestorer> restorer;
   if (!dropped.empty()) restorer.emplace(std::move(dropped), [this](int l) { restore_layer(l); }, &hooks_);
   lora_.prepare(seqs);  // the versions the step binds uploaded, replaced ones freed (prepare() did it in a split)
@@ -489,6 +500,10 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
         }
         restorer->wait(l);  // throws naming the layer when its read failed
         s.wait();
+      }
+      if (streamed_[l]) {
+        stream_layer(s, l, seqs, n);
+        continue;
       }
       record_layer(s, layers_[l], l, seqs, n);
     }
@@ -534,10 +549,16 @@ int64_t DeviceForward::n_adapter_uploads() const {
 
 DeviceFootprint DeviceForward::footprint() const {
   std::lock_guard lock(mu_);
+  return footprint_locked();
+}
+
+DeviceFootprint DeviceForward::footprint_locked() const {
   DeviceFootprint f;
   f.id = be_.info().id;
   f.name = be_.info().name;
   for (const LayerBuf& l : layers_) f.weights_per_layer.push_back(l.buf ? l.buf->size() : 0);
+  for (int l = opts_.first_layer; l < model_.n_layers(); ++l)
+    if (!layers_[l].buf) f.weights_dropped += layer_bytes_[l];
   f.globals = head_.buf->size();
   for (const auto& [k, s] : kv_) {
     f.kv += s.bytes();

@@ -53,6 +53,7 @@ struct DeviceFootprint {
   std::string id;    // "vulkan:0"
   std::string name;  // the driver's name for the device
   std::vector<uint64_t> weights_per_layer;  // one buffer per layer unit
+  uint64_t weights_dropped = 0;  // device bytes of the layers evict() (or a memory limit) dropped (not held)
   uint64_t globals = 0;  // output norm + output head
   uint64_t kv = 0;       // every session's KV chunks on the device
   uint64_t kv_parked = 0;  // host bytes of the sessions' device KV that evict() read back (not on the device)
@@ -126,10 +127,36 @@ class DeviceForward {
     uint64_t kv_freed = 0;     // device ledger bytes of that given back by parking sessions' KV
     int64_t kv_sessions = 0;   // sessions whose device KV was parked on the host
   };
-  Evicted evict(uint64_t bytes);
-  int64_t restore();  // layers uploaded (parked KV goes up too)
+  // park_kv false: weight layers only (a memory limit, whose ledger counts
+  // parked KV on the host as much as on the device).
+  Evicted evict(uint64_t bytes, bool park_kv = true);
+  int64_t restore();  // layers uploaded (parked KV goes up too); under a memory limit, only what fits
   int64_t n_parked() const;  // sessions whose device KV is parked on the host
   int64_t n_dropped() const;
+
+  // ---- A memory limit (runtime/device_limit.cpp; 0: none). It caps what
+  // the engine holds on both sides (held()): every device buffer (weights,
+  // output head, KV, adapter uploads, scratch), the host-visible staging of
+  // KV transfers, a split's CPU layers and their KV (host_kv() counts the
+  // host KV pool), and parked KV — the total, since a unified-memory device
+  // (a phone) shares one memory between them; on a discrete GPU it is an
+  // upper bound of each. Setting it evicts weight layers (the last first)
+  // down to it now; a limit below what a step cannot do without (held()
+  // less every device layer, plus the window one layer is streamed through:
+  // its device buffer and its transient host copy) is refused naming the
+  // sizes, unless everything fits under it anyway. While it holds, a step
+  // restores the dropped layers that fit with what it needs (its KV growth,
+  // the CPU layers coming back), lowest first; the rest stream: uploaded,
+  // run and freed one at a time (the CPU path streams through its window
+  // too); when even the window does not fit, resident device layers make
+  // way (the last first), and then a step that still does not fit is
+  // refused naming the sizes before anything grows. restore() brings back
+  // only what fits. Not counted: transients of a KV doubling (one layer's
+  // old buffer and its host copy), and adapter uploads a step binds.
+  Evicted set_memory_limit(uint64_t bytes, std::function<uint64_t()> host_kv);
+  uint64_t memory_limit() const;
+  uint64_t held() const;
+  int64_t n_streamed_last_step() const;  // layers the last step streamed (0 without a limit)
   // Test hooks of the overlapped restore (set between steps).
   void set_restore_hooks(DeviceRestoreHooks hooks);
 
@@ -254,6 +281,29 @@ class DeviceForward {
   // one submission per block; `host` runs on each block's rows (after the
   // copies when reading, before them when writing).
   void transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device, const KvRows& host);
+
+  // The memory limit (device_limit.cpp).
+  uint64_t limit_ = 0;
+  std::function<uint64_t()> host_kv_;  // the host KV pool's bytes (a split's CPU layers)
+  std::vector<uint64_t> layer_bytes_;  // [n_layers] device bytes of each layer's buffer, dropped or not
+  std::vector<char> streamed_;         // [n_layers] the step uploads, runs and frees these (over the limit)
+  int64_t n_streamed_ = 0;
+  DeviceFootprint footprint_locked() const;
+  uint64_t held_locked() const;
+  uint64_t window_bytes() const;
+  // Bytes the dropped layers may take back with `extra` more held: all of
+  // them (UINT64_MAX) when they fit with one layer's host copy, else what
+  // is left after the streaming window.
+  uint64_t restore_room_locked(uint64_t extra) const;  // one layer streamed: its device buffer and its host copy
+  // Device KV bytes a step adds for kv to hold n positions (kv_for's growth).
+  uint64_t kv_growth(const KvCache& kv, int64_t n) const;
+  // Under the limit: frees resident layers the step has no room for, marks
+  // the dropped layers it streams (streamed_), refuses a step that cannot fit.
+  void plan_step_locked(std::span<const StepSeq> seqs);
+  void evict_to_limit_locked(Evicted& e);
+  // Runs streamed layer l: submits what is recorded, uploads l, records and
+  // runs it, frees it.
+  void stream_layer(BackendStream& s, int l, std::span<const StepSeq> seqs, int64_t n);
 };
 
 }  // namespace ebb

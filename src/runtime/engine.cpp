@@ -215,17 +215,42 @@ EvictReport Engine::evict(uint64_t bytes) {
 }
 
 EvictReport Engine::set_memory_limit(uint64_t bytes) {
-  if (!elastic_) {
-    throw Error(device_ ? "elastic memory is off (the engine runs on " + device_->device().id + "): no memory limit"
-                        : std::string("elastic memory is off (budget mode): the memory budget already bounds the weights"));
+  if (device_) {
+    // On a device: the limit caps device and host memory together
+    // (DeviceForward::set_memory_limit); the host KV pool holds a split's
+    // CPU layers' KV, and keeps no spare chunks under a limit.
+    const Stopwatch sw;
+    kv_pool_->set_spare_limit(bytes > 0 ? 0 : kv_spare_wanted_);
+    KvPool* pool = kv_pool_.get();
+    const int nl = model_->n_layers();
+    const DeviceForward::Evicted d = device_->set_memory_limit(bytes, [pool, nl] {
+      uint64_t b = pool->spare_bytes();
+      for (int l = 0; l < nl; ++l) b += pool->layer_bytes(l);
+      return b;
+    });
+    EvictReport r;
+    r.requested = bytes > 0 ? bytes : 0;
+    r.freed = d.freed;
+    r.weights_dropped = d.layers;
+    r.seconds = sw.seconds();
+    if (d.layers > 0)
+      r.note = device_->device().id + ": " + std::to_string(d.layers) + " weight layers dropped to the limit";
+    return r;
   }
+  if (!elastic_)
+    throw Error("elastic memory is off (budget mode): the memory budget already bounds the weights");
   kv_pool_->set_spare_limit(bytes > 0 ? 0 : kv_spare_wanted_);
   return elastic_->set_memory_limit(bytes);
 }
 
+uint64_t Engine::memory_limit() const {
+  if (device_) return device_->memory_limit();
+  return elastic_ ? elastic_->memory_limit() : 0;
+}
+
 void Engine::set_kv_spare_limit(uint64_t bytes) {
   kv_spare_wanted_ = bytes;
-  const bool capped = !elastic_ || elastic_->memory_limit() > 0;
+  const bool capped = device_ ? device_->memory_limit() > 0 : !elastic_ || elastic_->memory_limit() > 0;
   kv_pool_->set_spare_limit(capped ? 0 : bytes);
 }
 

@@ -42,9 +42,9 @@ struct EngineOptions {
   // Where the forward pass runs: "cpu", "vulkan" (the first Vulkan device)
   // or "vulkan:N". On a device, the weights and every session's KV live in
   // its memory (runtime/device_forward.h); evict()/restore() move its weight
-  // layers; LoRA adapters apply there (uploaded per version); the host's
-  // elastic memory (a memory limit) and budget mode stay CPU-only for now
-  // (refused with a message). The prefix cache keeps its chunks on the
+  // layers; a memory limit caps device and host memory together
+  // (set_memory_limit); LoRA adapters apply there (uploaded per version);
+  // budget mode stays CPU-only for now (refused with a message). The prefix cache keeps its chunks on the
   // host: a device session reads the chunks it publishes back and uploads
   // the ones it reuses (runtime/device_kv.h); not on a split yet.
   // "" is "cpu".
@@ -179,8 +179,14 @@ class Engine {
   // Restores everything evicted, waiting for it.
   RestoreReport restore();
   // Caps weights + KV + compressed KV + streaming buffers in RAM (0: no cap),
-  // evicting down to it now; requests over it stream weight layers.
+  // evicting down to it now; requests over it stream weight layers. On a
+  // device it caps what the engine holds on the device and the host
+  // together (DeviceForward::set_memory_limit: weights, KV, parked KV,
+  // output head, scratch), dropping device layers now; steps restore the
+  // layers that fit and stream the rest; a limit no step could run under
+  // is refused naming the sizes.
   EvictReport set_memory_limit(uint64_t bytes);
+  uint64_t memory_limit() const;  // 0: none
   // Keeps up to `bytes` of released KV chunk buffers for the next sessions
   // (KvPool::set_spare_limit; 0: none). None while a memory limit is set (a
   // limit bounds what is held) or in budget mode.

@@ -135,20 +135,21 @@ json restore_json(const RestoreReport& r) {
           {"chunks_lost", r.chunks_lost}};
 }
 
-ElasticMemory& elastic_or_throw(Engine& e) {
-  if (ElasticMemory* em = e.elastic()) return *em;
-  if (e.device()) {
-    throw ApiException(error_of(409,
-                                "the memory routes drive the host's elastic memory, which is off while the engine runs "
-                                "on " + e.device_id() + " (its layers are evicted by Engine::evict, not over HTTP yet)",
-                                "invalid_request_error", "elastic_memory_off"));
-  }
+// The routes evict, restore and limit the host's elastic memory or, on a
+// device, the device engine's layers and KV (Engine::evict, restore,
+// set_memory_limit); only budget mode has neither.
+void elastic_or_throw(Engine& e) {
+  if (e.elastic() || e.device()) return;
   ApiError err = error_of(409,
                           "elastic memory is off (budget mode: --memory-budget streams the weights instead); "
                           "nothing can be evicted, restored or limited here",
                           "invalid_request_error", "elastic_memory_off");
   throw ApiException(err);
 }
+
+// The footprint a fraction or percentage is of: the host's total and, on a
+// device engine, the device's too.
+uint64_t footprint_total(const Footprint& f) { return f.total() + (f.device ? f.device->total() : 0); }
 
 // A size field: a whole number of bytes >= min_bytes, or text parse_size
 // reads ("512MiB", "1.5G", "40%"); the text is checked here and resolved
@@ -200,6 +201,7 @@ struct MemoryRead {
   ElasticFootprint ef;
   std::optional<ResidencyMap> map;  // none while a restore runs (its workers change the states)
   uint64_t limit = 0;
+  uint64_t device_held = 0;  // on a device: what its memory limit counts (DeviceForward::held)
   bool streaming = false, restore_pending = false, restoring = false;
 };
 
@@ -238,8 +240,7 @@ struct Server::Impl::MemoryState {
     // them current): read on the scheduler thread like everything else.
     try {
       auto f = sched.call([](Engine& e) {
-        ElasticMemory* em = e.elastic();
-        return std::pair<bool, uint64_t>(em != nullptr, em ? em->memory_limit() : 0);
+        return std::pair<bool, uint64_t>(e.elastic() != nullptr || e.device() != nullptr, e.memory_limit());
       });
       while (!st.stop_requested() && f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
       }
@@ -333,19 +334,23 @@ std::string memory_json(const MemoryRead& r, const json& counters, bool map_stal
               {"working", f.scratch + f.kv_spare + f.io_buffers + f.adapters + f.training},
               {"stored", f.kv_stored + f.weights_stored}}},
             {"counters", counters}};
-  if (r.elastic) j["elastic_footprint"] = elastic_footprint_json(r.ef);
+  if (r.elastic && !f.device) j["elastic_footprint"] = elastic_footprint_json(r.ef);
   // The compute device's memory, apart from the host's above ("cpu": none).
   if (f.device) {
     const DeviceFootprint& d = *f.device;
     j["device"] = {{"id", d.id},
                    {"name", d.name},
                    {"weights", d.weights()},
+                   {"weights_dropped", d.weights_dropped},  // evicted layers' device bytes (not held)
                    {"globals", d.globals},
                    {"kv", d.kv},
                    {"kv_parked", d.kv_parked},  // host bytes: evicted from the device, back at the session's next step
                    {"adapters", d.adapters},
                    {"scratch", d.scratch},
                    {"total", d.total()},
+                   // What the memory limit counts: the device's buffers and the
+                   // host's part (a split's layers and KV, parked KV, staging).
+                   {"held", r.device_held},
                    {"ledger",
                     {{"slab_bytes", d.ledger.slab_bytes},
                      {"buffer_bytes", d.ledger.buffer_bytes},
@@ -394,6 +399,12 @@ void Server::Impl::memory_routes() {
              MemoryRead r = on_engine(sched, [](Engine& e) {
                MemoryRead r;
                r.f = e.footprint();
+               if (DeviceForward* d = e.device()) {
+                 r.elastic = true;  // evict, restore and limit work on the device
+                 r.limit = d->memory_limit();
+                 r.device_held = d->held();
+                 r.streaming = d->n_streamed_last_step() > 0;
+               }
                if (ElasticMemory* em = e.elastic()) {
                  r.elastic = true;
                  r.ef = em->footprint();
@@ -413,7 +424,7 @@ void Server::Impl::memory_routes() {
                ms.known = true;
                if (r.map) {
                  ms.last_map = *r.map;
-               } else if (r.elastic) {
+               } else if (r.elastic && !r.f.device) {
                  r.map = ms.last_map;
                  stale = true;
                }
@@ -465,14 +476,14 @@ void Server::Impl::memory_routes() {
               }
               json out = on_engine(sched, [size, fraction, has_bytes](Engine& e) {
                 elastic_or_throw(e);
-                const uint64_t before = e.footprint().total();
+                const uint64_t before = footprint_total(e.footprint());
                 const uint64_t bytes =
                     has_bytes ? size.resolve(before) : static_cast<uint64_t>(std::llround(fraction * before));
                 const EvictReport r = e.evict(std::max<uint64_t>(bytes, 1));
                 json j = evict_json(r);
                 j["object"] = "memory.evict";
                 j["footprint_before"] = before;
-                j["footprint_after"] = e.footprint().total();
+                j["footprint_after"] = footprint_total(e.footprint());
                 return j;
               });
               EvictReport r;
@@ -484,11 +495,13 @@ void Server::Impl::memory_routes() {
   http.Post("/v1/memory/restore", guarded([this, &ms](const httplib::Request& req, httplib::Response& res) {
               (void)object_body(req);
               json out = on_engine(sched, [](Engine& e) {
-                ElasticMemory& em = elastic_or_throw(e);
+                elastic_or_throw(e);
                 const Footprint before = e.footprint();
                 json j;
-                if (before.weights_stored == 0 && before.kv_stored == 0 && before.compressed == 0 &&
-                    !em.restoring()) {
+                const bool device_evicted =
+                    before.device && (before.device->weights_dropped > 0 || before.device->kv_parked > 0);
+                if (before.weights_stored == 0 && before.kv_stored == 0 && before.compressed == 0 && !device_evicted &&
+                    !(e.elastic() && e.elastic()->restoring())) {
                   j = restore_json(RestoreReport{});
                   j["note"] = "nothing is evicted: every weight layer and KV chunk is in RAM";
                 } else {
@@ -496,7 +509,11 @@ void Server::Impl::memory_routes() {
                   j["note"] = "";
                 }
                 const Footprint after = e.footprint();
-                const uint64_t was = before.weights() + before.kv(), now = after.weights() + after.kv();
+                // Host weights and KV, and on a device its layers and KV.
+                auto held = [](const Footprint& f) {
+                  return f.weights() + f.kv() + (f.device ? f.device->weights() + f.device->kv : 0);
+                };
+                const uint64_t was = held(before), now = held(after);
                 j["object"] = "memory.restore";
                 j["restored_bytes"] = now > was ? now - was : 0;
                 j["footprint_before"] = before.total();
@@ -527,16 +544,31 @@ void Server::Impl::memory_routes() {
               json out = on_engine(sched, [size](Engine& e) {
                 elastic_or_throw(e);
                 const Footprint f = e.footprint();
-                const uint64_t bytes = size.resolve(f.weights() + f.weights_stored + f.kv());
+                // A percentage is of weights and KV (on a device: its layers, dropped or not, and KV too).
+                const uint64_t of = f.weights() + f.weights_stored + f.kv() +
+                                    (f.device ? f.device->weights() + f.device->weights_dropped + f.device->kv +
+                                                    f.device->kv_parked
+                                              : 0);
+                uint64_t bytes = 0;
+                try {
+                  bytes = size.resolve(of);
+                } catch (const Error& x) {
+                  throw ApiException(invalid_request(std::string("'bytes': ") + x.what(), "bytes"));
+                }
                 if (bytes == 0 && !size.bytes)
                   throw ApiException(invalid_request("'bytes' comes to 0 bytes; give 0 or \"off\" to remove the limit",
                                                      "bytes"));
-                const EvictReport r = e.set_memory_limit(bytes);
+                EvictReport r;
+                try {
+                  r = e.set_memory_limit(bytes);
+                } catch (const Error& x) {  // a limit no step could run under (a device), naming the sizes
+                  throw ApiException(invalid_request(x.what(), "bytes"));
+                }
                 return json{{"object", "memory.limit"},
-                            {"memory_limit", e.elastic()->memory_limit()},
+                            {"memory_limit", e.memory_limit()},
                             {"evict", evict_json(r)},
-                            {"footprint_before", f.total()},
-                            {"footprint_after", e.footprint().total()}};
+                            {"footprint_before", footprint_total(f)},
+                            {"footprint_after", footprint_total(e.footprint())}};
               });
               {
                 std::lock_guard lock(ms.mu);
@@ -570,7 +602,7 @@ void Server::Impl::memory_routes() {
               const TrimLevel t = *level;
               json out = on_engine(sched, [t](Engine& e) {
                 elastic_or_throw(e);
-                const uint64_t before = e.footprint().total();
+                const uint64_t before = footprint_total(e.footprint());
                 const uint64_t bytes = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(t.fraction * before)));
                 const EvictReport r = e.evict(bytes);
                 return json{{"object", "memory.trim"},
@@ -580,7 +612,7 @@ void Server::Impl::memory_routes() {
                             {"bytes", bytes},
                             {"evict", evict_json(r)},
                             {"footprint_before", before},
-                            {"footprint_after", e.footprint().total()}};
+                            {"footprint_after", footprint_total(e.footprint())}};
               });
               EvictReport r;
               r.freed = out["evict"]["freed"].get<uint64_t>();

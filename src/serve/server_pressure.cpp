@@ -46,7 +46,8 @@ std::string mb(uint64_t b) {
 // percentage points of the whole (four 25 pp steps evict everything), not a
 // shrinking share of what is left.
 uint64_t step_bytes(const Footprint& f, double step) {
-  const uint64_t full = f.total() + f.weights_stored + f.kv_stored;
+  uint64_t full = f.total() + f.weights_stored + f.kv_stored;
+  if (f.device) full += f.device->total() + f.device->weights_dropped;  // a device engine: its memory too
   return static_cast<uint64_t>(step * static_cast<double>(full));
 }
 
@@ -62,7 +63,7 @@ struct Server::Impl::PressureState {
 void Server::Impl::start_pressure() {
   if (opts.pressure == "off" || opts.pressure.empty()) return;
   if (pressure_state && pressure_state->watcher) return;
-  if (!engine.elastic())
+  if (!engine.elastic() && !engine.device())  // a device engine evicts its layers and KV (Engine::evict)
     throw Error("--pressure " + opts.pressure + ": elastic memory is off (budget mode), so nothing could be evicted");
   auto st = std::make_shared<PressureState>();
   PressureWatcherOptions wo;
