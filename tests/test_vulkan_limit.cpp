@@ -15,6 +15,8 @@
 
 #include "platform/error.h"
 #include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "runtime/scheduler.h"
 #include "runtime/session.h"
 #include "support.h"
 #include "vulkan_engine_support.h"
@@ -176,6 +178,48 @@ TEST_P(VulkanLimit, AnImpossibleLimitIsRefusedNamingTheSizes) {
   EXPECT_LE(dev.held(), floor);
   EXPECT_EQ(gpu.footprint().device->kv, 0u) << "nothing grew";
   EXPECT_EQ(dev.n_dropped(), dev.n_device_layers()) << "the resident layers made way for the window first";
+}
+
+// The scheduler admits foreground requests under the device's limit as it
+// does under the host's: two requests whose projected KV fits the limit
+// one at a time but not together run one after the other (the second
+// deferred for memory), and each gives an unlimited engine's tokens.
+TEST_P(VulkanLimit, TheSchedulerDefersARequestWhoseKvDoesNotFitBesideTheRunningOne) {
+  EBB_REQUIRE_VULKAN(be);
+  Engine gpu(device_options(be, GetParam()));
+  const std::vector<int32_t> all = long_tokens();
+  GenerationRequest r;
+  r.prompt.assign(all.begin(), all.begin() + 6);
+  r.options.max_tokens = 26;  // 32 positions: 2 chunks of 16
+  r.options.sampling.temperature = 0;
+  r.options.stop_at_eog = false;
+  r.session = chunked();
+  r.session.n_ctx = 128;
+  const ModelConfig& c = gpu.config();
+  const uint64_t kv = static_cast<uint64_t>(c.n_layer * c.kv_dim()) * 2 * 2 * 32;  // the scheduler's projection, F16
+  std::vector<TokenId> want;
+  {
+    Session alone(gpu, r.session);
+    want = generate(alone, r.prompt, r.options, nullptr).tokens;
+  }
+  // Room for one request's KV beside what is held, not for two.
+  gpu.set_memory_limit(gpu.device()->held() + kv + kv / 2);
+  Scheduler sched(&gpu);
+  std::vector<std::shared_ptr<GenerationStream>> streams = {sched.submit_generation(r), sched.submit_generation(r)};
+  for (auto& st : streams) {
+    for (;;) {
+      const std::optional<GenerationEvent> e = st->next(30.0);
+      ASSERT_TRUE(e) << "no event within 30 s";
+      ASSERT_NE(e->kind, GenerationEvent::Kind::kError) << e->error;
+      if (e->kind == GenerationEvent::Kind::kDone) {
+        EXPECT_EQ(e->stats.tokens, want);
+        break;
+      }
+    }
+  }
+  EXPECT_GE(sched.metrics().fg_deferred_memory, 1) << "the second waited for the first";
+  EXPECT_LE(gpu.device()->held(), gpu.memory_limit());
+  sched.shutdown(0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, VulkanLimit, ::testing::Values(-1, 4),

@@ -15,6 +15,7 @@
 #include "platform/thread_name.h"
 #include "platform/timer.h"
 #include "runtime/batch.h"
+#include "runtime/device_forward.h"
 #include "runtime/grammar/constraint.h"
 
 namespace ebb {
@@ -359,12 +360,11 @@ void Scheduler::apply_kind_estimates_locked(TaskDescriptor& d) {
   if (d.est_duration_s <= 0 && k.duration_s.set()) d.est_duration_s = k.duration_s.value();
 }
 
-uint64_t Scheduler::engine_memory_limit() const {
-  if (!engine_ || !engine_->elastic()) return 0;
-  return engine_->elastic()->memory_limit();
-}
+uint64_t Scheduler::engine_memory_limit() const { return engine_ ? engine_->memory_limit() : 0; }
 
 uint64_t Scheduler::in_ram_under_limit() const {
+  // On a device the limit bounds what both sides hold (DeviceForward::held).
+  if (const DeviceForward* d = engine_->device()) return d->held();
   const Footprint f = engine_->footprint();
   return f.weights() + f.kv() + f.compressed + f.io_buffers;
 }
@@ -789,7 +789,7 @@ void Scheduler::start_generation(FgItem& item) {
     if (r->kv_reserved > 0) {
       uint64_t reserve = r->kv_reserved;
       for (const auto& x : running_) reserve += x->kv_reserved;
-      engine_->elastic()->set_kv_reserve(reserve);
+      if (ElasticMemory* el = engine_->elastic()) el->set_kv_reserve(reserve);
     }
     r->session = std::make_unique<Session>(*engine_, req.session);
     if (!req.adapters.empty()) r->session->set_adapters(req.adapters);
