@@ -484,6 +484,32 @@ TEST_F(ElasticTest, OverTheMemoryLimitRequestsStreamAndComeBackWhenItRises) {
 // after every read: restoring all layers from the file, and streaming layers
 // through the window under a memory limit, both give the never-evicted logits
 // bit for bit.
+// Restores keep at least 64 MiB of reads queued whatever point the profile
+// chose (its point is measured on idle cores; a restore's reads compete with
+// the prefill), in the profile's request size; a deeper profile keeps its own.
+TEST(ElasticIo, RestoresKeepAtLeast64MiBInFlight) {
+  DeviceProfile p = DeviceProfile::defaults();
+  auto in_flight = [](const IoOptions& o) { return static_cast<uint64_t>(o.queue_depth) * o.max_request; };
+  for (uint64_t mib : {1, 2, 3, 4, 8, 64, 128}) {
+    for (int depth : {1, 8, 32}) {
+      p.best_request_bytes = mib << 20;
+      p.best_queue_depth = depth;
+      const IoOptions o = elastic_io_options(p);
+      EXPECT_EQ(o.max_request, mib << 20) << mib << " MiB x " << depth;
+      EXPECT_GE(in_flight(o), uint64_t{64} << 20) << mib << " MiB x " << depth;
+      EXPECT_GE(o.queue_depth, std::max(4, depth)) << mib << " MiB x " << depth;
+      // No deeper than the 64 MiB (or the profile's own depth, or 4) needs.
+      const bool minimal = o.queue_depth == std::max(4, depth) ||
+                           static_cast<uint64_t>(o.queue_depth - 1) * o.max_request < (uint64_t{64} << 20);
+      EXPECT_TRUE(minimal) << mib << " MiB x " << depth << ": " << o.queue_depth << " deep";
+    }
+  }
+  p.best_request_bytes = 512 << 10;  // below the 1 MiB floor
+  p.best_queue_depth = 8;
+  EXPECT_EQ(elastic_io_options(p).max_request, uint64_t{1} << 20);
+  EXPECT_EQ(elastic_io_options(p).queue_depth, 64);
+}
+
 TEST(ElasticPacked, RestoredAndStreamedPackedWeightsAreExact) {
   const std::string dir = make_temp_dir("ebb-elastic-packed");
   for (const char* name : {"tiny-qwen3-q4_0.gguf", "tiny-llama-q8_0.gguf"}) {

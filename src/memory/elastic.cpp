@@ -28,8 +28,18 @@ std::string_view overlap_mode_name(OverlapMode m) {
 
 IoOptions elastic_io_options(const DeviceProfile& p) {
   IoOptions o;
-  o.queue_depth = std::max(4, p.best_queue_depth);
   o.max_request = std::max<uint64_t>(1ull << 20, p.best_request_bytes);
+  // A restore shares the cores with the prefill it overlaps, and the thread
+  // that refills the queue (io_uring's reaper) waits for a core behind the
+  // prefill's threads; with only the profile's point in flight (measured on
+  // idle cores: 32 MiB, 8 ms of a 4 GB/s disk) the disk then runs dry. At
+  // least kRestoreInFlight bytes stay queued. Reads land in their final
+  // buffers, so a deeper queue costs no memory. (qwen3-0.6b F16, 4k context,
+  // 2 threads, medians of 5: TTFT after full eviction 1.24x its bound with
+  // 16 x 4 MiB in flight against 1.30x with 8; docs/benchmarks.md.)
+  constexpr uint64_t kRestoreInFlight = uint64_t{64} << 20;
+  const auto deep = static_cast<int>((kRestoreInFlight + o.max_request - 1) / o.max_request);
+  o.queue_depth = std::max({4, p.best_queue_depth, deep});
   return o;
 }
 

@@ -77,7 +77,8 @@ struct ElasticOptions {
 };
 
 // The I/O engine of eviction and restoration for a profile: its chosen
-// request size and queue depth, at least 1 MiB and 4.
+// request size (at least 1 MiB) and queue depth, deepened to keep at least
+// 64 MiB in flight (a restore's reads compete with the prefill for the cores).
 IoOptions elastic_io_options(const DeviceProfile& p);
 
 // Bytes by state.
