@@ -779,12 +779,10 @@ TEST_P(MatmulPacked, MultiMatchesSeparateCalls) {
   }
 }
 
-// Low-rank terms (LoRA pairs) given to a product of one token or a batch
-// (2, 11, 19 tokens: a partial piece of A x, more pieces than threads): y is,
-// bit for bit, the product without them followed by the target's LoRA
-// kernels (down over the whole rank and every token, then up over all
-// columns, term after term), whatever the pieces the threads claim; the
-// padding between output rows untouched. Three products of one input (67 + 32 + 19
+// Low-rank terms (LoRA pairs) given to a one-token product: y is, bit for
+// bit, the product without them followed by the target's LoRA kernels (down
+// over the whole rank, then up over all columns, term after term), whatever
+// the pieces the threads claim. Three products of one input (67 + 32 + 19
 // rows: pieces cut through the products and through packed groups), the
 // first with two terms (F16 rank 5: a piece of A x shorter than four rows;
 // F32 rank 16), the second with none, the third with one (F16 rank 4);
@@ -821,86 +819,77 @@ TEST_P(MatmulPacked, LowRankTermsMatchTheLoraKernelsAfterTheProduct) {
       }
     }
   }
-  for (const int64_t n_tok : {int64_t{1}, int64_t{2}, int64_t{11}, int64_t{19}}) {
-    const std::vector<float> x = normal(n_tok * cols, 71 + static_cast<uint32_t>(n_tok));
-    AlignedBuf scratch(matmul_scratch_bytes(type, cols, n_tok));
-    int64_t y_stride[3];  // rows apart by more than the rows: padding must stay untouched
-    for (int i = 0; i < 3; ++i) y_stride[i] = rows_of[i] + 5;
-    auto fresh = [&](int i) { return std::vector<float>(static_cast<size_t>(n_tok * y_stride[i]), -5.f); };
-    // The expected outputs: the plain products, then each term with the LoRA kernels.
-    auto expected = [&](const std::vector<WeightView>& w, ThreadPool& pool) {
-      std::vector<std::vector<float>> y(3);
-      for (int i = 0; i < 3; ++i) {
-        y[i] = fresh(i);
-        MatmulArgs a{&w[i], x.data(), cols, n_tok, y[i].data(), y_stride[i], scratch.p};
-        matmul(ks, a, pool);
-        for (const Pair& p : pairs) {
-          if (p.product != i) continue;
-          std::vector<float> t(static_cast<size_t>(n_tok * p.rank));
-          if (p.f16) {
-            lk.down_f16(p.a16.data(), x.data(), cols, n_tok, p.rank, cols, t.data());
-            lk.up_f16(p.bt16.data(), t.data(), p.scale, n_tok, p.rank, rows_of[i], 0, rows_of[i], y[i].data(),
-                      y_stride[i]);
-          } else {
-            lk.down(p.a.data(), x.data(), cols, n_tok, p.rank, cols, t.data());
-            lk.up(p.bt.data(), t.data(), p.scale, n_tok, p.rank, rows_of[i], 0, rows_of[i], y[i].data(), y_stride[i]);
-          }
+  const std::vector<float> x = normal(cols, 71);
+  AlignedBuf scratch(matmul_scratch_bytes(type, cols, 1));
+  // The expected outputs: the plain products, then each term with the LoRA kernels.
+  auto expected = [&](const std::vector<WeightView>& w, ThreadPool& pool, int n) {
+    std::vector<std::vector<float>> y(3);
+    for (int i = 0; i < n; ++i) {
+      y[i].assign(rows_of[i], -5.f);
+      MatmulArgs a{&w[i], x.data(), cols, 1, y[i].data(), rows_of[i], scratch.p};
+      matmul(ks, a, pool);
+      for (const Pair& p : pairs) {
+        if (p.product != i) continue;
+        std::vector<float> t(p.rank);
+        if (p.f16) {
+          lk.down_f16(p.a16.data(), x.data(), cols, 1, p.rank, cols, t.data());
+          lk.up_f16(p.bt16.data(), t.data(), p.scale, 1, p.rank, rows_of[i], 0, rows_of[i], y[i].data(), 0);
+        } else {
+          lk.down(p.a.data(), x.data(), cols, 1, p.rank, cols, t.data());
+          lk.up(p.bt.data(), t.data(), p.scale, 1, p.rank, rows_of[i], 0, rows_of[i], y[i].data(), 0);
         }
       }
-      return y;
-    };
-    std::vector<std::vector<float>> t_scratch(pairs.size());
-    std::vector<std::vector<LowRankTerm>> terms(3);
-    for (size_t k = 0; k < pairs.size(); ++k) {
-      const Pair& p = pairs[k];
-      t_scratch[k].assign(static_cast<size_t>(n_tok * p.rank), std::numeric_limits<float>::quiet_NaN());
-      LowRankTerm lt;
-      lt.a = p.f16 ? static_cast<const void*>(p.a16.data()) : p.a.data();
-      lt.bt = p.f16 ? static_cast<const void*>(p.bt16.data()) : p.bt.data();
-      lt.f16 = p.f16;
-      lt.rank = p.rank;
-      lt.scale = p.scale;
-      lt.t = t_scratch[k].data();
-      terms[p.product].push_back(lt);
     }
-    for (bool packed : {true, false}) {
-      std::vector<WeightView> w;
-      for (const auto& m : ms) w.push_back(packed ? m.packed_view() : m.plain_view());
-      for (int threads : {1, 2}) {
-        ThreadPool& pool = test_pool(threads);
-        const std::string where = std::string(packed ? "packed" : "plain") + " threads " + std::to_string(threads) +
-                                  " tokens " + std::to_string(n_tok);
-        const auto want = expected(w, pool);
-        std::vector<std::vector<float>> got(3);
-        MatmulArgs args[3];
-        for (int i = 0; i < 3; ++i) {
-          got[i] = fresh(i);
-          args[i] = MatmulArgs{&w[i], x.data(), cols, n_tok, got[i].data(), y_stride[i], scratch.p};
-          args[i].terms = terms[i];
-        }
-        matmul_multi(ks, args, 3, pool);
-        for (int i = 0; i < 3; ++i)
-          ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)), 0)
-              << "matmul_multi, product " << i << " " << where;
-        // The terms do change the outputs (a dropped term would show).
-        const auto base = [&] {
-          std::vector<float> y = fresh(0);
-          MatmulArgs a{&w[0], x.data(), cols, n_tok, y.data(), y_stride[0], scratch.p};
-          matmul(ks, a, pool);
-          return y;
-        }();
-        int changed = 0;
-        for (int64_t t = 0; t < n_tok; ++t)
-          for (int64_t r = 0; r < rows_of[0]; ++r)
-            changed += base[t * y_stride[0] + r] != want[0][t * y_stride[0] + r];
-        EXPECT_GT(changed, n_tok * rows_of[0] / 2) << where;
-        // matmul() alone with terms.
-        std::vector<float> one = fresh(0);
-        MatmulArgs a{&w[0], x.data(), cols, n_tok, one.data(), y_stride[0], scratch.p};
-        a.terms = terms[0];
-        matmul(ks, a, pool);
-        ASSERT_EQ(std::memcmp(one.data(), want[0].data(), one.size() * sizeof(float)), 0) << "matmul, " << where;
+    return y;
+  };
+  std::vector<std::vector<float>> t_scratch(pairs.size());
+  std::vector<std::vector<LowRankTerm>> terms(3);
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const Pair& p = pairs[k];
+    t_scratch[k].assign(p.rank, std::numeric_limits<float>::quiet_NaN());
+    LowRankTerm lt;
+    lt.a = p.f16 ? static_cast<const void*>(p.a16.data()) : p.a.data();
+    lt.bt = p.f16 ? static_cast<const void*>(p.bt16.data()) : p.bt.data();
+    lt.f16 = p.f16;
+    lt.rank = p.rank;
+    lt.scale = p.scale;
+    lt.t = t_scratch[k].data();
+    terms[p.product].push_back(lt);
+  }
+  for (bool packed : {true, false}) {
+    std::vector<WeightView> w;
+    for (const auto& m : ms) w.push_back(packed ? m.packed_view() : m.plain_view());
+    for (int threads : {1, 2}) {
+      ThreadPool& pool = test_pool(threads);
+      const std::string where = std::string(packed ? "packed" : "plain") + " threads " + std::to_string(threads);
+      const auto want = expected(w, pool, 3);
+      std::vector<std::vector<float>> got(3);
+      MatmulArgs args[3];
+      for (int i = 0; i < 3; ++i) {
+        got[i].assign(rows_of[i], -5.f);
+        args[i] = MatmulArgs{&w[i], x.data(), cols, 1, got[i].data(), rows_of[i], scratch.p};
+        args[i].terms = terms[i];
       }
+      matmul_multi(ks, args, 3, pool);
+      for (int i = 0; i < 3; ++i)
+        ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)), 0)
+            << "matmul_multi, product " << i << " " << where;
+      // The terms do change the outputs (a dropped term would show).
+      const auto base = [&] {
+        std::vector<float> y(rows_of[0], -5.f);
+        MatmulArgs a{&w[0], x.data(), cols, 1, y.data(), rows_of[0], scratch.p};
+        matmul(ks, a, pool);
+        return y;
+      }();
+      int changed = 0;
+      for (int64_t r = 0; r < rows_of[0]; ++r) changed += base[r] != want[0][r];
+      EXPECT_GT(changed, rows_of[0] / 2) << where;
+      // matmul() alone with terms.
+      std::vector<float> one(rows_of[0], -5.f);
+      MatmulArgs a{&w[0], x.data(), cols, 1, one.data(), rows_of[0], scratch.p};
+      a.terms = terms[0];
+      matmul(ks, a, pool);
+      ASSERT_EQ(std::memcmp(one.data(), want[0].data(), one.size() * sizeof(float)), 0) << "matmul, " << where;
     }
   }
 }

@@ -290,56 +290,13 @@ void low_rank_down(const LoraKernels& lk, const MatmulArgs* args, int n, int64_t
   }
 }
 
-// y[t][r] += Σ_terms scale · (B t)[r] for r in [rb, re) of one product and
-// each of its tokens, the terms in order.
+// y[r] += Σ_terms scale · (B t)[r] for r in [rb, re) of one product, the terms in order.
 void low_rank_up(const LoraKernels& lk, const MatmulArgs& a, int64_t rb, int64_t re) {
   for (const LowRankTerm& lt : a.terms) {
     if (lt.f16) {
-      lk.up_f16(static_cast<const uint16_t*>(lt.bt), lt.t, lt.scale, a.n_tokens, lt.rank, a.w->rows, rb, re, a.y,
-                a.y_stride);
+      lk.up_f16(static_cast<const uint16_t*>(lt.bt), lt.t, lt.scale, 1, lt.rank, a.w->rows, rb, re, a.y, 0);
     } else {
-      lk.up(static_cast<const float*>(lt.bt), lt.t, lt.scale, a.n_tokens, lt.rank, a.w->rows, rb, re, a.y,
-            a.y_stride);
-    }
-  }
-}
-
-// Tokens per claimed piece of a batch's A x (the LoRA kernels' down product
-// takes tokens in pairs; a piece starts on an even token).
-constexpr int64_t kDownTokens = 8;
-
-// The A x pieces of a batch's low-rank terms (each term's tokens in pieces
-// of kDownTokens), checking each term.
-int64_t batch_down_pieces(const MatmulArgs* args, int n) {
-  const int64_t per = (args[0].n_tokens + kDownTokens - 1) / kDownTokens;
-  int64_t pieces = 0;
-  for (int i = 0; i < n; ++i)
-    for (const LowRankTerm& lt : args[i].terms) {
-      EBB_CHECK(lt.rank >= 1 && lt.a && lt.bt && lt.t);
-      pieces += per;
-    }
-  return pieces;
-}
-
-// Piece d of a batch's A x products (terms of args[0], then of args[1], ...):
-// t[tok, 0 .. rank) for the piece's tokens.
-void low_rank_down_batch(const LoraKernels& lk, const MatmulArgs* args, int n, int64_t d) {
-  const int64_t cols = args[0].w->cols, n_tok = args[0].n_tokens;
-  const int64_t per = (n_tok + kDownTokens - 1) / kDownTokens;
-  for (int i = 0; i < n; ++i) {
-    for (const LowRankTerm& lt : args[i].terms) {
-      if (d >= per) {
-        d -= per;
-        continue;
-      }
-      const int64_t t0 = d * kDownTokens, nt = std::min(kDownTokens, n_tok - t0);
-      const float* x = args[0].x + t0 * args[0].x_stride;
-      if (lt.f16) {
-        lk.down_f16(static_cast<const uint16_t*>(lt.a), x, args[0].x_stride, nt, lt.rank, cols, lt.t + t0 * lt.rank);
-      } else {
-        lk.down(static_cast<const float*>(lt.a), x, args[0].x_stride, nt, lt.rank, cols, lt.t + t0 * lt.rank);
-      }
-      return;
+      lk.up(static_cast<const float*>(lt.bt), lt.t, lt.scale, 1, lt.rank, a.w->rows, rb, re, a.y, 0);
     }
   }
 }
@@ -443,65 +400,6 @@ void one_token(const KernelSet& ks, const FormatKernels* const* fks, const Matmu
   }
 }
 
-// Several batch products (n_tok >= 2) with one input and one kernel row
-// (q/k/v, gate/up of one format): the input converted once, and every
-// product's pieces claimed from one list in one pool dispatch. With low-rank
-// terms the threads first claim the terms' A x in pieces of kDownTokens
-// tokens, then the blocks of rows; a block gets B (A x) for its rows and
-// every token right after W x, while its outputs are still in cache
-// (bit for bit the LoRA kernels after the product: their arithmetic per
-// token and column does not depend on the split).
-void matmul_multi_batch(const FormatKernels& fk, const LoraKernels* lk, const MatmulArgs* args, int n,
-                        ThreadPool& pool) {
-  constexpr int kMax = 8;
-  const bool packed = args[0].w->packing != Packing::kRows;
-  const BatchAct b = batch_act(fk, packed, args[0], pool);
-  const int64_t n_tok = args[0].n_tokens;
-  int64_t block[kMax], first[kMax + 1];  // first[i]: product i's first piece
-  first[0] = 0;
-  for (int i = 0; i < n; ++i) {
-    block[i] = batch_block_rows(fk, *args[i].w);
-    first[i + 1] = first[i] + (args[i].w->rows + block[i] - 1) / block[i];
-  }
-  auto piece = [&](int64_t p) {
-    int i = 0;
-    while (p >= first[i + 1]) ++i;
-    const WeightView& w = *args[i].w;
-    const int64_t r0 = (p - first[i]) * block[i], r1 = std::min(w.rows, r0 + block[i]);
-    batch_rows(fk, w, b, n_tok, r0, r1, args[i].y, args[i].y_stride);
-    return i;
-  };
-  const int64_t n_down = batch_down_pieces(args, n);
-  if (n_down == 0) {
-    pool.parallel_for_guided(first[n], 1, [&](int64_t p0, int64_t p1, int) {
-      for (int64_t p = p0; p < p1; ++p) piece(p);
-    });
-    return;
-  }
-  EBB_CHECK(lk != nullptr);
-  struct alignas(kCacheLine) Counter {
-    std::atomic<int64_t> v{0};
-  };
-  Counter next_down, downs_done, next_piece;
-  pool.run([&](int, int) {
-    for (int64_t d; (d = next_down.v.fetch_add(1, std::memory_order_relaxed)) < n_down;) {
-      low_rank_down_batch(*lk, args, n, d);
-      downs_done.v.fetch_add(1, std::memory_order_release);
-    }
-    bool downs_ready = false;
-    for (int64_t p; (p = next_piece.v.fetch_add(1, std::memory_order_relaxed)) < first[n];) {
-      const int i = piece(p);
-      if (args[i].terms.empty()) continue;
-      while (!downs_ready) {
-        downs_ready = downs_done.v.load(std::memory_order_acquire) == n_down;
-        if (!downs_ready) std::this_thread::yield();
-      }
-      const int64_t r0 = (p - first[i]) * block[i];
-      low_rank_up(*lk, args[i], r0, std::min(args[i].w->rows, r0 + block[i]));
-    }
-  });
-}
-
 }  // namespace
 
 void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
@@ -520,13 +418,10 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   // block of weight rows sized to stay in L2 and reused for every token
   // before moving on, so weights stream from memory once.
   if (n_tok > 1) {
+    EBB_CHECK_MSG(args.terms.empty(), "low-rank terms are for one-token products");
     const bool packed = w.packing != Packing::kRows;
     const FormatKernels& k = packed ? packed_kernels(fk, w) : *fk;
     EBB_CHECK_MSG(fk->quantize_batch_act == nullptr || fk->tile_dot, "batch activations need the batch's own dot");
-    if (!args.terms.empty()) {
-      matmul_multi_batch(k, &lora_kernels(ks.isa()), &args, 1, pool);
-      return;
-    }
     const BatchAct b = batch_act(k, packed, args, pool);
     const int64_t block_rows = batch_block_rows(k, w);
     pool.parallel_for_guided(rows, block_rows, [&](int64_t r0, int64_t r1, int) {
@@ -539,6 +434,35 @@ void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool) {
   const FormatKernels* one[1] = {fk};
   one_token(ks, one, &args, 1, pool);
 }
+
+namespace {
+
+// Several batch products (n_tok >= 2) with one input and one kernel row
+// (q/k/v, gate/up of one format): the input converted once, and every
+// product's pieces claimed from one list in one pool dispatch.
+void matmul_multi_batch(const FormatKernels& fk, const MatmulArgs* args, int n, ThreadPool& pool) {
+  constexpr int kMax = 8;
+  const bool packed = args[0].w->packing != Packing::kRows;
+  const BatchAct b = batch_act(fk, packed, args[0], pool);
+  const int64_t n_tok = args[0].n_tokens;
+  int64_t block[kMax], first[kMax + 1];  // first[i]: product i's first piece
+  first[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    block[i] = batch_block_rows(fk, *args[i].w);
+    first[i + 1] = first[i] + (args[i].w->rows + block[i] - 1) / block[i];
+  }
+  pool.parallel_for_guided(first[n], 1, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p) {
+      int i = 0;
+      while (p >= first[i + 1]) ++i;
+      const WeightView& w = *args[i].w;
+      const int64_t r0 = (p - first[i]) * block[i];
+      batch_rows(fk, w, b, n_tok, r0, std::min(w.rows, r0 + block[i]), args[i].y, args[i].y_stride);
+    }
+  });
+}
+
+}  // namespace
 
 void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool& pool) {
   constexpr int kMax = 8;
@@ -566,11 +490,10 @@ void matmul_multi(const KernelSet& ks, const MatmulArgs* args, int n, ThreadPool
     for (int i = 0; i < n; ++i) {
       EBB_CHECK(args[i].w->cols % type_info(args[i].w->type).block_size == 0);
       EBB_CHECK(args[i].w->cols % type_info(fks[i]->act).block_size == 0);
+      EBB_CHECK_MSG(args[i].terms.empty(), "low-rank terms are for one-token products");
     }
     EBB_CHECK_MSG(k.quantize_batch_act == nullptr || k.tile_dot, "batch activations need the batch's own dot");
-    bool any_terms = false;
-    for (int i = 0; i < n; ++i) any_terms = any_terms || !args[i].terms.empty();
-    matmul_multi_batch(k, any_terms ? &lora_kernels(ks.isa()) : nullptr, args, n, pool);
+    matmul_multi_batch(k, args, n, pool);
     return;
   }
   bool fused = same_input;

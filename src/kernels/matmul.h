@@ -93,18 +93,17 @@ const KernelSet& kernel_set(Isa isa);
 // Bytes of scratch matmul() needs for n_tokens activation rows of `cols`.
 size_t matmul_scratch_bytes(DType weight, int64_t cols, int64_t n_tokens);
 
-// A low-rank term added to a product's output after W x (a LoRA pair,
-// kernels/lora.h): y[tok][r] += scale · Σ_j bt[j, r] · t[tok, j], t = A x,
-// each output in the LoRA kernels' arithmetic whatever the split over
-// threads, so the result is bit for bit the LoRA kernels' down then up after
-// the product.
+// A low-rank term added to a one-token product's output after W x (a LoRA
+// pair, kernels/lora.h): y[r] += scale · Σ_j bt[j, r] · t[j], t = A x, each
+// output in the LoRA kernels' arithmetic whatever the split over threads, so
+// the result is bit for bit the LoRA kernels' down then up after the product.
 struct LowRankTerm {
   const void* a = nullptr;   // [rank, W.cols] F32, or IEEE half bits when f16
   const void* bt = nullptr;  // [rank, W.rows] B transposed, the same type
   bool f16 = false;
   int64_t rank = 0;
   float scale = 0.0f;
-  float* t = nullptr;  // [n_tokens, rank] scratch for A x, one per term
+  float* t = nullptr;  // [rank] scratch for A x, one per term
 };
 
 // y[t][r] = sum_c W[r][c] * x[t][c] for t < n_tokens, r < W.rows.
@@ -120,11 +119,10 @@ struct MatmulArgs {
   float* y = nullptr;
   int64_t y_stride = 0;
   void* scratch = nullptr;
-  // Low-rank terms added to y after W x, in order, inside the product's own
-  // pool dispatch: their A x products are claimed first (one token: in
-  // pieces of rank rows; a batch: in pieces of tokens), and each piece of
-  // output rows gets its rows of B (A x) right after its rows of W x, while
-  // they are in cache, so the terms add no dispatch and no barrier.
+  // One token only (n_tokens == 1): low-rank terms added to y after W x, in
+  // order, inside the product's own pool dispatch: their A x products are
+  // claimed first, and each piece of output rows gets its rows of B (A x)
+  // right after its rows of W x, so they add no dispatch and no barrier.
   std::span<const LowRankTerm> terms;
 };
 void matmul(const KernelSet& ks, const MatmulArgs& args, ThreadPool& pool);

@@ -38,9 +38,8 @@ void Forward::ensure_chunk_size(int64_t chunk_size) {
 void Forward::ensure_lora_rank(int64_t rank) {
   if (rank <= lora_rank_) return;
   lora_scratch_.reset();
-  // The A x of every term of a fused product group, each [max_batch, rank]
-  // (also holds a batch's A x for apply_lora).
-  const int64_t rows = opts_.max_batch * static_cast<int64_t>(kMaxSharedInput) * kMaxFusedAdapters;
+  // Rows of a batch's A x, or the A x of every term of a fused product group.
+  const int64_t rows = std::max<int64_t>(opts_.max_batch, kMaxSharedInput * kMaxFusedAdapters);
   lora_scratch_ = alloc_.allocate(static_cast<size_t>(rows * rank) * sizeof(float), MemCategory::kScratch);
   lora_rank_ = rank;
 }
@@ -245,8 +244,8 @@ void Forward::run_batch(std::span<const StepSeq> seqs, WeightSource* source) {
       any_lora_ = true;
     }
   }
-  // One sequence (decode or prefill): its adapters run inside the products.
-  fused_lora_ = any_lora_ && seqs.size() == 1 && seqs[0].adapters->size() <= static_cast<size_t>(kMaxFusedAdapters);
+  fused_lora_ = any_lora_ && seqs.size() == 1 && n == 1 &&
+                seqs[0].adapters->size() <= static_cast<size_t>(kMaxFusedAdapters);
   // Several sequences: logits land in a planned block, then go to each
   // sequence's own buffer. One sequence writes straight into its buffer.
   float* head_out = seqs[0].logits;
@@ -381,7 +380,7 @@ std::span<const LowRankTerm> Forward::lora_terms(std::span<const StepSeq> seqs, 
     t.f16 = f16;
     t.rank = p->rank;
     t.scale = a.scale * p->scale;
-    t.t = lora_scratch_.as<float>() + (slot * kMaxFusedAdapters + k) * lora_rank_ * opts_.max_batch;  // [n, rank]
+    t.t = lora_scratch_.as<float>() + (slot * kMaxFusedAdapters + k) * lora_rank_;  // [rank]
     ++k;
   }
   return {terms_[slot], static_cast<size_t>(k)};

@@ -97,8 +97,8 @@ class Forward {
   void apply_lora(std::span<const StepSeq> seqs, int layer, LoraTarget target, const float* x, int64_t x_stride,
                   float* y, int64_t y_stride, bool out_rows = false);
   // The adapters' low-rank terms of (layer, target) for the weight w, which
-  // matmul adds inside the product's own dispatch: the terms of a step of
-  // one sequence (decode or prefill) when fused_lora_, else none. slot:
+  // matmul adds inside the product's own dispatch: the terms of one
+  // sequence's one-row step (decode) when fused_lora_, else none. slot:
   // which product of a shared-input group (q, k, v), each with its own terms.
   std::span<const LowRankTerm> lora_terms(std::span<const StepSeq> seqs, int layer, LoraTarget target,
                                           const WeightView& w, int slot);
@@ -110,7 +110,7 @@ class Forward {
     const WeightView* w;
     float* y;  // [n, y_stride]
     int64_t y_stride;
-    std::span<const LowRankTerm> terms = {};  // added after W x (lora_terms)
+    std::span<const LowRankTerm> terms = {};  // added after W x (one row: lora_terms)
   };
   void matmul_shared_input(std::span<const MatmulOut> outs, const float* x, int64_t n);
 
@@ -141,10 +141,10 @@ class Forward {
   void* mm_scratch_ = nullptr;
   static constexpr size_t kMaxSharedInput = 3;
   const LoraKernels& lk_;
-  Buffer lora_scratch_;  // [kMaxSharedInput * kMaxFusedAdapters, B, max rank] the adapters' A x
+  Buffer lora_scratch_;  // [B, max rank] the adapters' A x
   int64_t lora_rank_ = 0;
   bool any_lora_ = false;  // some sequence of the current step binds adapters
-  // The step is one sequence's, whose adapters (at most
+  // The step is one row of one sequence whose adapters (at most
   // kMaxFusedAdapters) are applied inside the products (lora_terms).
   bool fused_lora_ = false;
   static constexpr int kMaxFusedAdapters = 8;
