@@ -301,25 +301,6 @@ void low_rank_up(const LoraKernels& lk, const MatmulArgs& a, int64_t rb, int64_t
   }
 }
 
-// Asks for B's rows [rb, re) of every term of a (rank rows n_out apart) to
-// be brought into L2 ahead of low_rank_up: each rank row contributes a short
-// segment (2-16 cache lines for a piece), too short for the hardware
-// prefetchers to follow sixteen of them at once, so without the hint the up
-// product waits on memory latency segment after segment. Issued before the
-// piece's W x, whose streaming hides the fetch.
-void prefetch_low_rank_up(const MatmulArgs& a, int64_t rb, int64_t re) {
-  for (const LowRankTerm& lt : a.terms) {
-    const size_t elem = lt.f16 ? sizeof(uint16_t) : sizeof(float);
-    const size_t bytes = static_cast<size_t>(re - rb) * elem;
-    for (int64_t j = 0; j < lt.rank; ++j) {
-      const auto* row = static_cast<const uint8_t*>(lt.bt) + static_cast<size_t>(j * a.w->rows + rb) * elem;
-      const uintptr_t first = reinterpret_cast<uintptr_t>(row) / kCacheLine * kCacheLine;
-      for (uintptr_t p = first; p < reinterpret_cast<uintptr_t>(row) + bytes; p += kCacheLine)
-        __builtin_prefetch(reinterpret_cast<const void*>(p), 0, 2);
-    }
-  }
-}
-
 // One-token products args[0 .. n) of one input x whose kernels share an
 // activation format (fks[i]->act): x converted once on the calling thread
 // (a few microseconds at most; a fork-join would cost as much), the packed
@@ -376,7 +357,6 @@ void one_token(const KernelSet& ks, const FormatKernels* const* fks, const Matmu
         const int64_t b = std::max(g0, first[i]) - first[i], e = std::min(g1, first[i + 1]) - first[i];
         if (b >= e) continue;
         const WeightView& w = *args[i].w;
-        if (!args[i].terms.empty()) prefetch_low_rank_up(args[i], b, e);
         if (w.packing != Packing::kRows) {
           packed_rows_one(packed_kernels(fks[i], w), w, act, sums, b, e, args[i].y);
         } else {
