@@ -199,6 +199,25 @@ class BackendStream {
   virtual int64_t n_recorded() const = 0;
 };
 
+// Runs record() on s, then submits and waits for it. When anything throws
+// (recording, the submission, the device), what was recorded or submitted
+// is waited out first, so nothing stays recorded for the stream's next
+// user, and the first error goes on.
+template <class F>
+void run_on(BackendStream& s, F&& record) {
+  try {
+    record();
+    s.submit();
+    s.wait();
+  } catch (...) {
+    try {
+      s.wait();
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
 // A device. Its buffers and streams must be destroyed before it.
 class Backend {
  public:

@@ -489,7 +489,7 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
   x_->write(0, x ? x : x_host_.data(), f32_bytes(n * D));
   rope_->write(0, rope_host_.data(), f32_bytes(n * c.rope_dim));
   BackendStream& s = *stream_;
-  try {
+  run_on(s, [&] {
     for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
       if (restorer && restorer->pending(l) && !restorer->ready(l)) {
         // Layer l is still being read: the device runs what is recorded
@@ -519,15 +519,7 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
     }
     matmul(s, head_, head_.o, xn_.get(), 0, logits_.get(), 0, n_out);
     lora_.record(s, seqs, -1, LoraTarget::kOutput, {xn_.get(), 0}, D, {logits_.get(), 0}, V, /*out_rows=*/true);
-    s.submit();
-    s.wait();
-  } catch (...) {
-    try {
-      s.wait();  // nothing stays recorded for the next step
-    } catch (const Error&) {
-    }
-    throw;
-  }
+  });
   int64_t o = 0;
   for (const StepSeq& seq : seqs) {
     const int64_t rows = seq.all_logits ? static_cast<int64_t>(seq.tokens.size()) : 1;

@@ -53,20 +53,12 @@ void DeviceForward::transfer_kv(SeqKv& s, int64_t p0, int64_t p1, bool to_device
       each([&](int64_t l, bool v, uint64_t off) { host(l, v, a, m, reinterpret_cast<uint16_t*>(base + off)); });
       if (!mapped) st.write(0, base, 2 * nl * part);
     }
-    try {
+    run_on(str, [&] {
       each([&](int64_t l, bool v, uint64_t off) {
         const TensorRef dev{(v ? s.v : s.k)[l].get(), static_cast<uint64_t>(a) * row}, stage{&st, off};
         str.copy({to_device ? stage : dev, to_device ? dev : stage, part});
       });
-      str.submit();
-      str.wait();
-    } catch (...) {
-      try {
-        str.wait();  // nothing stays recorded for the next step
-      } catch (const Error&) {
-      }
-      throw;
-    }
+    });
     if (!to_device) {
       if (!mapped) st.read(0, base, 2 * nl * part);
       each([&](int64_t l, bool v, uint64_t off) { host(l, v, a, m, reinterpret_cast<uint16_t*>(base + off)); });
@@ -159,20 +151,12 @@ void DeviceForward::copy_kv(const KvCache& src, KvCache& dst, int64_t n) {
   SeqKv& d = kv_for(dst, n);  // std::map: s stays valid
   const uint64_t bytes = static_cast<uint64_t>(n * cfg_.kv_dim()) * 2;
   BackendStream& str = *stream_;
-  try {
+  run_on(str, [&] {
     for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {  // a split's CPU layers: the host cache's
       str.copy({{s.k[l].get(), 0}, {d.k[l].get(), 0}, bytes});
       str.copy({{s.v[l].get(), 0}, {d.v[l].get(), 0}, bytes});
     }
-    str.submit();
-    str.wait();
-  } catch (...) {
-    try {
-      str.wait();
-    } catch (const Error&) {
-    }
-    throw;
-  }
+  });
 }
 
 std::vector<std::vector<KvChunkHandle>> download_kv_chunks(DeviceForward& dev, const KvCache& kv, int64_t c0,

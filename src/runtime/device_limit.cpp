@@ -145,14 +145,8 @@ void DeviceForward::stream_layer(BackendStream& s, int l, std::span<const StepSe
     throw Error("layer " + std::to_string(l) + " could not be streamed to the device: " + e.what());
   }
   try {
-    record_layer(s, layers_[l], l, seqs, n);
-    s.submit();
-    s.wait();
+    run_on(s, [&] { record_layer(s, layers_[l], l, seqs, n); });
   } catch (...) {
-    try {
-      s.wait();
-    } catch (const Error&) {
-    }
     layers_[l].buf.reset();
     throw;
   }
