@@ -162,7 +162,7 @@ Reply get(httplib::Client& c, const std::string& path) {
   Reply r;
   auto res = c.Get(path.c_str());
   if (!res) {
-    ADD_FAILURE() << "GET " << path << ": no response";
+    ADD_FAILURE() << "GET " << path << ": no response (" << httplib::to_string(res.error()) << ")";
     return r;
   }
   r.status = res->status;
