@@ -101,9 +101,12 @@ DeviceForward::Vec DeviceForward::stage_vector(Staged& st, const float* v, int64
 
 std::unique_ptr<BackendBuffer> DeviceForward::upload(Staged& st) {
   auto buf = be_.alloc(std::max<uint64_t>(st.size, kAlign), MemoryPlace::kDevice);
-  for (const Staged::Piece& p : st.pieces)
-    buf->write(p.offset, p.owned.empty() ? p.src : p.owned.data(), p.bytes);
+  write_pieces(st, *buf);
   return buf;
+}
+
+void DeviceForward::write_pieces(const Staged& st, BackendBuffer& buf) {
+  for (const Staged::Piece& p : st.pieces) buf.write(p.offset, p.owned.empty() ? p.src : p.owned.data(), p.bytes);
 }
 
 DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, DeviceForwardOptions opts)
@@ -156,11 +159,15 @@ DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, Device
 }
 
 void DeviceForward::upload_layer(int l) {
+  upload_layer_into(l, layers_[l]);
+  layer_bytes_[l] = layers_[l].buf->size();
+}
+
+void DeviceForward::upload_layer_into(int l, LayerBuf& lb) {
   const ModelConfig& c = cfg_;
   const int64_t B = opts_.max_batch;
   {
     const LayerWeights w = model_.layer(l);
-    LayerBuf& lb = layers_[l];
     Staged st;
     lb.q = stage_matrix(st, w.q);
     lb.k = stage_matrix(st, w.k);
@@ -177,8 +184,12 @@ void DeviceForward::upload_layer(int l) {
     lb.q_bias = stage_vector(st, w.q_bias, c.q_dim(), B);
     lb.k_bias = stage_vector(st, w.k_bias, c.kv_dim(), B);
     lb.v_bias = stage_vector(st, w.v_bias, c.kv_dim(), B);
-    lb.buf = upload(st);
-    layer_bytes_[l] = lb.buf->size();
+    if (lb.buf) {  // a streaming window: sized for the largest layer
+      EBB_CHECK(lb.buf->size() >= st.size);
+      write_pieces(st, *lb.buf);
+    } else {
+      lb.buf = upload(st);
+    }
   }
 }
 
@@ -186,6 +197,7 @@ DeviceForward::Evicted DeviceForward::evict(uint64_t bytes, bool park_kv) {
   std::lock_guard lock(mu_);
   const uint64_t before = be_.ledger(MemoryPlace::kDevice).buffer_bytes;
   Evicted e;
+  size_windows_locked(0);  // a memory limit's streaming windows (device_limit.cpp): the next step takes them again
   for (int l = model_.n_layers() - 1;
        l >= opts_.first_layer && before - be_.ledger(MemoryPlace::kDevice).buffer_bytes < bytes; --l) {
     if (!layers_[l].buf) continue;
@@ -231,6 +243,7 @@ int64_t DeviceForward::restore_host_locked() {
 }
 
 int64_t DeviceForward::restore_locked() {
+  size_windows_locked(0);  // what fits is counted without them; the next step that streams takes them again
   for (auto& [kv, s] : kv_) unpark(s);
   int64_t n = restore_host_locked();
   // Under a memory limit: the dropped layers that fit, lowest first
@@ -251,6 +264,10 @@ int64_t DeviceForward::restore_locked() {
 }
 
 void DeviceForward::restore_layer(int l) {
+  read_layer(l, [&] { upload_layer(l); });
+}
+
+void DeviceForward::read_layer(int l, const std::function<void()>& upload) {
   const GgufFile& f = model_.file();
   if (!descriptor_unchanged(f.fd(), f))
     throw Error(f.path() + ": the model file changed on disk since it was loaded; its weights cannot be restored "
@@ -263,7 +280,7 @@ void DeviceForward::restore_layer(int l) {
   } release{u};
   // The CRC only when the inode may have been written since load (as the CPU path).
   if (!bytes_unchanged(f.fd(), f)) crc_.verify(l, u, u.base(), f.path());
-  upload_layer(l);
+  upload();
 }
 
 int64_t DeviceForward::n_parked() const {
@@ -461,9 +478,16 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
   // Device layers evict() dropped come back on a restore thread while the
   // layers before them run (device_restore.h); under a memory limit, the
   // ones it leaves out stream (stream_layer).
-  std::vector<int> dropped;
-  for (int l = opts_.first_layer; l < model_.n_layers(); ++l)
+  std::vector<int> dropped, streamed;
+  for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
     if (!layers_[l].buf && !streamed_[l]) dropped.push_back(l);
+    if (streamed_[l]) streamed.push_back(l);
+  }
+  // The streamed layers' reader starts once the restorer is done (its
+  // layers all come before them), so the two never hold host copies at once.
+  const int stream_from = dropped.empty() ? opts_.first_layer : dropped.back() + 1;
+  std::optional<LayerStreamer> streamer;
+  if (!streamed.empty()) streamer.emplace(std::move(streamed), n_windows_, [this](int l, int w) { stream_read(l, w); });
   std::optional<LayerRestorer> restorer;
   if (!dropped.empty()) restorer.emplace(std::move(dropped), [this](int l) { restore_layer(l); }, &hooks_);
   lora_.prepare(seqs);  // the versions the step binds uploaded, replaced ones freed (prepare() did it in a split)
@@ -491,6 +515,7 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
   BackendStream& s = *stream_;
   run_on(s, [&] {
     for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
+      if (streamer) start_stream(*streamer, l, stream_from);
       if (restorer && restorer->pending(l) && !restorer->ready(l)) {
         // Layer l is still being read: the device runs what is recorded
         // meanwhile; recording goes on once l is back and the stream is free.
@@ -502,7 +527,7 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
         s.wait();
       }
       if (streamed_[l]) {
-        stream_layer(s, l, seqs, n);
+        stream_layer(s, *streamer, l, seqs, n);
         continue;
       }
       record_layer(s, layers_[l], l, seqs, n);

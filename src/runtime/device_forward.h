@@ -26,6 +26,7 @@
 // memory, uploaded again by the session's next step).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -41,6 +42,7 @@
 #include "model/model.h"
 #include "runtime/device_lora.h"
 #include "runtime/device_restore.h"
+#include "runtime/device_stream.h"
 #include "runtime/forward.h"
 
 namespace ebb {
@@ -153,10 +155,19 @@ class DeviceForward {
   // refused naming the sizes before anything grows. restore() brings back
   // only what fits. Not counted: transients of a KV doubling (one layer's
   // old buffer and its host copy), and adapter uploads a step binds.
+  // Streaming overlaps with the step (device_stream.h): when the limit has
+  // room for two windows beside what is held, a reader thread reads the
+  // next streamed layer into the second window while the device runs this
+  // one; with room for one, each is read, run and waited in turn. The
+  // windows' device buffers are kept (and held) while steps stream, and go
+  // when a step streams nothing, with evict(), restore() or a new limit.
   Evicted set_memory_limit(uint64_t bytes, std::function<uint64_t()> host_kv);
   uint64_t memory_limit() const;
   uint64_t held() const;
   int64_t n_streamed_last_step() const;  // layers the last step streamed (0 without a limit)
+  int n_stream_windows() const;             // windows the last step streamed through (0, 1 or 2)
+  int64_t n_stream_window_allocs() const;   // window buffers allocated so far (they are reused across steps)
+  void set_stream_hooks(DeviceStreamHooks hooks);  // test hooks of the streaming (between steps)
   // Test hooks of the overlapped restore (set between steps).
   void set_restore_hooks(DeviceRestoreHooks hooks);
 
@@ -239,11 +250,17 @@ class DeviceForward {
   Mat stage_matrix(Staged& st, const WeightView& w);
   Vec stage_vector(Staged& st, const float* v, int64_t n, int64_t copies = 1);
   std::unique_ptr<BackendBuffer> upload(Staged& st);
+  void write_pieces(const Staged& st, BackendBuffer& buf);
 
   void upload_layer(int l);  // layer l's unit must be resident on the host
+  // Layer l's pieces into lb: into lb.buf when it is there (it must be big
+  // enough: a streaming window), else into a new buffer.
+  void upload_layer_into(int l, LayerBuf& lb);
   int64_t restore_locked();
   int64_t restore_host_locked();  // a split's CPU layers only
   void restore_layer(int l);  // reads layer l from the file and uploads it (any thread; throws)
+  // Reads layer l's unit from the file (checked), runs upload(), frees the unit.
+  void read_layer(int l, const std::function<void()>& upload);
   // Refuses a step the device cannot run; n, n_out: its rows and logits rows.
   void check_step(std::span<const StepSeq> seqs, int64_t& n, int64_t& n_out) const;
   // Grows kv's device KV to hold n positions (copying what it held; parked KV goes up first).
@@ -286,8 +303,23 @@ class DeviceForward {
   uint64_t limit_ = 0;
   std::function<uint64_t()> host_kv_;  // the host KV pool's bytes (a split's CPU layers)
   std::vector<uint64_t> layer_bytes_;  // [n_layers] device bytes of each layer's buffer, dropped or not
-  std::vector<char> streamed_;         // [n_layers] the step uploads, runs and frees these (over the limit)
+  std::vector<char> streamed_;         // [n_layers] the step reads these into a window and runs them (over the limit)
   int64_t n_streamed_ = 0;
+  // Streaming windows (device_stream.h): each a device buffer of the
+  // largest layer, reused across layers and steps; n_windows_ of them this step.
+  std::vector<LayerBuf> windows_;
+  int n_windows_ = 0;
+  int64_t n_window_allocs_ = 0;
+  DeviceStreamHooks stream_hooks_;
+  uint64_t stream_held_ = 0;                    // held_locked() as the reader started
+  std::atomic<uint64_t> stream_host_live_{0};  // the host copy the reader holds now
+  uint64_t windows_bytes_locked() const;
+  void size_windows_locked(int n);  // n window buffers (0: none)
+  // Marks streamed_ for a step that holds `held` and `windows` of windows (forward-in).
+  void mark_streamed_locked(uint64_t held, uint64_t windows);
+  void stream_read(int l, int window);  // the reader thread: layer l into windows_[window]
+  // Before layer l of the step: starts the reader once the restorer is done (l >= from).
+  void start_stream(LayerStreamer& st, int l, int from);
   DeviceFootprint footprint_locked() const;
   uint64_t held_locked() const;
   uint64_t window_bytes() const;
@@ -301,9 +333,9 @@ class DeviceForward {
   // the dropped layers it streams (streamed_), refuses a step that cannot fit.
   void plan_step_locked(std::span<const StepSeq> seqs);
   void evict_to_limit_locked(Evicted& e);
-  // Runs streamed layer l: submits what is recorded, uploads l, records and
-  // runs it, frees it.
-  void stream_layer(BackendStream& s, int l, std::span<const StepSeq> seqs, int64_t n);
+  // Runs streamed layer l: submits what is recorded while l is not read
+  // yet, records l from its window, submits, waits, hands the window back.
+  void stream_layer(BackendStream& s, LayerStreamer& st, int l, std::span<const StepSeq> seqs, int64_t n);
 };
 
 }  // namespace ebb

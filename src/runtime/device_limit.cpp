@@ -1,9 +1,10 @@
 // DeviceForward's memory limit (declared in device_forward.h): what counts
 // against it (held), what setting it evicts, and how a step fits under it:
 // the dropped layers that fit come back, lowest first (the restore thread
-// of device_restore.h), and the rest stream through a one-layer window
-// (stream_layer), as ElasticMemory keeps its limit on the CPU
-// (memory/elastic_stream.cpp).
+// of device_restore.h), and the rest stream through one or two windows
+// (stream_layer; the reader of device_stream.h reads the next streamed layer
+// while the device runs this one), as ElasticMemory keeps its limit on the
+// CPU (memory/elastic_stream.cpp).
 #include <algorithm>
 #include <cstdio>
 
@@ -25,11 +26,29 @@ std::string mib(uint64_t b) {
 
 uint64_t DeviceForward::held_locked() const {
   const DeviceFootprint f = footprint_locked();
-  uint64_t h = f.total() + f.kv_parked + (staging_ ? staging_->size() : 0);
+  uint64_t h = f.total() + f.kv_parked + (staging_ ? staging_->size() : 0) + windows_bytes_locked();
   for (int l = 0; l < opts_.first_layer; ++l)
     if (model_.layer_unit(l).resident()) h += model_.layer_unit(l).bytes();
   if (host_kv_) h += host_kv_();
   return h;
+}
+
+uint64_t DeviceForward::windows_bytes_locked() const {
+  uint64_t b = 0;
+  for (const LayerBuf& w : windows_) b += w.buf->size();
+  return b;
+}
+
+void DeviceForward::size_windows_locked(int n) {
+  windows_.resize(std::min(windows_.size(), static_cast<size_t>(n)));
+  uint64_t dev = 0;
+  for (int l = opts_.first_layer; l < model_.n_layers(); ++l) dev = std::max(dev, layer_bytes_[l]);
+  while (windows_.size() < static_cast<size_t>(n)) {
+    LayerBuf w;
+    w.buf = be_.alloc(dev, MemoryPlace::kDevice);  // throws naming the device when it cannot
+    windows_.push_back(std::move(w));
+    ++n_window_allocs_;
+  }
 }
 
 uint64_t DeviceForward::window_bytes() const {
@@ -76,10 +95,33 @@ uint64_t DeviceForward::kv_growth(const KvCache& kv, int64_t n) const {
   return after > before ? after - before : 0;
 }
 
+void DeviceForward::mark_streamed_locked(uint64_t held, uint64_t windows) {
+  // Forward-in: the dropped layers that fit beside the windows come back
+  // (the restore thread); from the first that does not, the rest stream.
+  std::fill(streamed_.begin(), streamed_.end(), 0);
+  n_streamed_ = 0;
+  uint64_t left = limit_ - held - windows;
+  bool out = false;
+  for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
+    if (layers_[l].buf) continue;
+    if (!out && layer_bytes_[l] <= left) {
+      left -= layer_bytes_[l];
+      continue;
+    }
+    out = true;
+    streamed_[l] = 1;
+    ++n_streamed_;
+  }
+}
+
 void DeviceForward::plan_step_locked(std::span<const StepSeq> seqs) {
   std::fill(streamed_.begin(), streamed_.end(), 0);
   n_streamed_ = 0;
-  if (limit_ == 0) return;
+  n_windows_ = 0;
+  if (limit_ == 0) {
+    size_windows_locked(0);
+    return;
+  }
   const int l0 = opts_.first_layer, nl = model_.n_layers();
   // What the step adds before any device layer comes back: its KV growth
   // and a split's CPU layers (they run from host memory; they do not stream).
@@ -87,7 +129,8 @@ void DeviceForward::plan_step_locked(std::span<const StepSeq> seqs) {
   for (const StepSeq& s : seqs) kv_grow += kv_growth(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
   for (int l = 0; l < l0; ++l)
     if (!model_.layer_unit(l).resident()) host_back += model_.layer_unit(l).bytes();
-  uint64_t held = held_locked() + kv_grow + host_back;
+  // The windows a past step left are this step's to size again.
+  uint64_t held = held_locked() - windows_bytes_locked() + kv_grow + host_back;
   bool any = false;
   uint64_t need = 0, copy = 0;
   for (int l = l0; l < nl; ++l) {
@@ -96,7 +139,10 @@ void DeviceForward::plan_step_locked(std::span<const StepSeq> seqs) {
     need += layer_bytes_[l];
     copy = std::max(copy, model_.layer_unit(l).bytes());
   }
-  if (!any ? held <= limit_ : held + need + copy <= limit_) return;  // everything fits: as without a limit
+  if (!any ? held <= limit_ : held + need + copy <= limit_) {  // everything fits: as without a limit
+    size_windows_locked(0);
+    return;
+  }
   // Not everything: one layer streams at a time through the window; when
   // even that does not fit, resident layers make way, the last first.
   const uint64_t window = window_bytes();
@@ -118,39 +164,56 @@ void DeviceForward::plan_step_locked(std::span<const StepSeq> seqs) {
                 "), and streaming one layer takes " + mib(window) +
                 " more (its device buffer and its host copy); raise the limit or end sessions");
   }
-  // Forward-in: the dropped layers that fit come back (the restore
-  // thread); from the first that does not, the rest stream.
-  uint64_t left = limit_ - held - window;
-  bool out = false;
-  for (int l = l0; l < nl; ++l) {
-    if (layers_[l].buf) continue;
-    if (!out && layer_bytes_[l] <= left) {
-      left -= layer_bytes_[l];
-      continue;
-    }
-    out = true;
-    streamed_[l] = 1;
-    ++n_streamed_;
+  // One window, or two when the limit holds them beside what is held and
+  // two or more layers stream (the next is read while the device runs this one).
+  mark_streamed_locked(held, window);
+  n_windows_ = 1;
+  if (n_streamed_ >= 2 && held + 2 * window <= limit_) {
+    mark_streamed_locked(held, 2 * window);
+    n_windows_ = 2;
   }
+  size_windows_locked(n_windows_);
 }
 
-void DeviceForward::stream_layer(BackendStream& s, int l, std::span<const StepSeq> seqs, int64_t n) {
-  if (s.n_recorded() > 0) {  // the layers before l run; the window is free for l
+void DeviceForward::start_stream(LayerStreamer& st, int l, int from) {
+  if (st.started() || l < from) return;
+  stream_held_ = held_locked();  // nothing else changes it until the step ends but the reader's host copy
+  st.start();
+}
+
+void DeviceForward::stream_read(int l, int window) {
+  const uint64_t host = model_.layer_unit(l).bytes();
+  if (stream_hooks_.before_read) stream_hooks_.before_read(l, stream_held_);
+  stream_host_live_.store(host);
+  struct Live {
+    std::atomic<uint64_t>& b;
+    ~Live() { b.store(0); }
+  } live{stream_host_live_};
+  read_layer(l, [&] {
+    upload_layer_into(l, windows_[static_cast<size_t>(window)]);
+    if (stream_hooks_.after_read) stream_hooks_.after_read(l, stream_held_ + host);
+  });
+}
+
+void DeviceForward::stream_layer(BackendStream& s, LayerStreamer& st, int l, std::span<const StepSeq> seqs,
+                                 int64_t n) {
+  auto submitted = [&](int last) {
+    if (stream_hooks_.after_submit) stream_hooks_.after_submit(last, held_locked() + stream_host_live_.load());
+  };
+  bool in_flight = false;
+  if (!st.ready(l) && s.n_recorded() > 0) {  // the layers before l run while l is read
     s.submit();
-    s.wait();
+    submitted(l - 1);
+    in_flight = true;
   }
-  try {
-    restore_layer(l);
-  } catch (const Error& e) {
-    throw Error("layer " + std::to_string(l) + " could not be streamed to the device: " + e.what());
-  }
-  try {
-    run_on(s, [&] { record_layer(s, layers_[l], l, seqs, n); });
-  } catch (...) {
-    layers_[l].buf.reset();
-    throw;
-  }
-  layers_[l].buf.reset();  // over the limit: it goes again once run
+  const int w = st.acquire(l);  // throws naming l when its read failed (run_on waits the stream out)
+  if (in_flight) s.wait();
+  record_layer(s, windows_[static_cast<size_t>(w)], l, seqs, n);
+  s.submit();
+  submitted(l);
+  if (stream_hooks_.before_wait) stream_hooks_.before_wait(l);
+  s.wait();
+  st.release(l);  // the window is free for the layer after next
 }
 
 DeviceForward::Evicted DeviceForward::set_memory_limit(uint64_t bytes, std::function<uint64_t()> host_kv) {
@@ -162,7 +225,7 @@ DeviceForward::Evicted DeviceForward::set_memory_limit(uint64_t bytes, std::func
     return e;
   }
   const int l0 = opts_.first_layer, nl = model_.n_layers();
-  const uint64_t held = held_locked();
+  const uint64_t held = held_locked() - windows_bytes_locked();  // the windows go with a new limit
   uint64_t resident = 0, all = 0, host_dropped = 0;
   for (int l = l0; l < nl; ++l) {
     all += layer_bytes_[l];
@@ -179,6 +242,7 @@ DeviceForward::Evicted DeviceForward::set_memory_limit(uint64_t bytes, std::func
                 mib(std::min(base + window_bytes(), base + all)));
   }
   limit_ = bytes;
+  size_windows_locked(0);
   // Down to it now: weight layers, the last first (parking KV would move it
   // to the host, which the limit counts as well).
   const uint64_t before = be_.ledger(MemoryPlace::kDevice).buffer_bytes;
@@ -204,6 +268,21 @@ uint64_t DeviceForward::held() const {
 int64_t DeviceForward::n_streamed_last_step() const {
   std::lock_guard lock(mu_);
   return n_streamed_;
+}
+
+int DeviceForward::n_stream_windows() const {
+  std::lock_guard lock(mu_);
+  return n_windows_;
+}
+
+int64_t DeviceForward::n_stream_window_allocs() const {
+  std::lock_guard lock(mu_);
+  return n_window_allocs_;
+}
+
+void DeviceForward::set_stream_hooks(DeviceStreamHooks hooks) {
+  std::lock_guard lock(mu_);
+  stream_hooks_ = std::move(hooks);
 }
 
 }  // namespace ebb
