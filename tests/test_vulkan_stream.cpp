@@ -165,11 +165,8 @@ void run_streaming(Backend* be, int windows) {
   const uint64_t limit = base + static_cast<uint64_t>(windows) * window + margin;
   ASSERT_LT(limit, dev.held()) << "the limit must force an eviction";
   gpu.set_memory_limit(limit);
-  // Every device layer dropped (as under pressure), so the spare room is the
-  // step's to share out: resident layers are never dropped for a second
-  // window, dropped ones come back only beside the windows.
-  dev.evict(UINT64_MAX, /*park_kv=*/false);
-  ASSERT_EQ(dev.n_dropped(), nl);
+  ASSERT_GT(dev.n_dropped(), 0);
+  ASSERT_LT(dev.n_dropped(), nl) << "some layers stay resident under the limit";
   s.clear();
   // A first step under the limit: it decides what streams and takes the windows.
   s.feed(prompt);

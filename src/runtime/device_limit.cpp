@@ -164,13 +164,28 @@ void DeviceForward::plan_step_locked(std::span<const StepSeq> seqs) {
                 "), and streaming one layer takes " + mib(window) +
                 " more (its device buffer and its host copy); raise the limit or end sessions");
   }
-  // One window, or two when the limit holds them beside what is held and
-  // two or more layers stream (the next is read while the device runs this one).
+  // One window, or two (the next streamed layer is read while the device
+  // runs this one) when the limit holds two beside what is held without
+  // weights and the resident layers that make way for the second (the last
+  // first; they stream from then on) are fewer than the layers streaming
+  // with one: k layers take about k * (read + compute) through one window
+  // and (k + e) * max(read, compute) through two.
   mark_streamed_locked(held, window);
   n_windows_ = 1;
-  if (n_streamed_ >= 2 && held + 2 * window <= limit_) {
-    mark_streamed_locked(held, 2 * window);
-    n_windows_ = 2;
+  if (n_streamed_ >= 2) {
+    uint64_t held2 = held;
+    std::vector<int> make_way;
+    for (int l = nl - 1; l >= l0 && held2 + 2 * window > limit_; --l) {
+      if (!layers_[l].buf) continue;
+      held2 -= layer_bytes_[l];
+      make_way.push_back(l);
+    }
+    if (held2 + 2 * window <= limit_ && static_cast<int64_t>(make_way.size()) < n_streamed_) {
+      for (int l : make_way) layers_[l].buf.reset();
+      held = held2;
+      mark_streamed_locked(held, 2 * window);
+      n_windows_ = 2;
+    }
   }
   size_windows_locked(n_windows_);
 }
