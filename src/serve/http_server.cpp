@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -86,7 +87,12 @@ const char* reason(int status) {
 }  // namespace
 
 // One client connection. The reactor owns it while it waits for a request
-// head (`busy` false), a worker while it handles requests (`busy` true).
+// head (`busy` false), a worker while it handles requests (`busy` true). A
+// new connection is born busy: the accepting thread owns it from the moment
+// it is listed in `conns` until wait_for_head() hands it to the reactor.
+// (Born idle, with waiting_since at the clock's epoch, a sweep that ran
+// between the listing and wait_for_head() saw it idle for the machine's
+// uptime and closed it unanswered: a client's "no response" under load.)
 struct HttpServer::Conn {
   int fd = -1;
   std::string peer;
@@ -95,8 +101,8 @@ struct HttpServer::Conn {
   int local_port = 0;
   std::string buf;        // received bytes not yet handled, from `off`
   size_t off = 0;
-  Clock::time_point waiting_since;  // idle since, or the first byte of a pending head
-  std::atomic<bool> busy{false};
+  Clock::time_point waiting_since = Clock::now();  // idle since, or the first byte of a pending head
+  std::atomic<bool> busy{true};
   int requests = 0;
 
   std::string_view pending() const { return std::string_view(buf).substr(off); }
@@ -174,10 +180,11 @@ struct HttpServer::Reactor {
     started = true;
   }
 
-  // Back to waiting for the next request head (from a worker, or new).
+  // Back to waiting for the next request head, from its owner: a worker,
+  // or for a new connection the accepting thread.
   void wait_for_head(const std::shared_ptr<Conn>& c) {
     c->waiting_since = Clock::now();
-    c->busy = false;  // after the writes above: the reactor reads them once it sees busy false
+    c->busy = false;  // after the writes above: the reactor (loop, sweep) reads them once it sees busy false
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = c->fd;
@@ -448,6 +455,11 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   if (::getpeername(sock, reinterpret_cast<sockaddr*>(&ss), &len) == 0) c->peer = addr_of(ss, &c->peer_port);
   len = sizeof ss;
   if (::getsockname(sock, reinterpret_cast<sockaddr*>(&ss), &len) == 0) c->local = addr_of(ss, &c->local_port);
+  // Responses go out as a head and a body (or chunks) in separate writes:
+  // with Nagle's algorithm the second waited for the client's delayed ACK
+  // of the first (40 ms on Linux) on every non-streamed response.
+  int one = 1;
+  ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   const int flags = ::fcntl(sock, F_GETFL, 0);
   ::fcntl(sock, F_SETFL, flags | O_NONBLOCK);
   if (!r.started) {  // start_connections() was not called: refuse rather than leak
