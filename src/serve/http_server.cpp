@@ -139,6 +139,9 @@ struct HttpServer::Reactor {
   mutable std::mutex mu;
   std::unordered_map<int, std::shared_ptr<Conn>> conns;  // every open connection, by fd
   std::map<std::string, int> per_peer;
+  // Refused connections, answered and shut for writing, until the client
+  // closes or the deadline passes (HttpLimits::refused_linger_s).
+  std::unordered_map<int, Clock::time_point> lingering;  // fd -> deadline
   HttpCounters counters;
 
   std::string body_of(int status, const std::string& message, const std::string& code) const {
@@ -165,6 +168,56 @@ struct HttpServer::Reactor {
     if (ep >= 0) ::epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, nullptr);
     ::shutdown(c->fd, SHUT_RDWR);
     ::close(c->fd);
+  }
+
+  // A refused connection, its 503 written: its write side is shut (the
+  // client reads the 503 and the end), and its input is read and dropped by
+  // the reactor until the client closes, so that closing it does not reset
+  // a client still writing its request. Closed at once when too many are
+  // lingering or the reactor is stopping.
+  void linger(int fd) {
+    ::shutdown(fd, SHUT_WR);
+    {
+      std::lock_guard lock(mu);
+      if (!stopping.load() && ep >= 0 && static_cast<int>(lingering.size()) < std::max(64, limits.max_connections)) {
+        lingering[fd] = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(limits.refused_linger_s));
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLRDHUP;
+        ev.data.fd = fd;
+        if (::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0) return;
+        lingering.erase(fd);
+      }
+    }
+    ::close(fd);
+  }
+
+  // Reads and drops what a lingering connection sent; closes it at its end
+  // (or on an error). True when `fd` is a lingering connection.
+  bool drain_lingering(int fd) {
+    {
+      std::lock_guard lock(mu);
+      if (lingering.find(fd) == lingering.end()) return false;
+    }
+    char tmp[16384];
+    for (;;) {
+      const ssize_t r = ::recv(fd, tmp, sizeof tmp, 0);
+      if (r > 0) continue;
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      break;
+    }
+    end_lingering(fd);
+    return true;
+  }
+
+  void end_lingering(int fd) {
+    {
+      std::lock_guard lock(mu);
+      if (lingering.erase(fd) == 0) return;
+    }
+    ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+    ::close(fd);
   }
 
   void start() {
@@ -217,6 +270,7 @@ void HttpServer::Reactor::loop() {
         if (it != conns.end()) c = it->second;
       }
       if (c && !c->busy) on_readable(c, owner);
+      else if (!c) drain_lingering(fd);
     }
     if (seconds_since(last_sweep) >= 0.1) {
       sweep();
@@ -256,8 +310,12 @@ void HttpServer::Reactor::on_readable(const std::shared_ptr<Conn>& c, HttpServer
 
 void HttpServer::Reactor::sweep() {
   std::vector<std::pair<std::shared_ptr<Conn>, bool>> expired;  // (conn, head timed out)
+  std::vector<int> lingered;  // refused connections past their deadline
   {
     std::lock_guard lock(mu);
+    const auto now = Clock::now();
+    for (const auto& [fd, deadline] : lingering)
+      if (now >= deadline) lingered.push_back(fd);
     for (auto& [fd, c] : conns) {
       if (c->busy) continue;
       const double waited = seconds_since(c->waiting_since);
@@ -277,6 +335,7 @@ void HttpServer::Reactor::sweep() {
     }
     close(c);
   }
+  for (int fd : lingered) end_lingering(fd);
 }
 
 // The request as httplib reads it: the buffered head and body, and the
@@ -441,6 +500,12 @@ void HttpServer::shutdown_connections() {
     for (auto& [fd, c] : r.conns) all.push_back(c);
   }
   for (auto& c : all) r.close(c);
+  std::vector<int> lingered;
+  {
+    std::lock_guard lock(r.mu);
+    for (const auto& [fd, deadline] : r.lingering) lingered.push_back(fd);
+  }
+  for (int fd : lingered) r.end_lingering(fd);
   ::close(r.ep);
   ::close(r.wake);
   r.ep = r.wake = -1;
@@ -487,8 +552,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   }
   if (!refusal.empty()) {
     r.refuse(*c, 503, r.body_of(503, "Connection refused: " + refusal, "too_many_connections"));
-    ::shutdown(sock, SHUT_RDWR);
-    ::close(sock);
+    r.linger(sock);
     return false;
   }
   r.wait_for_head(c);
