@@ -236,4 +236,26 @@ TEST(ServeHttp, AConnectionOverTheCapIsAnswered503NotDropped) {
   }
 }
 
+// A client that shuts its side once its request is sent (nc -N, HTTP/1.0
+// tools) still reads the answer: the end of its input after a whole head is
+// not a disconnect.
+TEST(ServeHttp, AClientThatShutsItsSideAfterTheRequestIsAnswered) {
+  TestServer server(HttpLimits{});
+  ASSERT_GT(server.port(), 0);
+  for (int k = 0; k < 20; ++k) {
+    const int fd = connect_raw(server.port());
+    ASSERT_GE(fd, 0);
+    const std::string req = "GET /hello?n=" + std::to_string(k) + " HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    ::shutdown(fd, SHUT_WR);
+    std::string error;
+    const std::string got = read_all(fd, &error);
+    ::close(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << "got '" << got << "' (" << error << ")";
+    EXPECT_NE(got.find("\r\n\r\nhello " + std::to_string(k)), std::string::npos) << got;
+  }
+  for (int i = 0; i < 200 && server.http().open_connections() > 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(server.http().open_connections(), 0);
+}
+
 }  // namespace

@@ -104,6 +104,7 @@ struct HttpServer::Conn {
   Clock::time_point waiting_since = Clock::now();  // idle since, or the first byte of a pending head
   std::atomic<bool> busy{true};
   int requests = 0;
+  bool peer_done = false;  // the client shut its side after sending: answer what came, then close
 
   std::string_view pending() const { return std::string_view(buf).substr(off); }
   void consume(size_t n) {
@@ -291,7 +292,13 @@ void HttpServer::Reactor::on_readable(const std::shared_ptr<Conn>& c, HttpServer
     }
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    close(c);  // the client closed, or an error
+    // The client closed, or an error; a client that shut its side after a
+    // whole request head (`printf ... | nc -N`) still gets its answer.
+    if (r == 0 && head_end(c->pending())) {
+      c->peer_done = true;
+      break;
+    }
+    close(c);
     return;
   }
   const std::optional<size_t> end = head_end(c->pending());
@@ -720,7 +727,8 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
       if (h.expect_continue) rebuilt = h.rebuild_with_length(h.content_length) + std::string(c->pending().substr(*hend, h.content_length));
     }
     const std::string_view request = rebuilt.empty() ? c->pending().substr(0, consumed) : std::string_view(rebuilt);
-    const bool close_after = r.stopping.load() || ++c->requests >= lim.max_requests_per_connection;
+    const bool close_after =
+        r.stopping.load() || ++c->requests >= lim.max_requests_per_connection || c->peer_done;
     RequestStream strm(*c, request, lim.write_timeout_s, c->fd, c->peer, c->peer_port, c->local, c->local_port);
     bool connection_closed = false;
     const bool ok = process_request(strm, close_after, connection_closed, nullptr);
