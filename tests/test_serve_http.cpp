@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -34,8 +35,10 @@ using ebb::serve::HttpServer;
 //   GET  /stream     -> 40 chunks "chunk i\n", 2 ms apart, until the client goes
 class TestServer {
  public:
-  explicit TestServer(const HttpLimits& limits) {
+  explicit TestServer(const HttpLimits& limits,
+                      std::function<ebb::serve::HttpRefusal(const ebb::serve::HttpHead&)> head_check = nullptr) {
     srv_.set_limits(limits);
+    if (head_check) srv_.set_head_check(std::move(head_check));
     srv_.Get("/hello", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content("hello " + req.get_param_value("n"), "text/plain");
     });
@@ -256,6 +259,35 @@ TEST(ServeHttp, AClientThatShutsItsSideAfterTheRequestIsAnswered) {
   }
   for (int i = 0; i < 200 && server.http().open_connections() > 0; ++i) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(server.http().open_connections(), 0);
+}
+
+// A request refused on its head (413: Content-Length over max_body, 401:
+// the head check) while the client is still writing its body: the client
+// reads the refusal, not a reset ("no response (Write)").
+TEST(ServeHttp, ARefusalBeforeTheBodyIsReadByAClientStillSendingIt) {
+  HttpLimits limits;
+  limits.max_body = 1024;
+  TestServer server(limits, [](const ebb::serve::HttpHead& h) {
+    ebb::serve::HttpRefusal r;
+    if (h.path == "/private") {
+      r.status = 401;
+      r.body = "{\"error\":{\"message\":\"no key\"}}";
+    }
+    return r;
+  });
+  ASSERT_GT(server.port(), 0);
+  const std::string big(16u << 20, 'x');  // far more than the socket buffers hold
+  for (int k = 0; k < 5; ++k) {
+    auto res = client(server.port(), false)->Post("/echo", big, "text/plain");
+    ASSERT_TRUE(res) << "413 lost: " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 413);
+    res = client(server.port(), false)->Post("/private", big, "text/plain");
+    ASSERT_TRUE(res) << "401 lost: " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 401);
+  }
+  auto res = client(server.port(), false)->Post("/echo", "small", "text/plain");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->body, "small");
 }
 
 }  // namespace

@@ -158,17 +158,30 @@ struct HttpServer::Reactor {
     write_all(c.fd, r.data(), r.size(), 1.0);
   }
 
-  void close(const std::shared_ptr<Conn>& c) {
+  // Takes c out of the open connections; false when it was already.
+  bool unlist(const std::shared_ptr<Conn>& c) {
     {
       std::lock_guard lock(mu);
       auto it = conns.find(c->fd);
-      if (it == conns.end() || it->second != c) return;
+      if (it == conns.end() || it->second != c) return false;
       conns.erase(it);
       if (--per_peer[c->peer] <= 0) per_peer.erase(c->peer);
     }
     if (ep >= 0) ::epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, nullptr);
+    return true;
+  }
+
+  void close(const std::shared_ptr<Conn>& c) {
+    if (!unlist(c)) return;
     ::shutdown(c->fd, SHUT_RDWR);
     ::close(c->fd);
+  }
+
+  // After refuse(): what the client may still be sending (the body of a
+  // refused request) is read and dropped until it closes, so that its 4xx or
+  // 503 is not lost to a reset (linger()).
+  void close_refused(const std::shared_ptr<Conn>& c) {
+    if (unlist(c)) linger(c->fd);
   }
 
   // A refused connection, its 503 written: its write side is shut (the
@@ -306,7 +319,7 @@ void HttpServer::Reactor::on_readable(const std::shared_ptr<Conn>& c, HttpServer
     if (c->pending().size() > limits.max_head_bytes) {
       refuse(*c, 431, body_of(431, "The request head is over " + std::to_string(limits.max_head_bytes) + " bytes",
                               "request_header_too_large"));
-      close(c);
+      close_refused(c);
     }
     return;
   }
@@ -339,8 +352,10 @@ void HttpServer::Reactor::sweep() {
       refuse(*c, 408,
              body_of(408, "The request head did not arrive within " + std::to_string(limits.head_timeout_s) + " s",
                      "request_timeout"));
+      close_refused(c);
+    } else {
+      close(c);
     }
-    close(c);
   }
   for (int fd : lingered) end_lingering(fd);
 }
@@ -584,7 +599,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
     std::string bad;
     if (!parse_head(pend.substr(0, *hend), h, bad)) {
       r.refuse(*c, 400, r.body_of(400, "Malformed request: " + bad, "bad_request"));
-      r.close(c);
+      r.close_refused(c);
       return;
     }
     if (r.check) {
@@ -597,7 +612,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
         }
         r.refuse(*c, ref.status, ref.body,
                  ref.www_authenticate.empty() ? "" : "WWW-Authenticate: " + ref.www_authenticate + "\r\n");
-        r.close(c);
+        r.close_refused(c);
         return;
       }
     }
@@ -611,7 +626,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
                          "The request body (" + std::to_string(h.content_length) + " bytes) is over the server's limit (" +
                              std::to_string(lim.max_body) + " bytes, --max-body)",
                          "request_too_large"));
-      r.close(c);
+      r.close_refused(c);
       return;
     }
     if (h.expect_continue && (h.chunked || h.content_length > 0)) {
@@ -637,7 +652,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
             r.stopping.load()) {
           lock.unlock();
           r.refuse(*c, 503, r.body_of(503, "The server is busy reading other request bodies; try again", "server_busy"));
-          r.close(c);
+          r.close_refused(c);
           return;
         }
       }
@@ -693,7 +708,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
                                          std::to_string(lim.max_body) + " bytes, --max-body)",
                                      "request_too_large")
                          : r.body_of(400, "Malformed chunked body: " + dec.error(), "bad_request"));
-          r.close(c);
+          r.close_refused(c);
           return;
         }
         // kMore: read more within the body's time.
@@ -705,7 +720,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
       }
       if (!dec.done()) {
         r.refuse(*c, 408, r.body_of(408, "The request body did not arrive in time", "request_timeout"));
-        r.close(c);
+        r.close_refused(c);
         return;
       }
       consumed = pos;
@@ -719,7 +734,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
           ++r.counters.body_timeouts;
         }
         r.refuse(*c, 408, r.body_of(408, "The request body did not arrive in time", "request_timeout"));
-        r.close(c);
+        r.close_refused(c);
         return;
       }
       consumed = *hend + h.content_length;
