@@ -142,7 +142,11 @@ struct HttpServer::Reactor {
   std::map<std::string, int> per_peer;
   // Refused connections, answered and shut for writing, until the client
   // closes or the deadline passes (HttpLimits::refused_linger_s).
-  std::unordered_map<int, Clock::time_point> lingering;  // fd -> deadline
+  struct Lingering {
+    Clock::time_point deadline;
+    size_t dropped = 0;  // input bytes read and dropped
+  };
+  std::unordered_map<int, Lingering> lingering;  // by fd
   HttpCounters counters;
 
   std::string body_of(int status, const std::string& message, const std::string& code) const {
@@ -194,8 +198,8 @@ struct HttpServer::Reactor {
     {
       std::lock_guard lock(mu);
       if (!stopping.load() && ep >= 0 && static_cast<int>(lingering.size()) < std::max(64, limits.max_connections)) {
-        lingering[fd] = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(limits.refused_linger_s));
+        lingering[fd].deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(limits.refused_linger_s));
         epoll_event ev{};
         ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.fd = fd;
@@ -206,19 +210,29 @@ struct HttpServer::Reactor {
     ::close(fd);
   }
 
-  // Reads and drops what a lingering connection sent; closes it at its end
-  // (or on an error). True when `fd` is a lingering connection.
+  // Reads and drops what a lingering connection sent; closes it at its end,
+  // on an error or past refused_linger_bytes. True when `fd` is lingering.
   bool drain_lingering(int fd) {
+    size_t dropped = 0;
     {
       std::lock_guard lock(mu);
-      if (lingering.find(fd) == lingering.end()) return false;
+      auto it = lingering.find(fd);
+      if (it == lingering.end()) return false;
+      dropped = it->second.dropped;
     }
     char tmp[16384];
     for (;;) {
-      const ssize_t r = ::recv(fd, tmp, sizeof tmp, 0);
-      if (r > 0) continue;
+      const ssize_t r = dropped < limits.refused_linger_bytes ? ::recv(fd, tmp, sizeof tmp, 0) : 0;
+      if (r > 0) {
+        dropped += static_cast<size_t>(r);
+        continue;
+      }
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        std::lock_guard lock(mu);
+        lingering[fd].dropped = dropped;
+        return true;
+      }
       break;
     }
     end_lingering(fd);
@@ -334,8 +348,8 @@ void HttpServer::Reactor::sweep() {
   {
     std::lock_guard lock(mu);
     const auto now = Clock::now();
-    for (const auto& [fd, deadline] : lingering)
-      if (now >= deadline) lingered.push_back(fd);
+    for (const auto& [fd, l] : lingering)
+      if (now >= l.deadline) lingered.push_back(fd);
     for (auto& [fd, c] : conns) {
       if (c->busy) continue;
       const double waited = seconds_since(c->waiting_since);
@@ -525,7 +539,7 @@ void HttpServer::shutdown_connections() {
   std::vector<int> lingered;
   {
     std::lock_guard lock(r.mu);
-    for (const auto& [fd, deadline] : r.lingering) lingered.push_back(fd);
+    for (const auto& [fd, l] : r.lingering) lingered.push_back(fd);
   }
   for (int fd : lingered) r.end_lingering(fd);
   ::close(r.ep);

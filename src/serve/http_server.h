@@ -55,12 +55,14 @@ struct HttpLimits {
   int max_connections = 512;       // open connections in all
   int max_connections_per_client = 64;  // ... from one client address
   int max_requests_per_connection = 1000;
-  // A connection refused over a cap is answered 503 at once, then kept
-  // half-open (its input read and dropped) until the client closes it or
-  // this long passes: closed with its request unread, the reset lost the
-  // 503 for a client still writing its request ("no response"). At most
+  // A refused connection (over a cap: 503 at once; a request refused on its
+  // head: 400/401/408/413/431) is kept half-open after its answer, its
+  // input read and dropped, until the client closes it, this long passes or
+  // this much was dropped: closed with input unread, the reset lost the
+  // answer for a client still writing ("no response"). At most
   // max(64, max_connections) are kept so; beyond, they are closed at once.
   double refused_linger_s = 2;
+  size_t refused_linger_bytes = 1u << 20;
   // Body bytes held by requests being read or handled at once (0: twice
   // max_body); a request whose body would pass it waits for room before
   // its body is read, so bodies in memory stay bounded whatever the
