@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <optional>
 
 #include "kernels/matmul.h"
@@ -116,7 +118,14 @@ std::unique_ptr<BackendBuffer> DeviceForward::upload(Staged& st) {
 
 void DeviceForward::write_staged(const Staged& st, BackendBuffer& buf) {
   EBB_CHECK(buf.size() == std::max<uint64_t>(st.size, kAlign));
-  for (const Staged::Piece& p : st.pieces) buf.write(p.offset, p.owned.empty() ? p.src : p.owned.data(), p.bytes);
+  static constexpr uint8_t kZeros[kAlign] = {};
+  uint64_t end = 0;  // the padding between pieces is zeros: a layer's buffer is the same bytes whichever way it came
+  for (const Staged::Piece& p : st.pieces) {
+    if (p.offset > end) buf.write(end, kZeros, p.offset - end);
+    buf.write(p.offset, p.owned.empty() ? p.src : p.owned.data(), p.bytes);
+    end = p.offset + p.bytes;
+  }
+  if (buf.size() > end) buf.write(end, kZeros, buf.size() - end);
 }
 
 DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, DeviceForwardOptions opts)
@@ -347,6 +356,18 @@ void DeviceForward::read_direct(int l, uint8_t* dst) {
     // I/O: the same inode even if the path was replaced since.
     dfile_ = DirectFile::open_read("/proc/self/fd/" + std::to_string(f.fd()));
     io_ = std::make_unique<IoEngine>();
+  }
+  {  // the padding between pieces is zeros, as write_staged leaves it
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [offset, end) of each piece's copies
+    for (const DirectPiece& p : direct_[l])
+      ranges.emplace_back(p.dev_offset, p.dev_offset + p.bytes * static_cast<uint64_t>(p.copies));
+    std::sort(ranges.begin(), ranges.end());
+    uint64_t end = 0;
+    for (const auto& [a, b] : ranges) {
+      if (a > end) std::memset(dst + end, 0, a - end);
+      end = b;
+    }
+    if (layer_bytes_[l] > end) std::memset(dst + end, 0, layer_bytes_[l] - end);
   }
   try {
     for (const DirectPiece& p : direct_[l]) {
@@ -621,6 +642,13 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
         std::move(dropped), [this, &n_direct, &n_staged](int l) { ++(restore_layer(l) ? n_direct : n_staged); },
         &hooks_);
   }
+  struct DropOnThrow {  // whatever throws from here on (KV growth, recording, the device, a failed read)
+    const std::function<void()> drop;
+    const int n = std::uncaught_exceptions();
+    ~DropOnThrow() {
+      if (std::uncaught_exceptions() > n) drop();
+    }
+  } drop_on_throw{drop_unrestored};
   struct Count {  // the restore's counters, whatever way the step ends
     DeviceRestoreStats& st;
     std::atomic<int64_t>& d;
@@ -654,7 +682,6 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
   x_->write(0, x ? x : x_host_.data(), f32_bytes(n * D));
   rope_->write(0, rope_host_.data(), f32_bytes(n * c.rope_dim));
   BackendStream& s = *stream_;
-  try {
   run_on(s, [&] {
     for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
       if (timeline && tl_value[l] > 0) {
@@ -695,19 +722,12 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
     lora_.record(s, seqs, -1, LoraTarget::kOutput, {xn_.get(), 0}, D, {logits_.get(), 0}, V, /*out_rows=*/true);
     stats_.submissions += s.n_submitted() + 1;  // the segments, and run_on's submission
     ++stats_.host_waits;                        // run_on's wait: the logits
-  });
-  } catch (...) {
-    drop_unrestored();  // run_on waited out everything in flight
-    throw;
-  }
+  });  // on a throw run_on waited out everything in flight before drop_on_throw frees anything
   if (timeline) {
     // Every segment ran, so every dropped layer is settled: one that failed
     // ran on stale bytes, and the step fails naming the first.
     for (int l = opts_.first_layer; l < model_.n_layers(); ++l)
-      if (tl_value[l] > 0 && !restorer->ready(l)) {
-        drop_unrestored();
-        restorer->wait(l);  // throws naming the layer
-      }
+      if (tl_value[l] > 0 && !restorer->ready(l)) restorer->wait(l);  // throws naming the layer
   }
   int64_t o = 0;
   for (const StepSeq& seq : seqs) {
