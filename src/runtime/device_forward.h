@@ -111,13 +111,14 @@ class DeviceForward {
   // again the last first. A session's parked KV goes back up (one
   // submission) when a step, a transfer or restore() needs it; the parked
   // copy is then freed. restore() uploads every dropped device layer again
-  // from the model file (through a transient host copy), every parked KV,
-  // and reads the CPU layers back. A
-  // step that finds device layers dropped records and submits the layers
-  // before the first dropped one while a restore thread brings the dropped
-  // ones back, lowest first, and runs each as soon as it is back
-  // (device_restore.h); a layer whose read fails fails the step naming it
-  // and stays dropped. Reads are checked as the CPU path's are
+  // from the model file (straight into its mapped device buffer where the
+  // file's bytes are the device's, else through a transient host copy),
+  // every parked KV, and reads the CPU layers back. A step that finds
+  // device layers dropped runs the layers before each dropped one while a
+  // restore thread brings the dropped ones back, lowest first: with
+  // timelines the whole step is submitted in segments that wait on the
+  // device, else the host waits per layer (device_restore.h); a layer whose
+  // read fails fails the step naming it and stays dropped. Reads are checked as the CPU path's are
   // (memory/weight_verify.h): a file changed on disk since load is refused.
   // Between steps only.
   struct Evicted {
