@@ -318,6 +318,22 @@ TEST(CliInspectOrder, SummaryFirstThenTensorsAndTheChatTemplate) {
   EXPECT_NE(none.out.find("chat template: none"), std::string::npos) << none.out;
 }
 
+// -m means the model in every subcommand, inspect included; the positional
+// still works, and no model or two different ones are clear errors.
+TEST(CliInspectOrder, TheModelByPositionalOrByDashM) {
+  const Result pos = run_cli("inspect --no-tensors " + stories());
+  const Result flag = run_cli("inspect --no-tensors -m " + stories());
+  ASSERT_EQ(pos.status, 0) << pos.err;
+  ASSERT_EQ(flag.status, 0) << flag.err;
+  EXPECT_EQ(pos.out, flag.out);
+  const Result none = run_cli("inspect --no-tensors");
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.err.find("ebb inspect needs a model"), std::string::npos) << none.err;
+  const Result two = run_cli("inspect " + stories() + " -m " + test::model_path("tiny-qwen3-q4_0.gguf"));
+  EXPECT_NE(two.status, 0);
+  EXPECT_NE(two.err.find("two models given"), std::string::npos) << two.err;
+}
+
 // ebb serve --train-share: training's guaranteed share of the engine's
 // time (scheduler test AGuaranteedShareHoldsWhileTheForegroundSaturatesTheEngine
 // for what it does), checked at start.

@@ -22,6 +22,10 @@ std::string_view device_kind_name(DeviceKind k) {
   }
 }
 
+void BackendStream::wait_for(BackendTimeline&, uint64_t) {
+  throw Error("this backend's streams cannot wait on a timeline (supports_timeline() is false)");
+}
+
 std::vector<DeviceInfo> list_gpu_devices(std::string* why_none) {
 #if defined(EBB_HAVE_VULKAN)
   return vk::list_vulkan_devices(why_none);

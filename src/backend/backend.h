@@ -175,6 +175,19 @@ struct CopyOp {
 
 enum class OpKind { kMatmul, kRmsNorm, kRope, kKvStore, kAttention, kSwiglu, kAdd };
 
+// A counter the device can wait on before it runs a stream's next ops (a
+// Vulkan timeline semaphore): the host raises it when what those ops read is
+// ready (a restored layer's bytes in its buffer). It only grows.
+class BackendTimeline {
+ public:
+  virtual ~BackendTimeline() = default;
+  // Raises the counter to `value` (> value(), else nothing happens) from the
+  // host. Host writes to mapped buffers made before the call are visible to
+  // the ops that waited for it.
+  virtual void signal(uint64_t value) = 0;
+  virtual uint64_t value() const = 0;
+};
+
 // Ops recorded in order; each sees the results of the ones before it.
 // submit() hands them to the device, wait() blocks until they are done (and
 // makes the stream ready to record again; it submits what is recorded if
@@ -197,6 +210,16 @@ class BackendStream {
   virtual void wait() = 0;
   // Ops recorded since the last wait().
   virtual int64_t n_recorded() const = 0;
+  // Segments (supports_timeline()): submits what is recorded since the last
+  // segment, without a fence, and makes the ops recorded after this call
+  // wait on the device until `t` reaches `value`; the host does not block.
+  // wait() still waits for every segment (so `t` must reach the values
+  // waited for, or it blocks). Ops recorded after a wait_for see host writes
+  // made before the value was signalled.
+  virtual bool supports_timeline() const { return false; }
+  virtual void wait_for(BackendTimeline& t, uint64_t value);
+  // Submissions made since the last wait() (segments and the final one).
+  virtual int64_t n_submitted() const = 0;
 };
 
 // Runs record() on s, then submits and waits for it. When anything throws
@@ -230,6 +253,10 @@ class Backend {
   virtual std::unique_ptr<BackendBuffer> alloc(uint64_t bytes, MemoryPlace place) = 0;
   virtual MemoryLedger ledger(MemoryPlace place) const = 0;
   virtual std::unique_ptr<BackendStream> new_stream() = 0;
+  // A timeline its streams can wait on (BackendStream::wait_for), or nullptr
+  // where the device has none (the CPU backend: its ops run at once; a Vulkan
+  // device without timeline semaphores).
+  virtual std::unique_ptr<BackendTimeline> new_timeline() { return nullptr; }
 };
 
 // Every device this build and machine offer: Vulkan devices ("vulkan:N", in

@@ -75,6 +75,7 @@ class CpuStream final : public BackendStream {
   void submit() override {}  // every op ran when it was recorded
   void wait() override {}
   int64_t n_recorded() const override { return 0; }
+  int64_t n_submitted() const override { return 0; }
 
  private:
   // Scratch grown to the largest op's need and kept (nothing allocated per

@@ -20,6 +20,7 @@ namespace {
 
 struct InspectArgs {
   std::string model;
+  std::string model_flag;  // -m: the same file, as every other subcommand takes it
   bool tensors = true;
   std::string budget;         // --memory-budget: print the budget plan
   std::string system = "ebb";
@@ -185,7 +186,8 @@ int inspect(const InspectArgs& a) {
 void add_inspect_command(CLI::App& app, int* rc) {
   auto a = std::make_shared<InspectArgs>();
   CLI::App* sub = app.add_subcommand("inspect", "Show a model's metadata, tensors, bytes per layer and KV size");
-  sub->add_option("model", a->model, "GGUF model file")->required();
+  sub->add_option("model", a->model, "GGUF model file");
+  sub->add_option("-m,--model", a->model_flag, "GGUF model file (the same as the positional argument)");
   sub->add_flag("!--no-tensors", a->tensors, "Do not list the tensors");
   sub->add_option("--memory-budget", a->budget, "Print the budget-mode plan for this budget (600MiB, 1.5GiB, 40%)");
   sub->add_option("--budget-system", a->system, "Planner: ebb, attn-first, ffn-first, unbalanced, sync, prefetch")
@@ -193,7 +195,15 @@ void add_inspect_command(CLI::App& app, int* rc) {
   sub->add_option("--window", a->window, "Prefetch window in layers")->capture_default_str();
   sub->add_option("-c,--ctx", a->ctx, "Context the KV reserve covers (0: min(training context, 4096))");
   sub->add_option("--batch", a->batch, "Prefill micro-batch in tokens")->capture_default_str();
-  sub->callback([a, rc] { *rc = inspect(*a); });
+  sub->callback([a, rc] {
+    if (a->model.empty() && a->model_flag.empty())
+      throw CLI::RequiredError("ebb inspect needs a model: ebb inspect FILE (or -m FILE)");
+    if (!a->model.empty() && !a->model_flag.empty() && a->model != a->model_flag)
+      throw CLI::ValidationError("ebb inspect", "two models given (" + a->model + " and -m " + a->model_flag +
+                                                    "): inspect takes one");
+    if (a->model.empty()) a->model = a->model_flag;
+    *rc = inspect(*a);
+  });
 }
 
 }  // namespace ebb::cli

@@ -1,14 +1,18 @@
 #include "runtime/device_forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <optional>
 
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "memory/kv_cache.h"
 #include "platform/error.h"
+#include "platform/checksum.h"
 #include "platform/fp16.h"
 
 namespace ebb {
@@ -43,6 +47,10 @@ struct DeviceForward::Staged {
     const void* src = nullptr;
     std::vector<uint8_t> owned;  // converted or replicated bytes
     uint64_t bytes = 0;
+    // The unit's bytes the piece is `copies` copies of, unchanged (the
+    // direct restore reads them from the file); nullptr when converted.
+    const void* origin = nullptr;
+    int64_t copies = 1;
   };
   std::vector<Piece> pieces;
   uint64_t size = 0;
@@ -63,6 +71,7 @@ DeviceForward::Mat DeviceForward::stage_matrix(Staged& st, const WeightView& w) 
     m.type = w.type;
     Staged::Piece& p = st.add(w.row_stride * static_cast<uint64_t>(w.rows));
     p.src = w.data;
+    p.origin = w.data;
     m.offset = p.offset;
     return m;
   }
@@ -88,6 +97,8 @@ DeviceForward::Vec DeviceForward::stage_vector(Staged& st, const float* v, int64
   Vec out;
   if (!v) return out;
   Staged::Piece& p = st.add(f32_bytes(n * copies));
+  p.origin = v;
+  p.copies = copies;
   if (copies == 1) {
     p.src = v;
   } else {
@@ -101,12 +112,20 @@ DeviceForward::Vec DeviceForward::stage_vector(Staged& st, const float* v, int64
 
 std::unique_ptr<BackendBuffer> DeviceForward::upload(Staged& st) {
   auto buf = be_.alloc(std::max<uint64_t>(st.size, kAlign), MemoryPlace::kDevice);
-  write_pieces(st, *buf);
+  write_staged(st, *buf);
   return buf;
 }
 
-void DeviceForward::write_pieces(const Staged& st, BackendBuffer& buf) {
-  for (const Staged::Piece& p : st.pieces) buf.write(p.offset, p.owned.empty() ? p.src : p.owned.data(), p.bytes);
+void DeviceForward::write_staged(const Staged& st, BackendBuffer& buf) {
+  EBB_CHECK(buf.size() == std::max<uint64_t>(st.size, kAlign));
+  static constexpr uint8_t kZeros[kAlign] = {};
+  uint64_t end = 0;  // the padding between pieces is zeros: a layer's buffer is the same bytes whichever way it came
+  for (const Staged::Piece& p : st.pieces) {
+    if (p.offset > end) buf.write(end, kZeros, p.offset - end);
+    buf.write(p.offset, p.owned.empty() ? p.src : p.owned.data(), p.bytes);
+    end = p.offset + p.bytes;
+  }
+  if (buf.size() > end) buf.write(end, kZeros, buf.size() - end);
 }
 
 DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, DeviceForwardOptions opts)
@@ -128,6 +147,7 @@ DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, Device
     throw Error(dev + ": the first device layer " + std::to_string(opts_.first_layer) + " is outside [0, " +
                 std::to_string(model.n_layers()) + ")");
   layers_.resize(static_cast<size_t>(model.n_layers()));
+  direct_.resize(static_cast<size_t>(model.n_layers()));
   layer_bytes_.assign(static_cast<size_t>(model.n_layers()), 0);
   streamed_.assign(static_cast<size_t>(model.n_layers()), 0);
   for (int l = opts_.first_layer; l < model.n_layers(); ++l) {
@@ -156,18 +176,23 @@ DeviceForward::DeviceForward(Backend& be, Model& model, Allocator& alloc, Device
   x_host_.resize(static_cast<size_t>(B * c.n_embd));
   rope_host_.resize(static_cast<size_t>(B * c.rope_dim));
   stream_ = be_.new_stream();
+  // Timeline waits need the restore thread to write the layers' buffers
+  // itself: mapped device memory. A discrete device's staging copies go
+  // through the one queue, behind the segments that wait for them: the
+  // host-wait path there.
+  const LayerBuf& some = layers_[static_cast<size_t>(opts_.first_layer)];
+  if (stream_->supports_timeline() && some.buf && some.buf->host_data()) timeline_ = be_.new_timeline();
 }
 
-void DeviceForward::upload_layer(int l) {
-  upload_layer_into(l, layers_[l]);
-  layer_bytes_[l] = layers_[l].buf->size();
-}
-
-void DeviceForward::upload_layer_into(int l, LayerBuf& lb) {
+void DeviceForward::upload_layer(int l, BackendBuffer* into) {
   const ModelConfig& c = cfg_;
   const int64_t B = opts_.max_batch;
   {
     const LayerWeights w = model_.layer(l);
+    // Into a buffer the step already holds (a restore beside a step that
+    // reads layers_[l]): the layout is the one computed at load, unchanged.
+    LayerBuf scratch;
+    LayerBuf& lb = into ? scratch : layers_[l];
     Staged st;
     lb.q = stage_matrix(st, w.q);
     lb.k = stage_matrix(st, w.k);
@@ -184,13 +209,42 @@ void DeviceForward::upload_layer_into(int l, LayerBuf& lb) {
     lb.q_bias = stage_vector(st, w.q_bias, c.q_dim(), B);
     lb.k_bias = stage_vector(st, w.k_bias, c.kv_dim(), B);
     lb.v_bias = stage_vector(st, w.v_bias, c.kv_dim(), B);
-    if (lb.buf) {  // a streaming window: sized for the largest layer
-      EBB_CHECK(lb.buf->size() >= st.size);
-      write_pieces(st, *lb.buf);
-    } else {
-      lb.buf = upload(st);
+    if (into) {
+      EBB_CHECK(lb.q.offset == layers_[l].q.offset && lb.down.offset == layers_[l].down.offset);
+      write_staged(st, *into);
+      return;
     }
+    lb.buf = upload(st);
+    layer_bytes_[l] = lb.buf->size();
+    plan_direct(l, st);
   }
+}
+
+void DeviceForward::plan_direct(int l, const Staged& st) {
+  // Direct when every piece is a slot's file bytes, unchanged (or copies of
+  // them: replicated biases), and every slot is one piece's.
+  WeightUnit& u = model_.layer_unit(l);
+  const uint8_t* base = u.base();
+  const std::vector<TensorSlot>& slots = u.slots();
+  std::vector<DirectPiece> plan(slots.size());
+  std::vector<char> seen(slots.size(), 0);
+  direct_[l].clear();
+  for (const Staged::Piece& p : st.pieces) {
+    if (!p.origin) return;  // converted (widened or dequantised): read, convert, upload
+    const uint64_t off = static_cast<uint64_t>(static_cast<const uint8_t*>(p.origin) - base);
+    size_t i = 0;
+    while (i < slots.size() && slots[i].unit_offset != off) ++i;
+    if (i == slots.size()) return;
+    const TensorSlot& t = slots[i];
+    if (seen[i] || t.type != t.file_type || t.packing != Packing::kRows || t.unit_bytes != t.file_bytes ||
+        p.bytes != t.file_bytes * static_cast<uint64_t>(p.copies))
+      return;
+    seen[i] = 1;
+    plan[i] = DirectPiece{p.offset, t.file_offset, t.file_bytes, p.copies};
+  }
+  for (char c : seen)
+    if (!c) return;
+  direct_[l] = std::move(plan);
 }
 
 DeviceForward::Evicted DeviceForward::evict(uint64_t bytes, bool park_kv) {
@@ -246,6 +300,7 @@ int64_t DeviceForward::restore_locked() {
   size_windows_locked(0);  // what fits is counted without them; the next step that streams takes them again
   for (auto& [kv, s] : kv_) unpark(s);
   int64_t n = restore_host_locked();
+  stats_ = DeviceRestoreStats{};
   // Under a memory limit: the dropped layers that fit, lowest first
   // (device_limit.cpp); without one, all.
   uint64_t left = limit_ > 0 ? restore_room_locked(0) : UINT64_MAX;
@@ -253,8 +308,9 @@ int64_t DeviceForward::restore_locked() {
     if (layers_[l].buf) continue;
     if (layer_bytes_[l] > left) break;  // forward-in: the later layers stay dropped too
     if (left != UINT64_MAX) left -= layer_bytes_[l];
+    ++stats_.layers;
     try {
-      restore_layer(l);
+      ++(restore_layer(l) ? stats_.direct_layers : stats_.staged_layers);
     } catch (const Error& e) {
       throw Error("layer " + std::to_string(l) + " could not be restored to the device: " + e.what());
     }
@@ -263,15 +319,26 @@ int64_t DeviceForward::restore_locked() {
   return n;
 }
 
-void DeviceForward::restore_layer(int l) {
-  read_layer(l, [&] { upload_layer(l); });
+bool DeviceForward::restore_layer(int l) {
+  auto buf = be_.alloc(layer_bytes_[l], MemoryPlace::kDevice);
+  const bool direct = restore_layer_into(l, *buf);
+  layers_[l].buf = std::move(buf);
+  return direct;
 }
 
-void DeviceForward::read_layer(int l, const std::function<void()>& upload) {
+bool DeviceForward::direct_restore(int l, BackendBuffer& buf) const {
+  return !direct_[l].empty() && buf.host_data() != nullptr && !hooks_.staged_only;
+}
+
+bool DeviceForward::restore_layer_into(int l, BackendBuffer& buf) {
   const GgufFile& f = model_.file();
   if (!descriptor_unchanged(f.fd(), f))
     throw Error(f.path() + ": the model file changed on disk since it was loaded; its weights cannot be restored "
                 "(reload the model)");
+  if (direct_restore(l, buf)) {
+    read_direct(l, static_cast<uint8_t*>(buf.host_data()));
+    return true;
+  }
   WeightUnit& u = model_.layer_unit(l);
   u.load(f, alloc_);  // throws naming the file on an I/O error (the layer stays dropped)
   struct Release {
@@ -280,7 +347,65 @@ void DeviceForward::read_layer(int l, const std::function<void()>& upload) {
   } release{u};
   // The CRC only when the inode may have been written since load (as the CPU path).
   if (!bytes_unchanged(f.fd(), f)) crc_.verify(l, u, u.base(), f.path());
-  upload();
+  upload_layer(l, &buf);
+  return false;
+}
+
+void DeviceForward::read_direct(int l, uint8_t* dst) {
+  const GgufFile& f = model_.file();
+  if (!dfile_.is_open()) {
+    // The descriptor the model was loaded through, opened again for direct
+    // I/O: the same inode even if the path was replaced since.
+    dfile_ = DirectFile::open_read("/proc/self/fd/" + std::to_string(f.fd()));
+    io_ = std::make_unique<IoEngine>();
+  }
+  {  // the padding between pieces is zeros, as write_staged leaves it
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [offset, end) of each piece's copies
+    for (const DirectPiece& p : direct_[l])
+      ranges.emplace_back(p.dev_offset, p.dev_offset + p.bytes * static_cast<uint64_t>(p.copies));
+    std::sort(ranges.begin(), ranges.end());
+    uint64_t end = 0;
+    for (const auto& [a, b] : ranges) {
+      if (a > end) std::memset(dst + end, 0, a - end);
+      end = b;
+    }
+    if (layer_bytes_[l] > end) std::memset(dst + end, 0, layer_bytes_[l] - end);
+  }
+  try {
+    for (const DirectPiece& p : direct_[l]) {
+      // O_DIRECT for the aligned middle when the file offset and the mapping
+      // line up on 4 KiB, a bounce block for the ends (read_range).
+      read_range(*io_, dfile_, p.file_offset, dst + p.dev_offset, p.bytes);
+      for (int64_t c = 1; c < p.copies; ++c) std::memcpy(dst + p.dev_offset + c * p.bytes, dst + p.dev_offset, p.bytes);
+    }
+  } catch (const Error& e) {
+    throw Error(f.path() + ": " + e.what());
+  }
+  // The CRC, on the mapped bytes, where it runs today: the unit image's slots
+  // in slot order are the pieces' first copies in that order.
+  if (!bytes_unchanged(f.fd(), f) && crc_.has(l)) {
+    uint32_t c = 0;
+    for (const DirectPiece& p : direct_[l]) c = crc32c(dst + p.dev_offset, p.bytes, c);
+    if (c != crc_.crc(l)) throw Error(weights_changed_message(f.path(), "layer " + std::to_string(l), c, crc_.crc(l)));
+  }
+}
+
+std::vector<uint8_t> DeviceForward::read_layer(int l) {
+  std::lock_guard lock(mu_);
+  EBB_CHECK(l >= opts_.first_layer && l < model_.n_layers() && layers_[l].buf);
+  std::vector<uint8_t> out(layers_[l].buf->size());
+  layers_[l].buf->read(0, out.data(), out.size());
+  return out;
+}
+
+bool DeviceForward::layer_direct(int l) const {
+  std::lock_guard lock(mu_);
+  return l >= 0 && l < model_.n_layers() && !direct_[l].empty();
+}
+
+DeviceRestoreStats DeviceForward::restore_stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
 }
 
 int64_t DeviceForward::n_parked() const {
@@ -483,13 +608,67 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
     if (!layers_[l].buf && !streamed_[l]) dropped.push_back(l);
     if (streamed_[l]) streamed.push_back(l);
   }
-  // The streamed layers' reader starts once the restorer is done (its
-  // layers all come before them), so the two never hold host copies at once.
+  // The streamed layers' reader (device_stream.h) starts once the restorer
+  // is done (its layers all come before them), so the two never hold host
+  // copies at once.
   const int stream_from = dropped.empty() ? opts_.first_layer : dropped.back() + 1;
   std::optional<LayerStreamer> streamer;
   if (!streamed.empty()) streamer.emplace(std::move(streamed), n_windows_, [this](int l, int w) { stream_read(l, w); });
+  // With timelines (device_restore.h) their buffers are allocated now and
+  // the whole step is recorded and submitted in segments, each dropped
+  // layer's waiting on the device for the restore thread's signal; without,
+  // the host waits per layer below.
+  stats_ = DeviceRestoreStats{};
+  stats_.layers = static_cast<int64_t>(dropped.size());
+  const bool timeline = !dropped.empty() && timeline_ && !hooks_.host_waits;
+  const uint64_t tl_base = timeline_value_;  // dropped[i]'s bytes are in place at tl_base + 1 + i
+  std::vector<uint64_t> tl_value(static_cast<size_t>(model_.n_layers()), 0);
+  std::atomic<int64_t> n_direct{0}, n_staged{0};
   std::optional<LayerRestorer> restorer;
-  if (!dropped.empty()) restorer.emplace(std::move(dropped), [this](int l) { restore_layer(l); }, &hooks_);
+  // Frees the buffers of the layers whose read failed (or never ran), once
+  // nothing in flight uses them; they stay dropped.
+  auto drop_unrestored = [&] {
+    if (!timeline) return;
+    if (restorer) restorer->finish();  // no read still writes into them
+    for (int l = opts_.first_layer; l < model_.n_layers(); ++l)
+      if (tl_value[l] > 0 && !(restorer && restorer->ready(l))) layers_[l].buf.reset();
+  };
+  if (timeline) {
+    timeline_value_ = tl_base + dropped.size();  // the restorer reaches it whatever happens
+    for (size_t i = 0; i < dropped.size(); ++i) tl_value[dropped[i]] = tl_base + 1 + i;
+    try {
+      for (int l : dropped) layers_[l].buf = be_.alloc(layer_bytes_[l], MemoryPlace::kDevice);
+    } catch (...) {
+      timeline_->signal(timeline_value_);
+      drop_unrestored();
+      throw;
+    }
+    restorer.emplace(
+        dropped,
+        [this, &n_direct, &n_staged](int l) { ++(restore_layer_into(l, *layers_[l].buf) ? n_direct : n_staged); },
+        &hooks_, [this, tl_base](size_t k) { timeline_->signal(tl_base + k); });
+  } else if (!dropped.empty()) {
+    restorer.emplace(
+        std::move(dropped), [this, &n_direct, &n_staged](int l) { ++(restore_layer(l) ? n_direct : n_staged); },
+        &hooks_);
+  }
+  struct DropOnThrow {  // whatever throws from here on (KV growth, recording, the device, a failed read)
+    const std::function<void()> drop;
+    const int n = std::uncaught_exceptions();
+    ~DropOnThrow() {
+      if (std::uncaught_exceptions() > n) drop();
+    }
+  } drop_on_throw{drop_unrestored};
+  struct Count {  // the restore's counters, whatever way the step ends
+    DeviceRestoreStats& st;
+    std::atomic<int64_t>& d;
+    std::atomic<int64_t>& s;
+    ~Count() {
+      st.direct_layers = d;
+      st.staged_layers = s;
+    }
+  } count{stats_, n_direct, n_staged};
+  stats_.timeline = timeline;
   lora_.prepare(seqs);  // the versions the step binds uploaded, replaced ones freed (prepare() did it in a split)
   for (const StepSeq& s : seqs) kv_for(*s.kv, s.kv->n_tokens() + static_cast<int64_t>(s.tokens.size()));
   // Inputs: embeddings (or a split's hidden rows) and each row's (cos, sin)
@@ -515,14 +694,22 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
   BackendStream& s = *stream_;
   run_on(s, [&] {
     for (int l = opts_.first_layer; l < model_.n_layers(); ++l) {
-      if (streamer) start_stream(*streamer, l, stream_from);
-      if (restorer && restorer->pending(l) && !restorer->ready(l)) {
+      if (streamer) start_stream(*streamer, l, stream_from, restorer ? &*restorer : nullptr);
+      if (timeline && tl_value[l] > 0) {
+        // Layer l may still be being read: what is recorded goes to the
+        // device now, and its ops from here on wait there for l's bytes.
+        const bool any = s.n_recorded() > 0;
+        s.wait_for(*timeline_, tl_value[l]);
+        if (any && hooks_.after_submit) hooks_.after_submit(l - 1);
+      } else if (restorer && restorer->pending(l) && !restorer->ready(l)) {
         // Layer l is still being read: the device runs what is recorded
         // meanwhile; recording goes on once l is back and the stream is free.
         if (s.n_recorded() > 0) {
           s.submit();
+          ++stats_.submissions;
           if (hooks_.after_submit) hooks_.after_submit(l - 1);
         }
+        ++stats_.host_waits;
         restorer->wait(l);  // throws naming the layer when its read failed
         s.wait();
       }
@@ -544,7 +731,15 @@ void DeviceForward::run_batch(std::span<const StepSeq> seqs, const float* x) {
     }
     matmul(s, head_, head_.o, xn_.get(), 0, logits_.get(), 0, n_out);
     lora_.record(s, seqs, -1, LoraTarget::kOutput, {xn_.get(), 0}, D, {logits_.get(), 0}, V, /*out_rows=*/true);
-  });
+    stats_.submissions += s.n_submitted() + 1;  // the segments, and run_on's submission
+    ++stats_.host_waits;                        // run_on's wait: the logits
+  });  // on a throw run_on waited out everything in flight before drop_on_throw frees anything
+  if (timeline) {
+    // Every segment ran, so every dropped layer is settled: one that failed
+    // ran on stale bytes, and the step fails naming the first.
+    for (int l = opts_.first_layer; l < model_.n_layers(); ++l)
+      if (tl_value[l] > 0 && !restorer->ready(l)) restorer->wait(l);  // throws naming the layer
+  }
   int64_t o = 0;
   for (const StepSeq& seq : seqs) {
     const int64_t rows = seq.all_logits ? static_cast<int64_t>(seq.tokens.size()) : 1;

@@ -40,6 +40,7 @@
 #include "kernels/cpu.h"
 #include "memory/weight_verify.h"
 #include "model/model.h"
+#include "platform/direct_io.h"
 #include "runtime/device_lora.h"
 #include "runtime/device_restore.h"
 #include "runtime/device_stream.h"
@@ -112,13 +113,14 @@ class DeviceForward {
   // again the last first. A session's parked KV goes back up (one
   // submission) when a step, a transfer or restore() needs it; the parked
   // copy is then freed. restore() uploads every dropped device layer again
-  // from the model file (through a transient host copy), every parked KV,
-  // and reads the CPU layers back. A
-  // step that finds device layers dropped records and submits the layers
-  // before the first dropped one while a restore thread brings the dropped
-  // ones back, lowest first, and runs each as soon as it is back
-  // (device_restore.h); a layer whose read fails fails the step naming it
-  // and stays dropped. Reads are checked as the CPU path's are
+  // from the model file (straight into its mapped device buffer where the
+  // file's bytes are the device's, else through a transient host copy),
+  // every parked KV, and reads the CPU layers back. A step that finds
+  // device layers dropped runs the layers before each dropped one while a
+  // restore thread brings the dropped ones back, lowest first: with
+  // timelines the whole step is submitted in segments that wait on the
+  // device, else the host waits per layer (device_restore.h); a layer whose
+  // read fails fails the step naming it and stays dropped. Reads are checked as the CPU path's are
   // (memory/weight_verify.h): a file changed on disk since load is refused.
   // Between steps only.
   struct Evicted {
@@ -155,12 +157,6 @@ class DeviceForward {
   // refused naming the sizes before anything grows. restore() brings back
   // only what fits. Not counted: transients of a KV doubling (one layer's
   // old buffer and its host copy), and adapter uploads a step binds.
-  // Streaming overlaps with the step (device_stream.h): when the limit has
-  // room for two windows beside what is held, a reader thread reads the
-  // next streamed layer into the second window while the device runs this
-  // one; with room for one, each is read, run and waited in turn. The
-  // windows' device buffers are kept (and held) while steps stream, and go
-  // when a step streams nothing, with evict(), restore() or a new limit.
   Evicted set_memory_limit(uint64_t bytes, std::function<uint64_t()> host_kv);
   uint64_t memory_limit() const;
   uint64_t held() const;
@@ -170,6 +166,14 @@ class DeviceForward {
   void set_stream_hooks(DeviceStreamHooks hooks);  // test hooks of the streaming (between steps)
   // Test hooks of the overlapped restore (set between steps).
   void set_restore_hooks(DeviceRestoreHooks hooks);
+  // What the last step's (or restore()'s) restoration did.
+  DeviceRestoreStats restore_stats() const;
+  // Whether layer l's restore can read the file straight into its mapped
+  // device buffer: every tensor's device bytes are its file bytes (matrices
+  // in a format the device's matmul reads as stored, F32 vectors).
+  bool layer_direct(int l) const;
+  // A device layer's buffer as the device holds it (tests).
+  std::vector<uint8_t> read_layer(int l);
 
   // Frees the device copies of adapter versions nobody holds any more (the
   // engine calls it when the registry drops a version; steps do it too).
@@ -250,17 +254,28 @@ class DeviceForward {
   Mat stage_matrix(Staged& st, const WeightView& w);
   Vec stage_vector(Staged& st, const float* v, int64_t n, int64_t copies = 1);
   std::unique_ptr<BackendBuffer> upload(Staged& st);
-  void write_pieces(const Staged& st, BackendBuffer& buf);
 
-  void upload_layer(int l);  // layer l's unit must be resident on the host
-  // Layer l's pieces into lb: into lb.buf when it is there (it must be big
-  // enough: a streaming window), else into a new buffer.
-  void upload_layer_into(int l, LayerBuf& lb);
+  // Layer l's unit must be resident on the host. into: the buffer (of
+  // layer_bytes_[l]) to write, layers_[l] left as it is; else a new one.
+  void upload_layer(int l, BackendBuffer* into = nullptr);
+  void write_staged(const Staged& st, BackendBuffer& buf);
   int64_t restore_locked();
   int64_t restore_host_locked();  // a split's CPU layers only
-  void restore_layer(int l);  // reads layer l from the file and uploads it (any thread; throws)
-  // Reads layer l's unit from the file (checked), runs upload(), frees the unit.
-  void read_layer(int l, const std::function<void()>& upload);
+  // Reads layer l from the file into a new buffer (restore_layer) or into
+  // buf (any thread; throws, the layer staying dropped): straight into the
+  // mapped buffer where direct_[l] allows, else through the host unit and
+  // an upload. True when it took the direct path.
+  bool restore_layer(int l);
+  bool restore_layer_into(int l, BackendBuffer& buf);
+  bool direct_restore(int l, BackendBuffer& buf) const;
+  void read_direct(int l, uint8_t* dst);  // dst: the mapped buffer; checks the CRC as the host path does
+  // One tensor of a directly restored layer: file bytes [file_offset, +
+  // bytes) at dev_offset of the layer's buffer, `copies` times in a row.
+  struct DirectPiece {
+    uint64_t dev_offset = 0, file_offset = 0, bytes = 0;
+    int64_t copies = 1;
+  };
+  void plan_direct(int l, const Staged& st);
   // Refuses a step the device cannot run; n, n_out: its rows and logits rows.
   void check_step(std::span<const StepSeq> seqs, int64_t& n, int64_t& n_out) const;
   // Grows kv's device KV to hold n positions (copying what it held; parked KV goes up first).
@@ -291,6 +306,12 @@ class DeviceForward {
   std::map<const KvCache*, SeqKv> kv_;
   WeightChecksums crc_;        // the layers as loaded: restored reads are checked against them
   DeviceRestoreHooks hooks_;
+  DeviceRestoreStats stats_;
+  std::vector<std::vector<DirectPiece>> direct_;  // [n_layers] in slot order; empty: not direct
+  DirectFile dfile_;                  // the model file for direct reads (opened at the first one)
+  std::unique_ptr<IoEngine> io_;
+  std::unique_ptr<BackendTimeline> timeline_;  // null: the host waits per layer
+  uint64_t timeline_value_ = 0;               // what timeline_ reaches once the last step's restorer is done
   // KV transfers' host-visible staging (device_kv.cpp), freed with the last KV.
   std::unique_ptr<BackendBuffer> staging_;
   BackendBuffer& staging(uint64_t bytes);
@@ -303,11 +324,11 @@ class DeviceForward {
   uint64_t limit_ = 0;
   std::function<uint64_t()> host_kv_;  // the host KV pool's bytes (a split's CPU layers)
   std::vector<uint64_t> layer_bytes_;  // [n_layers] device bytes of each layer's buffer, dropped or not
-  std::vector<char> streamed_;         // [n_layers] the step reads these into a window and runs them (over the limit)
+  std::vector<char> streamed_;         // [n_layers] the step uploads, runs and frees these (over the limit)
   int64_t n_streamed_ = 0;
   // Streaming windows (device_stream.h): each a device buffer of the
   // largest layer, reused across layers and steps; n_windows_ of them this step.
-  std::vector<LayerBuf> windows_;
+  std::vector<std::unique_ptr<BackendBuffer>> windows_;
   int n_windows_ = 0;
   int64_t n_window_allocs_ = 0;
   DeviceStreamHooks stream_hooks_;
@@ -318,8 +339,9 @@ class DeviceForward {
   // Marks streamed_ for a step that holds `held` and `windows` of windows (forward-in).
   void mark_streamed_locked(uint64_t held, uint64_t windows);
   void stream_read(int l, int window);  // the reader thread: layer l into windows_[window]
-  // Before layer l of the step: starts the reader once the restorer is done (l >= from).
-  void start_stream(LayerStreamer& st, int l, int from);
+  // Before layer l of the step: starts the reader once l >= from and the
+  // restorer (when there is one) has finished.
+  void start_stream(LayerStreamer& st, int l, int from, LayerRestorer* restorer);
   DeviceFootprint footprint_locked() const;
   uint64_t held_locked() const;
   uint64_t window_bytes() const;

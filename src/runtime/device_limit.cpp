@@ -35,7 +35,7 @@ uint64_t DeviceForward::held_locked() const {
 
 uint64_t DeviceForward::windows_bytes_locked() const {
   uint64_t b = 0;
-  for (const LayerBuf& w : windows_) b += w.buf->size();
+  for (const auto& w : windows_) b += w ? w->size() : 0;  // null only while stream_layer records from it
   return b;
 }
 
@@ -44,9 +44,7 @@ void DeviceForward::size_windows_locked(int n) {
   uint64_t dev = 0;
   for (int l = opts_.first_layer; l < model_.n_layers(); ++l) dev = std::max(dev, layer_bytes_[l]);
   while (windows_.size() < static_cast<size_t>(n)) {
-    LayerBuf w;
-    w.buf = be_.alloc(dev, MemoryPlace::kDevice);  // throws naming the device when it cannot
-    windows_.push_back(std::move(w));
+    windows_.push_back(be_.alloc(dev, MemoryPlace::kDevice));  // throws naming the device when it cannot
     ++n_window_allocs_;
   }
 }
@@ -190,8 +188,9 @@ void DeviceForward::plan_step_locked(std::span<const StepSeq> seqs) {
   size_windows_locked(n_windows_);
 }
 
-void DeviceForward::start_stream(LayerStreamer& st, int l, int from) {
+void DeviceForward::start_stream(LayerStreamer& st, int l, int from, LayerRestorer* restorer) {
   if (st.started() || l < from) return;
+  if (restorer) restorer->finish();  // with timelines its reads may still run: no two host copies at once
   stream_held_ = held_locked();  // nothing else changes it until the step ends but the reader's host copy
   st.start();
 }
@@ -204,10 +203,8 @@ void DeviceForward::stream_read(int l, int window) {
     std::atomic<uint64_t>& b;
     ~Live() { b.store(0); }
   } live{stream_host_live_};
-  read_layer(l, [&] {
-    upload_layer_into(l, windows_[static_cast<size_t>(window)]);
-    if (stream_hooks_.after_read) stream_hooks_.after_read(l, stream_held_ + host);
-  });
+  restore_layer_into(l, *windows_[static_cast<size_t>(window)]);  // layers_[l]'s layout, computed at load
+  if (stream_hooks_.after_read) stream_hooks_.after_read(l, stream_held_ + host);
 }
 
 void DeviceForward::stream_layer(BackendStream& s, LayerStreamer& st, int l, std::span<const StepSeq> seqs,
@@ -223,7 +220,15 @@ void DeviceForward::stream_layer(BackendStream& s, LayerStreamer& st, int l, std
   }
   const int w = st.acquire(l);  // throws naming l when its read failed (run_on waits the stream out)
   if (in_flight) s.wait();
-  record_layer(s, windows_[static_cast<size_t>(w)], l, seqs, n);
+  {  // recorded from the window, with the layout computed at load (layers_[l] keeps it while dropped)
+    struct Lend {
+      std::unique_ptr<BackendBuffer>& window;
+      std::unique_ptr<BackendBuffer>& layer;
+      ~Lend() { window = std::move(layer); }
+    } lend{windows_[static_cast<size_t>(w)], layers_[l].buf};
+    layers_[l].buf = std::move(windows_[static_cast<size_t>(w)]);
+    record_layer(s, layers_[l], l, seqs, n);
+  }
   s.submit();
   submitted(l);
   if (stream_hooks_.before_wait) stream_hooks_.before_wait(l);

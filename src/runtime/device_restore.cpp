@@ -9,8 +9,8 @@
 namespace ebb {
 
 LayerRestorer::LayerRestorer(std::vector<int> layers, std::function<void(int)> restore_one,
-                             const DeviceRestoreHooks* hooks)
-    : layers_(std::move(layers)), restore_one_(std::move(restore_one)), hooks_(hooks) {
+                             const DeviceRestoreHooks* hooks, std::function<void(size_t)> settled)
+    : layers_(std::move(layers)), restore_one_(std::move(restore_one)), hooks_(hooks), settled_(std::move(settled)) {
   EBB_CHECK(std::is_sorted(layers_.begin(), layers_.end()));
   const size_t n = layers_.empty() ? 0 : static_cast<size_t>(layers_.back()) + 1;
   state_.assign(n, State::kNone);
@@ -22,7 +22,9 @@ LayerRestorer::LayerRestorer(std::vector<int> layers, std::function<void(int)> r
   if (!layers_.empty()) thread_ = std::thread([this] { run(); });
 }
 
-LayerRestorer::~LayerRestorer() {
+LayerRestorer::~LayerRestorer() { finish(); }
+
+void LayerRestorer::finish() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
@@ -32,19 +34,29 @@ LayerRestorer::~LayerRestorer() {
 
 void LayerRestorer::run() {
   set_current_thread_name("ebb-dev-restore");
+  // Raising a timeline must not throw out of the thread (nothing to do then
+  // but let the step's wait find out).
+  auto report = [&](size_t k) {
+    if (!settled_) return;
+    try {
+      settled_(k);
+    } catch (...) {
+    }
+  };
+  size_t done = 0;
   for (int l : layers_) {
     {
       std::lock_guard lock(mu_);
       if (stop_) break;
     }
-    if (hooks_ && hooks_->before_read) hooks_->before_read(l);
     std::string err;
     try {
+      if (hooks_ && hooks_->before_read) hooks_->before_read(l);
       restore_one_(l);
     } catch (const std::exception& e) {
       err = e.what();
     }
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     if (err.empty()) {
       state_[static_cast<size_t>(l)] = State::kReady;
       ++restored_;
@@ -60,18 +72,24 @@ void LayerRestorer::run() {
         }
       stop_ = true;
     }
+    ++done;
     cv_.notify_all();
     if (stop_) break;
+    lock.unlock();
+    report(done);
   }
   // Stopped early (the step gave up): whatever is still pending is failed,
   // so no wait() blocks forever.
-  std::lock_guard lock(mu_);
-  for (int m : layers_)
-    if (state_[static_cast<size_t>(m)] == State::kPending) {
-      state_[static_cast<size_t>(m)] = State::kFailed;
-      error_[static_cast<size_t>(m)] = "layer " + std::to_string(m) + " was not restored: the step stopped first";
-    }
-  cv_.notify_all();
+  {
+    std::lock_guard lock(mu_);
+    for (int m : layers_)
+      if (state_[static_cast<size_t>(m)] == State::kPending) {
+        state_[static_cast<size_t>(m)] = State::kFailed;
+        error_[static_cast<size_t>(m)] = "layer " + std::to_string(m) + " was not restored: the step stopped first";
+      }
+    cv_.notify_all();
+  }
+  report(layers_.size());
 }
 
 bool LayerRestorer::pending(int layer) const {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -86,7 +87,12 @@ const char* reason(int status) {
 }  // namespace
 
 // One client connection. The reactor owns it while it waits for a request
-// head (`busy` false), a worker while it handles requests (`busy` true).
+// head (`busy` false), a worker while it handles requests (`busy` true). A
+// new connection is born busy: the accepting thread owns it from the moment
+// it is listed in `conns` until wait_for_head() hands it to the reactor.
+// (Born idle, with waiting_since at the clock's epoch, a sweep that ran
+// between the listing and wait_for_head() saw it idle for the machine's
+// uptime and closed it unanswered: a client's "no response" under load.)
 struct HttpServer::Conn {
   int fd = -1;
   std::string peer;
@@ -95,9 +101,10 @@ struct HttpServer::Conn {
   int local_port = 0;
   std::string buf;        // received bytes not yet handled, from `off`
   size_t off = 0;
-  Clock::time_point waiting_since;  // idle since, or the first byte of a pending head
-  std::atomic<bool> busy{false};
+  Clock::time_point waiting_since = Clock::now();  // idle since, or the first byte of a pending head
+  std::atomic<bool> busy{true};
   int requests = 0;
+  bool peer_done = false;  // the client shut its side after sending: answer what came, then close
 
   std::string_view pending() const { return std::string_view(buf).substr(off); }
   void consume(size_t n) {
@@ -133,6 +140,13 @@ struct HttpServer::Reactor {
   mutable std::mutex mu;
   std::unordered_map<int, std::shared_ptr<Conn>> conns;  // every open connection, by fd
   std::map<std::string, int> per_peer;
+  // Refused connections, answered and shut for writing, until the client
+  // closes or the deadline passes (HttpLimits::refused_linger_s).
+  struct Lingering {
+    Clock::time_point deadline;
+    size_t dropped = 0;  // input bytes read and dropped
+  };
+  std::unordered_map<int, Lingering> lingering;  // by fd
   HttpCounters counters;
 
   std::string body_of(int status, const std::string& message, const std::string& code) const {
@@ -148,17 +162,90 @@ struct HttpServer::Reactor {
     write_all(c.fd, r.data(), r.size(), 1.0);
   }
 
-  void close(const std::shared_ptr<Conn>& c) {
+  // Takes c out of the open connections; false when it was already.
+  bool unlist(const std::shared_ptr<Conn>& c) {
     {
       std::lock_guard lock(mu);
       auto it = conns.find(c->fd);
-      if (it == conns.end() || it->second != c) return;
+      if (it == conns.end() || it->second != c) return false;
       conns.erase(it);
       if (--per_peer[c->peer] <= 0) per_peer.erase(c->peer);
     }
     if (ep >= 0) ::epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, nullptr);
+    return true;
+  }
+
+  void close(const std::shared_ptr<Conn>& c) {
+    if (!unlist(c)) return;
     ::shutdown(c->fd, SHUT_RDWR);
     ::close(c->fd);
+  }
+
+  // After refuse(): what the client may still be sending (the body of a
+  // refused request) is read and dropped until it closes, so that its 4xx or
+  // 503 is not lost to a reset (linger()).
+  void close_refused(const std::shared_ptr<Conn>& c) {
+    if (unlist(c)) linger(c->fd);
+  }
+
+  // A refused connection, its 503 written: its write side is shut (the
+  // client reads the 503 and the end), and its input is read and dropped by
+  // the reactor until the client closes, so that closing it does not reset
+  // a client still writing its request. Closed at once when too many are
+  // lingering or the reactor is stopping.
+  void linger(int fd) {
+    ::shutdown(fd, SHUT_WR);
+    {
+      std::lock_guard lock(mu);
+      if (!stopping.load() && ep >= 0 && static_cast<int>(lingering.size()) < std::max(64, limits.max_connections)) {
+        lingering[fd].deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(limits.refused_linger_s));
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLRDHUP;
+        ev.data.fd = fd;
+        if (::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0) return;
+        lingering.erase(fd);
+      }
+    }
+    ::close(fd);
+  }
+
+  // Reads and drops what a lingering connection sent; closes it at its end,
+  // on an error or past refused_linger_bytes. True when `fd` is lingering.
+  bool drain_lingering(int fd) {
+    size_t dropped = 0;
+    {
+      std::lock_guard lock(mu);
+      auto it = lingering.find(fd);
+      if (it == lingering.end()) return false;
+      dropped = it->second.dropped;
+    }
+    char tmp[16384];
+    for (;;) {
+      const ssize_t r = dropped < limits.refused_linger_bytes ? ::recv(fd, tmp, sizeof tmp, 0) : 0;
+      if (r > 0) {
+        dropped += static_cast<size_t>(r);
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        std::lock_guard lock(mu);
+        lingering[fd].dropped = dropped;
+        return true;
+      }
+      break;
+    }
+    end_lingering(fd);
+    return true;
+  }
+
+  void end_lingering(int fd) {
+    {
+      std::lock_guard lock(mu);
+      if (lingering.erase(fd) == 0) return;
+    }
+    ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+    ::close(fd);
   }
 
   void start() {
@@ -174,10 +261,11 @@ struct HttpServer::Reactor {
     started = true;
   }
 
-  // Back to waiting for the next request head (from a worker, or new).
+  // Back to waiting for the next request head, from its owner: a worker,
+  // or for a new connection the accepting thread.
   void wait_for_head(const std::shared_ptr<Conn>& c) {
     c->waiting_since = Clock::now();
-    c->busy = false;  // after the writes above: the reactor reads them once it sees busy false
+    c->busy = false;  // after the writes above: the reactor (loop, sweep) reads them once it sees busy false
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = c->fd;
@@ -210,6 +298,7 @@ void HttpServer::Reactor::loop() {
         if (it != conns.end()) c = it->second;
       }
       if (c && !c->busy) on_readable(c, owner);
+      else if (!c) drain_lingering(fd);
     }
     if (seconds_since(last_sweep) >= 0.1) {
       sweep();
@@ -230,7 +319,13 @@ void HttpServer::Reactor::on_readable(const std::shared_ptr<Conn>& c, HttpServer
     }
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    close(c);  // the client closed, or an error
+    // The client closed, or an error; a client that shut its side after a
+    // whole request head (`printf ... | nc -N`) still gets its answer.
+    if (r == 0 && head_end(c->pending())) {
+      c->peer_done = true;
+      break;
+    }
+    close(c);
     return;
   }
   const std::optional<size_t> end = head_end(c->pending());
@@ -238,7 +333,7 @@ void HttpServer::Reactor::on_readable(const std::shared_ptr<Conn>& c, HttpServer
     if (c->pending().size() > limits.max_head_bytes) {
       refuse(*c, 431, body_of(431, "The request head is over " + std::to_string(limits.max_head_bytes) + " bytes",
                               "request_header_too_large"));
-      close(c);
+      close_refused(c);
     }
     return;
   }
@@ -249,8 +344,12 @@ void HttpServer::Reactor::on_readable(const std::shared_ptr<Conn>& c, HttpServer
 
 void HttpServer::Reactor::sweep() {
   std::vector<std::pair<std::shared_ptr<Conn>, bool>> expired;  // (conn, head timed out)
+  std::vector<int> lingered;  // refused connections past their deadline
   {
     std::lock_guard lock(mu);
+    const auto now = Clock::now();
+    for (const auto& [fd, l] : lingering)
+      if (now >= l.deadline) lingered.push_back(fd);
     for (auto& [fd, c] : conns) {
       if (c->busy) continue;
       const double waited = seconds_since(c->waiting_since);
@@ -267,9 +366,12 @@ void HttpServer::Reactor::sweep() {
       refuse(*c, 408,
              body_of(408, "The request head did not arrive within " + std::to_string(limits.head_timeout_s) + " s",
                      "request_timeout"));
+      close_refused(c);
+    } else {
+      close(c);
     }
-    close(c);
   }
+  for (int fd : lingered) end_lingering(fd);
 }
 
 // The request as httplib reads it: the buffered head and body, and the
@@ -434,6 +536,12 @@ void HttpServer::shutdown_connections() {
     for (auto& [fd, c] : r.conns) all.push_back(c);
   }
   for (auto& c : all) r.close(c);
+  std::vector<int> lingered;
+  {
+    std::lock_guard lock(r.mu);
+    for (const auto& [fd, l] : r.lingering) lingered.push_back(fd);
+  }
+  for (int fd : lingered) r.end_lingering(fd);
   ::close(r.ep);
   ::close(r.wake);
   r.ep = r.wake = -1;
@@ -448,6 +556,11 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   if (::getpeername(sock, reinterpret_cast<sockaddr*>(&ss), &len) == 0) c->peer = addr_of(ss, &c->peer_port);
   len = sizeof ss;
   if (::getsockname(sock, reinterpret_cast<sockaddr*>(&ss), &len) == 0) c->local = addr_of(ss, &c->local_port);
+  // Responses go out as a head and a body (or chunks) in separate writes:
+  // with Nagle's algorithm the second waited for the client's delayed ACK
+  // of the first (40 ms on Linux) on every non-streamed response.
+  int one = 1;
+  ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   const int flags = ::fcntl(sock, F_GETFL, 0);
   ::fcntl(sock, F_SETFL, flags | O_NONBLOCK);
   if (!r.started) {  // start_connections() was not called: refuse rather than leak
@@ -475,8 +588,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   }
   if (!refusal.empty()) {
     r.refuse(*c, 503, r.body_of(503, "Connection refused: " + refusal, "too_many_connections"));
-    ::shutdown(sock, SHUT_RDWR);
-    ::close(sock);
+    r.linger(sock);
     return false;
   }
   r.wait_for_head(c);
@@ -501,7 +613,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
     std::string bad;
     if (!parse_head(pend.substr(0, *hend), h, bad)) {
       r.refuse(*c, 400, r.body_of(400, "Malformed request: " + bad, "bad_request"));
-      r.close(c);
+      r.close_refused(c);
       return;
     }
     if (r.check) {
@@ -514,7 +626,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
         }
         r.refuse(*c, ref.status, ref.body,
                  ref.www_authenticate.empty() ? "" : "WWW-Authenticate: " + ref.www_authenticate + "\r\n");
-        r.close(c);
+        r.close_refused(c);
         return;
       }
     }
@@ -528,7 +640,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
                          "The request body (" + std::to_string(h.content_length) + " bytes) is over the server's limit (" +
                              std::to_string(lim.max_body) + " bytes, --max-body)",
                          "request_too_large"));
-      r.close(c);
+      r.close_refused(c);
       return;
     }
     if (h.expect_continue && (h.chunked || h.content_length > 0)) {
@@ -554,7 +666,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
             r.stopping.load()) {
           lock.unlock();
           r.refuse(*c, 503, r.body_of(503, "The server is busy reading other request bodies; try again", "server_busy"));
-          r.close(c);
+          r.close_refused(c);
           return;
         }
       }
@@ -610,7 +722,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
                                          std::to_string(lim.max_body) + " bytes, --max-body)",
                                      "request_too_large")
                          : r.body_of(400, "Malformed chunked body: " + dec.error(), "bad_request"));
-          r.close(c);
+          r.close_refused(c);
           return;
         }
         // kMore: read more within the body's time.
@@ -622,7 +734,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
       }
       if (!dec.done()) {
         r.refuse(*c, 408, r.body_of(408, "The request body did not arrive in time", "request_timeout"));
-        r.close(c);
+        r.close_refused(c);
         return;
       }
       consumed = pos;
@@ -636,7 +748,7 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
           ++r.counters.body_timeouts;
         }
         r.refuse(*c, 408, r.body_of(408, "The request body did not arrive in time", "request_timeout"));
-        r.close(c);
+        r.close_refused(c);
         return;
       }
       consumed = *hend + h.content_length;
@@ -644,7 +756,8 @@ void HttpServer::serve(std::shared_ptr<Conn> c) {
       if (h.expect_continue) rebuilt = h.rebuild_with_length(h.content_length) + std::string(c->pending().substr(*hend, h.content_length));
     }
     const std::string_view request = rebuilt.empty() ? c->pending().substr(0, consumed) : std::string_view(rebuilt);
-    const bool close_after = r.stopping.load() || ++c->requests >= lim.max_requests_per_connection;
+    const bool close_after =
+        r.stopping.load() || ++c->requests >= lim.max_requests_per_connection || c->peer_done;
     RequestStream strm(*c, request, lim.write_timeout_s, c->fd, c->peer, c->peer_port, c->local, c->local_port);
     bool connection_closed = false;
     const bool ok = process_request(strm, close_after, connection_closed, nullptr);

@@ -26,7 +26,8 @@
 //     connection goes back to the reactor to wait for its next request.
 //
 // Connections are capped in total and per client address (a 503 and close
-// beyond either). Memory: at most max_head_bytes per waiting connection,
+// beyond either; the close waits for the client, within refused_linger_s,
+// so that the 503 is read). Memory: at most max_head_bytes per waiting connection,
 // and one request (head + body <= max_body) per busy worker.
 #pragma once
 
@@ -54,6 +55,14 @@ struct HttpLimits {
   int max_connections = 512;       // open connections in all
   int max_connections_per_client = 64;  // ... from one client address
   int max_requests_per_connection = 1000;
+  // A refused connection (over a cap: 503 at once; a request refused on its
+  // head: 400/401/408/413/431) is kept half-open after its answer, its
+  // input read and dropped, until the client closes it, this long passes or
+  // this much was dropped: closed with input unread, the reset lost the
+  // answer for a client still writing ("no response"). At most
+  // max(64, max_connections) are kept so; beyond, they are closed at once.
+  double refused_linger_s = 2;
+  size_t refused_linger_bytes = 1u << 20;
   // Body bytes held by requests being read or handled at once (0: twice
   // max_body); a request whose body would pass it waits for room before
   // its body is read, so bodies in memory stay bounded whatever the

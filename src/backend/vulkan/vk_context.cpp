@@ -76,7 +76,9 @@ std::string version_string(uint32_t v) {
 Instance create_instance() {
   VkApplicationInfo app = make<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
   app.pApplicationName = "ebb";
-  app.apiVersion = VK_API_VERSION_1_1;
+  // 1.2: timeline semaphores (core there) where the device offers 1.2; the
+  // shaders still target 1.1, and a 1.1 device is used as one.
+  app.apiVersion = VK_API_VERSION_1_2;
   VkInstanceCreateInfo ci = make<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
   ci.pApplicationInfo = &app;
   VkInstance inst = VK_NULL_HANDLE;
@@ -115,6 +117,13 @@ std::vector<PhysicalDevice> physical_devices(VkInstance instance) {
     pd.info.kind = kind_of(props.deviceType);
     pd.info.caps = probe_caps(h, props, pd.memory);
     pd.info.driver = "Vulkan " + version_string(props.apiVersion);
+    if (props.apiVersion >= VK_API_VERSION_1_2) {
+      auto tl = make<VkPhysicalDeviceTimelineSemaphoreFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES);
+      VkPhysicalDeviceFeatures2 f2 = make<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+      f2.pNext = &tl;
+      vkGetPhysicalDeviceFeatures2(h, &f2);
+      pd.timeline_semaphore = tl.timelineSemaphore == VK_TRUE;
+    }
     VkPhysicalDeviceDriverProperties drv = make<VkPhysicalDeviceDriverProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES);
     if (props.apiVersion >= VK_API_VERSION_1_2) {
       VkPhysicalDeviceProperties2 p2 = make<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
@@ -136,6 +145,9 @@ Context::Context(Instance instance, PhysicalDevice pd) : instance_(std::move(ins
   VkDeviceCreateInfo dci = make<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
+  auto tl = make<VkPhysicalDeviceTimelineSemaphoreFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES);
+  tl.timelineSemaphore = VK_TRUE;
+  if (pd_.timeline_semaphore) dci.pNext = &tl;  // the restore's per-layer waits (BackendTimeline)
   VkDevice dev = VK_NULL_HANDLE;
   EBB_VK(vkCreateDevice(pd_.handle, &dci, nullptr, &dev));
   device_ = Device(dev);

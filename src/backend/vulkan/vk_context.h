@@ -14,7 +14,7 @@
 
 namespace ebb::vk {
 
-// A Vulkan 1.1 instance with no layers or extensions. Throws ebb::Error naming
+// A Vulkan 1.2 instance with no layers or extensions. Throws ebb::Error naming
 // the call and result when the loader finds no driver.
 Instance create_instance();
 
@@ -25,6 +25,7 @@ struct PhysicalDevice {
   DeviceInfo info;  // id "vulkan:N", N its index in this list
   VkPhysicalDeviceLimits limits{};
   VkPhysicalDeviceMemoryProperties memory{};
+  bool timeline_semaphore = false;  // Vulkan 1.2's timelineSemaphore feature (enabled on the device when offered)
 };
 
 // The usable devices of an instance, in the loader's order.

@@ -82,6 +82,7 @@ Recorder::Recorder(Context& ctx, Kernels& kernels) : ctx_(ctx), kernels_(kernels
   cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
   cai.commandBufferCount = 1;
   EBB_VK(vkAllocateCommandBuffers(dev, &cai, &cmd_));  // freed with the pool
+  cmds_.push_back(cmd_);
   VkFenceCreateInfo fci = make<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
   VkFence fence = VK_NULL_HANDLE;
   EBB_VK(vkCreateFence(dev, &fci, nullptr, &fence));
@@ -89,7 +90,16 @@ Recorder::Recorder(Context& ctx, Kernels& kernels) : ctx_(ctx), kernels_(kernels
 }
 
 Recorder::~Recorder() {
-  // Never destroy what the device may still be running.
+  // Never destroy what the device may still be running (segments without
+  // the final submission: one more, with the fence, covers them).
+  if (!submitted_ && n_submitted_ > 0) {
+    try {
+      submit();
+    } catch (...) {
+      vkQueueWaitIdle(ctx_.queue());
+      return;
+    }
+  }
   if (submitted_) {
     VkFence f = fence_.get();
     vkWaitForFences(ctx_.device(), 1, &f, VK_TRUE, UINT64_MAX);
@@ -194,6 +204,59 @@ void Recorder::copy(VkBuffer src, uint64_t src_offset, VkBuffer dst, uint64_t ds
   ++n_recorded_;
 }
 
+void Recorder::segment(VkSemaphore sem, uint64_t value) {
+  EBB_CHECK_MSG(!submitted_, "Recorder: a segment after submit(); wait() first");
+  if (recording_ || wait_sem_ != VK_NULL_HANDLE) {
+    if (!recording_) begin();
+    submit_current(VK_NULL_HANDLE);
+    if (++cur_ == cmds_.size()) {
+      VkCommandBufferAllocateInfo cai = make<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+      cai.commandPool = pool_.get();
+      cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+      cai.commandBufferCount = 1;
+      VkCommandBuffer c = VK_NULL_HANDLE;
+      EBB_VK(vkAllocateCommandBuffers(ctx_.device(), &cai, &c));
+      cmds_.push_back(c);
+    }
+    cmd_ = cmds_[cur_];
+  }
+  wait_sem_ = sem;
+  wait_value_ = value;
+  begin();
+  // The host wrote what these ops read (a mapped buffer) before it signalled
+  // the semaphore.
+  VkMemoryBarrier mb = make<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+  mb.srcAccessMask = VK_ACCESS_HOST_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT;
+  vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_HOST_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr,
+                       0, nullptr);
+}
+
+void Recorder::submit_current(VkFence fence) {
+  EBB_VK(vkEndCommandBuffer(cmd_));
+  recording_ = false;
+  VkSubmitInfo si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cmd_;
+  auto tsi = make<VkTimelineSemaphoreSubmitInfo>(VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO);
+  const VkPipelineStageFlags stage = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+  if (wait_sem_ != VK_NULL_HANDLE) {
+    tsi.waitSemaphoreValueCount = 1;
+    tsi.pWaitSemaphoreValues = &wait_value_;
+    si.pNext = &tsi;
+    si.waitSemaphoreCount = 1;
+    si.pWaitSemaphores = &wait_sem_;
+    si.pWaitDstStageMask = &stage;
+  }
+  {
+    std::lock_guard<std::mutex> lock(ctx_.queue_mutex());
+    EBB_VK(vkQueueSubmit(ctx_.queue(), 1, &si, fence));
+  }
+  wait_sem_ = VK_NULL_HANDLE;
+  ++n_submitted_;
+}
+
 void Recorder::submit() {
   EBB_CHECK_MSG(!submitted_, "Recorder: submitted twice without wait()");
   if (!recording_) begin();  // an empty submission still signals the fence
@@ -205,30 +268,26 @@ void Recorder::submit() {
   mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
   vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                        VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
-  EBB_VK(vkEndCommandBuffer(cmd_));
-  recording_ = false;
-  VkSubmitInfo si = make<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-  si.commandBufferCount = 1;
-  si.pCommandBuffers = &cmd_;
-  {
-    std::lock_guard<std::mutex> lock(ctx_.queue_mutex());
-    EBB_VK(vkQueueSubmit(ctx_.queue(), 1, &si, fence_.get()));
-  }
+  // The fence covers every segment submitted before (submission order).
+  submit_current(fence_.get());
   submitted_ = true;
 }
 
 void Recorder::wait() {
   if (!submitted_) {
-    if (recording_) submit();
+    if (recording_ || n_submitted_ > 0 || wait_sem_ != VK_NULL_HANDLE) submit();
     else return;
   }
   VkFence f = fence_.get();
   EBB_VK(vkWaitForFences(ctx_.device(), 1, &f, VK_TRUE, UINT64_MAX));
   EBB_VK(vkResetFences(ctx_.device(), 1, &f));
-  EBB_VK(vkResetCommandBuffer(cmd_, 0));
+  for (size_t i = 0; i <= cur_; ++i) EBB_VK(vkResetCommandBuffer(cmds_[i], 0));
+  cur_ = 0;
+  cmd_ = cmds_[0];
   for (auto& p : desc_pools_) EBB_VK(vkResetDescriptorPool(ctx_.device(), p.get(), 0));
   submitted_ = false;
   n_recorded_ = 0;
+  n_submitted_ = 0;
 }
 
 }  // namespace ebb::vk

@@ -69,19 +69,34 @@ class Recorder {
   // Records a copy between two buffers' byte ranges, ordered after the ops
   // before it (and before the ones after it).
   void copy(VkBuffer src, uint64_t src_offset, VkBuffer dst, uint64_t dst_offset, uint64_t bytes);
+  // Ends the command buffer being recorded and submits it as one segment
+  // (no fence), and makes the next segment wait on the device until the
+  // timeline semaphore `sem` reaches `value` (then a barrier makes host
+  // writes visible to its ops). The host does not block; submit() and wait()
+  // still cover every segment.
+  void segment(VkSemaphore sem, uint64_t value);
   void submit();
   void wait();
   int64_t n_recorded() const { return n_recorded_; }
-  bool in_flight() const { return submitted_; }
+  int64_t n_submitted() const { return n_submitted_; }
+  bool in_flight() const { return submitted_ || n_submitted_ > 0; }
 
  private:
   void begin();
+  // Ends cmd_ and submits it with the pending timeline wait, signalling
+  // `fence` (VK_NULL_HANDLE for a segment).
+  void submit_current(VkFence fence);
   VkDescriptorSet allocate_set(const Kernel& k);
 
   Context& ctx_;
   Kernels& kernels_;
   CommandPool pool_;
+  std::vector<VkCommandBuffer> cmds_;  // one per segment since the last wait(), freed with the pool
+  size_t cur_ = 0;                     // cmds_[cur_] is being recorded
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  VkSemaphore wait_sem_ = VK_NULL_HANDLE;  // the current segment waits for it to reach wait_value_
+  uint64_t wait_value_ = 0;
+  int64_t n_submitted_ = 0;
   Fence fence_;
   std::vector<DescriptorPool> desc_pools_;
   bool recording_ = false;

@@ -60,6 +60,7 @@ using Pipeline = DeviceHandle<VkPipeline, vkDestroyPipeline>;
 using DescriptorPool = DeviceHandle<VkDescriptorPool, vkDestroyDescriptorPool>;
 using CommandPool = DeviceHandle<VkCommandPool, vkDestroyCommandPool>;
 using Fence = DeviceHandle<VkFence, vkDestroyFence>;
+using Semaphore = DeviceHandle<VkSemaphore, vkDestroySemaphore>;
 
 // Owns a VkInstance.
 class Instance {

@@ -76,10 +76,45 @@ class VulkanStream final : public BackendStream {
   void submit() override { rec_.submit(); }
   void wait() override { rec_.wait(); }
   int64_t n_recorded() const override { return rec_.n_recorded(); }
+  bool supports_timeline() const override;
+  void wait_for(BackendTimeline& t, uint64_t value) override;
+  int64_t n_submitted() const override { return rec_.n_submitted(); }
 
  private:
   VulkanBackend& be_;
   Recorder rec_;
+};
+
+// A timeline semaphore (Vulkan 1.2), signalled from the host.
+class VulkanTimeline final : public BackendTimeline {
+ public:
+  explicit VulkanTimeline(Context& ctx) : ctx_(ctx) {
+    auto type = make<VkSemaphoreTypeCreateInfo>(VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO);
+    type.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
+    type.initialValue = 0;
+    VkSemaphoreCreateInfo ci = make<VkSemaphoreCreateInfo>(VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO);
+    ci.pNext = &type;
+    VkSemaphore sem = VK_NULL_HANDLE;
+    EBB_VK(vkCreateSemaphore(ctx.device(), &ci, nullptr, &sem));
+    sem_ = Semaphore(ctx.device(), sem);
+  }
+  void signal(uint64_t value) override {
+    if (value <= this->value()) return;
+    auto si = make<VkSemaphoreSignalInfo>(VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO);
+    si.semaphore = sem_.get();
+    si.value = value;
+    EBB_VK(vkSignalSemaphore(ctx_.device(), &si));
+  }
+  uint64_t value() const override {
+    uint64_t v = 0;
+    EBB_VK(vkGetSemaphoreCounterValue(ctx_.device(), sem_.get(), &v));
+    return v;
+  }
+  VkSemaphore handle() const { return sem_.get(); }
+
+ private:
+  Context& ctx_;
+  Semaphore sem_;
 };
 
 class VulkanBackend final : public Backend {
@@ -103,6 +138,10 @@ class VulkanBackend final : public Backend {
     return (place == MemoryPlace::kDevice ? device_mem_ : host_mem_).ledger();
   }
   std::unique_ptr<BackendStream> new_stream() override { return std::make_unique<VulkanStream>(*this); }
+  std::unique_ptr<BackendTimeline> new_timeline() override {
+    if (!ctx_->physical().timeline_semaphore) return nullptr;
+    return std::make_unique<VulkanTimeline>(*ctx_);
+  }
 
   Context& ctx() { return *ctx_; }
   Kernels& kernels() { return kernels_; }
@@ -258,6 +297,14 @@ uint64_t chunk_table_end(const char* name, const TensorRef& t, int64_t n_chunks,
 }
 
 VulkanStream::VulkanStream(VulkanBackend& be) : be_(be), rec_(be.ctx(), be.kernels()) {}
+
+bool VulkanStream::supports_timeline() const { return be_.ctx().physical().timeline_semaphore; }
+
+void VulkanStream::wait_for(BackendTimeline& t, uint64_t value) {
+  auto* vt = dynamic_cast<VulkanTimeline*>(&t);
+  if (!vt || !supports_timeline()) throw Error(be_.info().id + ": wait_for needs one of this device's timelines");
+  rec_.segment(vt->handle(), value);
+}
 
 void VulkanStream::matmul(const MatmulOp& op) {
   const char* name = "vulkan matmul";
