@@ -26,7 +26,7 @@ namespace ebb {
 // `held` is DeviceForward::held() at that moment plus the live host copy.
 struct DeviceStreamHooks {
   std::function<void(int layer, uint64_t held)> before_read;  // reader thread: the layer's read begins
-  std::function<void(int layer, uint64_t held)> after_read;   // reader thread: in its window, host copy still live
+  std::function<void(int layer, uint64_t held)> after_read;   // reader thread: in its window (held with the host copy it took)
   std::function<void(int layer, uint64_t held)> after_submit;  // step thread: the submission running the layer
   std::function<void(int layer)> before_wait;  // step thread: about to wait on that submission
 };
