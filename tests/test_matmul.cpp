@@ -784,8 +784,8 @@ TEST_P(MatmulPacked, MultiMatchesSeparateCalls) {
 // over the whole rank, then up over all columns, term after term), whatever
 // the pieces the threads claim. Three products of one input (67 + 32 + 19
 // rows: pieces cut through the products and through packed groups), the
-// first with two terms (F16 rank 5: a piece of A x shorter than four rows;
-// F32 rank 16), the second with none, the third with one (F16 rank 4);
+// first with two terms (F16 rank 5: a piece of A x shorter than eight rows;
+// F32 rank 16: two pieces), the second with none, the third with one (F16 rank 4);
 // matmul() alone with the first product's terms; 1 and 2 threads.
 TEST_P(MatmulPacked, LowRankTermsMatchTheLoraKernelsAfterTheProduct) {
   const Isa isa = std::get<0>(GetParam());
