@@ -264,9 +264,12 @@ void batch_rows(const FormatKernels& fk, const WeightView& w, const BatchAct& b,
   }
 }
 
-// Rank rows of A per claimed piece of a low-rank term's A x (the LoRA
-// kernels' down product runs four rows per pass over x).
-constexpr int64_t kDownRows = 4;
+// Rank rows of A per claimed piece of a low-rank term's A x: two of the
+// LoRA kernels' four-row passes over x (per row the same arithmetic as any
+// other split), so a rank-16 term is two claims, not four: each claim is a
+// contended atomic on the pool's threads, and pieces of four rows made the
+// claims and their completions about 2% of a token's decode.
+constexpr int64_t kDownRows = 8;
 
 // Piece d of the low-rank terms' A x products (terms of args[0], then of
 // args[1], ..., each term's rank in pieces of kDownRows rows): t[j] for its rows.
@@ -292,11 +295,21 @@ void low_rank_down(const LoraKernels& lk, const MatmulArgs* args, int n, int64_t
 
 // y[r] += Σ_terms scale · (B t)[r] for r in [rb, re) of one product, the terms in order.
 void low_rank_up(const LoraKernels& lk, const MatmulArgs& a, int64_t rb, int64_t re) {
+  const int64_t n_out = a.w->rows;
   for (const LowRankTerm& lt : a.terms) {
-    if (lt.f16) {
-      lk.up_f16(static_cast<const uint16_t*>(lt.bt), lt.t, lt.scale, 1, lt.rank, a.w->rows, rb, re, a.y, 0);
-    } else {
-      lk.up(static_cast<const float*>(lt.bt), lt.t, lt.scale, 1, lt.rank, a.w->rows, rb, re, a.y, 0);
+    // Canonical [rank, n_out]: one call. Blocked: one call per block of
+    // bt_block output rows ([rank, width] each), the block's columns given
+    // as the kernel's whole n_out, so per column the same arithmetic.
+    const int64_t W = lt.bt_block > 0 ? lt.bt_block : n_out;
+    for (int64_t blk = rb / W; blk * W < re; ++blk) {
+      const int64_t c0 = blk * W, width = std::min(W, n_out - c0);
+      const int64_t lo = std::max(rb, c0) - c0, hi = std::min(re, c0 + width) - c0;
+      const size_t off = static_cast<size_t>(c0 * lt.rank);
+      if (lt.f16) {
+        lk.up_f16(static_cast<const uint16_t*>(lt.bt) + off, lt.t, lt.scale, 1, lt.rank, width, lo, hi, a.y + c0, 0);
+      } else {
+        lk.up(static_cast<const float*>(lt.bt) + off, lt.t, lt.scale, 1, lt.rank, width, lo, hi, a.y + c0, 0);
+      }
     }
   }
 }
@@ -346,10 +359,10 @@ void one_token(const KernelSet& ks, const FormatKernels* const* fks, const Matmu
   };
   Counter next_down, downs_done, next_rows;
   auto body = [&](int, int) {
-    for (int64_t d; (d = next_down.v.fetch_add(1, std::memory_order_relaxed)) < n_down;) {
+    int64_t mine = 0;  // A x pieces done here, published once (one atomic per thread, not per piece)
+    for (int64_t d; (d = next_down.v.fetch_add(1, std::memory_order_relaxed)) < n_down; ++mine)
       low_rank_down(*lk, args, n, d);
-      downs_done.v.fetch_add(1, std::memory_order_release);
-    }
+    if (mine > 0) downs_done.v.fetch_add(mine, std::memory_order_release);
     bool downs_ready = n_down == 0;
     for (int64_t g0; (g0 = next_rows.v.fetch_add(grain, std::memory_order_relaxed)) < total;) {
       const int64_t g1 = std::min(total, g0 + grain);
