@@ -856,31 +856,6 @@ TEST_P(MatmulPacked, LowRankTermsMatchTheLoraKernelsAfterTheProduct) {
     lt.t = t_scratch[k].data();
     terms[p.product].push_back(lt);
   }
-  // The same terms with B in blocks of 16 output rows (LowRankTerm::bt_block,
-  // LoRA's decode view; the last block of 67 rows is 3 wide, and pieces cut
-  // through blocks): the same bits.
-  constexpr int64_t kBlock = 16;
-  std::vector<std::vector<uint8_t>> blocked(pairs.size());
-  std::vector<std::vector<LowRankTerm>> blocked_terms(3);
-  for (size_t k = 0; k < pairs.size(); ++k) {
-    const Pair& p = pairs[k];
-    const int64_t n_out = rows_of[p.product];
-    const size_t es = p.f16 ? sizeof(uint16_t) : sizeof(float);
-    const auto* src = p.f16 ? reinterpret_cast<const uint8_t*>(p.bt16.data()) : reinterpret_cast<const uint8_t*>(p.bt.data());
-    blocked[k].resize(static_cast<size_t>(p.rank * n_out) * es);
-    for (int64_t c0 = 0; c0 < n_out; c0 += kBlock) {
-      const int64_t width = std::min(kBlock, n_out - c0);
-      for (int64_t j = 0; j < p.rank; ++j)
-        std::memcpy(blocked[k].data() + static_cast<size_t>(c0 * p.rank + j * width) * es,
-                    src + static_cast<size_t>(j * n_out + c0) * es, static_cast<size_t>(width) * es);
-    }
-  }
-  for (size_t k = 0, seen[3] = {0, 0, 0}; k < pairs.size(); ++k) {
-    LowRankTerm lt = terms[pairs[k].product][seen[pairs[k].product]++];
-    lt.bt = blocked[k].data();
-    lt.bt_block = kBlock;
-    blocked_terms[pairs[k].product].push_back(lt);
-  }
   for (bool packed : {true, false}) {
     std::vector<WeightView> w;
     for (const auto& m : ms) w.push_back(packed ? m.packed_view() : m.plain_view());
@@ -915,14 +890,6 @@ TEST_P(MatmulPacked, LowRankTermsMatchTheLoraKernelsAfterTheProduct) {
       a.terms = terms[0];
       matmul(ks, a, pool);
       ASSERT_EQ(std::memcmp(one.data(), want[0].data(), one.size() * sizeof(float)), 0) << "matmul, " << where;
-      for (int i = 0; i < 3; ++i) {
-        got[i].assign(rows_of[i], -5.f);
-        args[i].terms = blocked_terms[i];
-      }
-      matmul_multi(ks, args, 3, pool);
-      for (int i = 0; i < 3; ++i)
-        ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)), 0)
-            << "blocked B, product " << i << " " << where;
     }
   }
 }

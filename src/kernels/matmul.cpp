@@ -295,21 +295,11 @@ void low_rank_down(const LoraKernels& lk, const MatmulArgs* args, int n, int64_t
 
 // y[r] += Σ_terms scale · (B t)[r] for r in [rb, re) of one product, the terms in order.
 void low_rank_up(const LoraKernels& lk, const MatmulArgs& a, int64_t rb, int64_t re) {
-  const int64_t n_out = a.w->rows;
   for (const LowRankTerm& lt : a.terms) {
-    // Canonical [rank, n_out]: one call. Blocked: one call per block of
-    // bt_block output rows ([rank, width] each), the block's columns given
-    // as the kernel's whole n_out, so per column the same arithmetic.
-    const int64_t W = lt.bt_block > 0 ? lt.bt_block : n_out;
-    for (int64_t blk = rb / W; blk * W < re; ++blk) {
-      const int64_t c0 = blk * W, width = std::min(W, n_out - c0);
-      const int64_t lo = std::max(rb, c0) - c0, hi = std::min(re, c0 + width) - c0;
-      const size_t off = static_cast<size_t>(c0 * lt.rank);
-      if (lt.f16) {
-        lk.up_f16(static_cast<const uint16_t*>(lt.bt) + off, lt.t, lt.scale, 1, lt.rank, width, lo, hi, a.y + c0, 0);
-      } else {
-        lk.up(static_cast<const float*>(lt.bt) + off, lt.t, lt.scale, 1, lt.rank, width, lo, hi, a.y + c0, 0);
-      }
+    if (lt.f16) {
+      lk.up_f16(static_cast<const uint16_t*>(lt.bt), lt.t, lt.scale, 1, lt.rank, a.w->rows, rb, re, a.y, 0);
+    } else {
+      lk.up(static_cast<const float*>(lt.bt), lt.t, lt.scale, 1, lt.rank, a.w->rows, rb, re, a.y, 0);
     }
   }
 }

@@ -99,11 +99,7 @@ size_t matmul_scratch_bytes(DType weight, int64_t cols, int64_t n_tokens);
 // the result is bit for bit the LoRA kernels' down then up after the product.
 struct LowRankTerm {
   const void* a = nullptr;   // [rank, W.cols] F32, or IEEE half bits when f16
-  const void* bt = nullptr;  // [rank, W.rows] B transposed, the same type; or blocked:
-  // bt_block > 0: bt holds B in blocks of bt_block output rows (the last one
-  // narrower), block k at k · bt_block · rank elements, [rank, width] inside,
-  // so a piece of whole blocks reads one contiguous run (LoRA's decode view)
-  int64_t bt_block = 0;
+  const void* bt = nullptr;  // [rank, W.rows] B transposed, the same type
   bool f16 = false;
   int64_t rank = 0;
   float scale = 0.0f;
