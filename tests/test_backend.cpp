@@ -13,6 +13,7 @@
 #include "kernels/ops.h"
 #include "kernels/quantize.h"
 #include "platform/error.h"
+#include "platform/fp16.h"
 
 namespace ebb {
 namespace {
@@ -102,6 +103,70 @@ TEST(CpuBackend, OpsAreTheCpuKernels) {
   EXPECT_THROW(s->matmul(op), Error);
   op.cols = 128;  // x holds 64
   EXPECT_THROW(s->matmul(op), Error);
+}
+
+// The CPU backend's low_rank_up (the scalar reference of the Vulkan
+// shader): y's rows at their stride get alpha B t added, the padding between
+// them is untouched, F16 B widened exactly; the sum in F32 within rank
+// roundings of the double one.
+TEST(CpuBackend, LowRankUpAddsTheScaledProductInPlace) {
+  auto be = open_cpu_backend({Isa::kScalar, 1});
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t n_out = 12, rank = 6, n_tokens = 3, y_stride = n_out + 4;
+  for (const DType type : {DType::kF16, DType::kF32}) {
+    std::vector<float> bf(n_out * rank), t(n_tokens * rank), y0(n_tokens * y_stride);
+    std::vector<uint16_t> bh(bf.size());
+    for (auto& v : bf) v = d(rng);
+    for (auto& v : t) v = d(rng);
+    for (auto& v : y0) v = d(rng);
+    for (size_t i = 0; i < bf.size(); ++i) {
+      bh[i] = fp32_to_fp16(bf[i]);
+      if (type == DType::kF16) bf[i] = fp16_to_fp32(bh[i]);
+    }
+    auto bb = be->alloc(4 * bf.size(), MemoryPlace::kDevice);
+    if (type == DType::kF16) bb->write(0, bh.data(), 2 * bh.size());
+    else bb->write(0, bf.data(), 4 * bf.size());
+    auto tb = be->alloc(4 * t.size(), MemoryPlace::kDevice);
+    tb->write(0, t.data(), 4 * t.size());
+    auto yb = be->alloc(4 * y0.size(), MemoryPlace::kDevice);
+    yb->write(0, y0.data(), 4 * y0.size());
+    LowRankUpOp op;
+    op.b_type = type;
+    op.n_out = n_out;
+    op.rank = rank;
+    op.b = {bb.get(), 0};
+    op.t = {tb.get(), 0};
+    op.n_tokens = n_tokens;
+    op.y = {yb.get(), 0};
+    op.y_stride = y_stride;
+    op.alpha = -0.75f;
+    auto s = be->new_stream();
+    s->low_rank_up(op);
+    std::vector<float> y(y0.size());
+    yb->read(0, y.data(), 4 * y.size());
+    for (int64_t r = 0; r < n_tokens; ++r)
+      for (int64_t o = 0; o < y_stride; ++o) {
+        const size_t i = static_cast<size_t>(r * y_stride + o);
+        if (o >= n_out) {
+          EXPECT_EQ(y[i], y0[i]) << "padding";
+          continue;
+        }
+        double sum = 0, mag = 0;
+        for (int64_t j = 0; j < rank; ++j) {
+          sum += double(bf[o * rank + j]) * t[r * rank + j];
+          mag += std::fabs(double(bf[o * rank + j]) * t[r * rank + j]);
+        }
+        const double u = 1.0 / (1 << 24);
+        EXPECT_NEAR(y[i], y0[i] - 0.75 * sum, 2 * u * ((rank + 2) * 0.75 * mag + std::fabs(y0[i])) + 1e-30)
+            << dtype_name(type) << " row " << r << " output " << o;
+      }
+    op.b_type = DType::kQ8_0;
+    EXPECT_THROW(s->low_rank_up(op), Error);
+    op.b_type = type;
+    op.y_stride = n_out - 1;
+    EXPECT_THROW(s->low_rank_up(op), Error);
+  }
 }
 
 // The CPU backend's matmul takes every format the Vulkan backend has a

@@ -376,5 +376,102 @@ TEST(VulkanOps, ScaledAddWithinTwoRoundings) {
   EXPECT_THROW(s->add(bad), Error);
 }
 
+// ---- the LoRA up-projection with its accumulate (LowRankUpOp) ----
+
+struct LowRankCase {
+  DType type;  // B's: F16 or F32
+  int64_t n_out, rank, n_tokens, y_pad;  // y_stride = n_out + y_pad
+  float alpha;
+};
+
+class VulkanLowRankUp : public ::testing::TestWithParam<LowRankCase> {};
+
+// y[r * y_stride + o] += alpha * sum_j B[o][j] t[r][j] against a double
+// reference: the padding between y's rows untouched, the sum of rank
+// products (each exact in double) within rank roundings, then the scale and
+// the add one each; 2x margin.
+TEST_P(VulkanLowRankUp, MatchesDoubleReference) {
+  EBB_REQUIRE_VULKAN(be);
+  const LowRankCase c = GetParam();
+  const int64_t t_stride = c.rank + 3, y_stride = c.n_out + c.y_pad;
+  std::vector<float> bf = random_floats(static_cast<size_t>(c.n_out * c.rank), 21);
+  std::vector<uint16_t> bh(bf.size());
+  for (size_t i = 0; i < bf.size(); ++i) {  // F16 B: the reference uses the values the device widens
+    bh[i] = fp32_to_fp16(bf[i]);
+    if (c.type == DType::kF16) bf[i] = fp16_to_fp32(bh[i]);
+  }
+  const std::vector<float> t = random_floats(static_cast<size_t>(c.n_tokens * t_stride), 22);
+  const std::vector<float> y0 = random_floats(static_cast<size_t>(c.n_tokens * y_stride), 23, -4.0f, 4.0f);
+  const uint64_t pad = 256;  // every tensor at an offset in its buffer
+  auto bb = c.type == DType::kF16 ? upload(*be, bh, pad) : upload(*be, bf, pad);
+  auto tb = upload(*be, t, pad);
+  auto yb = upload(*be, y0, pad);
+  LowRankUpOp op;
+  op.b_type = c.type;
+  op.n_out = c.n_out;
+  op.rank = c.rank;
+  op.b = {bb.get(), pad};
+  op.t = {tb.get(), pad};
+  op.t_stride = t_stride;
+  op.n_tokens = c.n_tokens;
+  op.y = {yb.get(), pad};
+  op.y_stride = y_stride;
+  op.alpha = c.alpha;
+  auto s = be->new_stream();
+  s->low_rank_up(op);
+  EXPECT_EQ(s->n_recorded(), 1);  // one dispatch, whatever y's stride
+  s->wait();
+  const auto y = download<float>(*yb, y0.size(), pad);
+  for (int64_t r = 0; r < c.n_tokens; ++r) {
+    for (int64_t o = 0; o < y_stride; ++o) {
+      const size_t i = static_cast<size_t>(r * y_stride + o);
+      if (o >= c.n_out) {
+        ASSERT_EQ(y[i], y0[i]) << "padding of row " << r << " at " << o;
+        continue;
+      }
+      double sum = 0, mag = 0;
+      for (int64_t j = 0; j < c.rank; ++j) {
+        const double p = double(bf[static_cast<size_t>(o * c.rank + j)]) * t[static_cast<size_t>(r * t_stride + j)];
+        sum += p;
+        mag += std::fabs(p);
+      }
+      const double want = y0[i] + double(c.alpha) * sum;
+      const double tol = 2 * kU * ((c.rank + 2) * std::fabs(double(c.alpha)) * mag + std::fabs(y0[i])) + 1e-30;
+      ASSERT_NEAR(y[i], want, tol) << dtype_name(c.type) << " row " << r << " output " << o;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, VulkanLowRankUp,
+                         ::testing::Values(LowRankCase{DType::kF32, 100, 8, 1, 0, 1.0f},     // decode, y dense
+                                           LowRankCase{DType::kF16, 100, 8, 1, 28, 0.75f},   // y inside wider rows
+                                           LowRankCase{DType::kF16, 130, 16, 11, 0, -1.5f},  // two row tiles
+                                           LowRankCase{DType::kF32, 65, 64, 9, 37, 2.0f},    // one full slice
+                                           LowRankCase{DType::kF16, 70, 70, 3, 5, 0.5f}));   // two slices of t
+
+TEST(VulkanOps, LowRankUpRejectsBadArguments) {
+  EBB_REQUIRE_VULKAN(be);
+  auto buf = be->alloc(4096, MemoryPlace::kDevice);
+  auto s = be->new_stream();
+  LowRankUpOp op;
+  op.b_type = DType::kF16;
+  op.n_out = 16;
+  op.rank = 4;
+  op.b = op.t = op.y = {buf.get(), 0};
+  LowRankUpOp bad = op;
+  bad.b_type = DType::kQ8_0;
+  EXPECT_THROW(s->low_rank_up(bad), Error);
+  bad = op;
+  bad.y_stride = 8;  // < n_out
+  EXPECT_THROW(s->low_rank_up(bad), Error);
+  bad = op;
+  bad.n_tokens = 100;  // y's rows past the buffer
+  EXPECT_THROW(s->low_rank_up(bad), Error);
+  bad = op;
+  bad.alpha = std::nanf("");
+  EXPECT_THROW(s->low_rank_up(bad), Error);
+  EXPECT_EQ(s->n_recorded(), 0);
+}
+
 }  // namespace
 }  // namespace ebb

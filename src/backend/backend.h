@@ -165,6 +165,24 @@ struct AddOp {
   float alpha = 1.0f;
 };
 
+// y[r * y_stride + o] += alpha * sum_j B[o][j] * t[r][j] for rows r <
+// n_tokens and outputs o < n_out: a LoRA term's up-projection and its
+// accumulate into the projection's output in one op (u = B t, then y += s u,
+// without u). B is F16 (widened exactly) or F32; sums in F32. Any rank (the
+// Vulkan shader takes t in slices of 64 through shared memory).
+struct LowRankUpOp {
+  DType b_type = DType::kF32;  // kF16 or kF32
+  int64_t n_out = 0;
+  int64_t rank = 0;
+  TensorRef b;  // [n_out, rank] b_type (F16: starts at an even element)
+  TensorRef t;  // [n_tokens, t_stride] F32
+  int64_t t_stride = 0;  // floats; 0 means rank
+  int64_t n_tokens = 1;
+  TensorRef y;           // [n_tokens, y_stride] F32, accumulated into
+  int64_t y_stride = 0;  // floats; 0 means n_out
+  float alpha = 1.0f;
+};
+
 // dst[0, bytes) = src[0, bytes): a transfer between two buffers of one
 // backend (device and host-visible memory alike), ordered with the other
 // ops of the stream. The ranges must not overlap.
@@ -173,7 +191,7 @@ struct CopyOp {
   uint64_t bytes = 0;
 };
 
-enum class OpKind { kMatmul, kRmsNorm, kRope, kKvStore, kAttention, kSwiglu, kAdd };
+enum class OpKind { kMatmul, kRmsNorm, kRope, kKvStore, kAttention, kSwiglu, kAdd, kLowRankUp };
 
 // A counter the device can wait on before it runs a stream's next ops (a
 // Vulkan timeline semaphore): the host raises it when what those ops read is
@@ -205,6 +223,7 @@ class BackendStream {
   virtual void attention(const AttentionOp& op) = 0;
   virtual void swiglu(const SwigluOp& op) = 0;
   virtual void add(const AddOp& op) = 0;
+  virtual void low_rank_up(const LowRankUpOp& op) = 0;
   virtual void copy(const CopyOp& op) = 0;
   virtual void submit() = 0;
   virtual void wait() = 0;
@@ -246,7 +265,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const DeviceInfo& info() const = 0;
-  // Whether the op runs here for this weight format (matmul; others: kF32).
+  // Whether the op runs here for this weight format (matmul; low_rank_up:
+  // B's, F16 or F32; others: kF32).
   virtual bool supports(OpKind op, DType type) const = 0;
   // Throws ebb::Error naming the device, the size and the limit when the
   // device cannot hold it.

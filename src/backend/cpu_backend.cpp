@@ -71,6 +71,7 @@ class CpuStream final : public BackendStream {
   void attention(const AttentionOp& op) override;
   void swiglu(const SwigluOp& op) override;
   void add(const AddOp& op) override;
+  void low_rank_up(const LowRankUpOp& op) override;
   void copy(const CopyOp& op) override;
   void submit() override {}  // every op ran when it was recorded
   void wait() override {}
@@ -101,6 +102,7 @@ class CpuBackend final : public Backend {
   const DeviceInfo& info() const override { return info_; }
   bool supports(OpKind op, DType type) const override {
     if (op == OpKind::kMatmul) return kernel_set(isa_).format(type) != nullptr;
+    if (op == OpKind::kLowRankUp) return type == DType::kF16 || type == DType::kF32;
     return type == DType::kF32;
   }
   std::unique_ptr<BackendBuffer> alloc(uint64_t bytes, MemoryPlace place) override {
@@ -257,6 +259,28 @@ void CpuStream::add(const AddOp& op) {
   } else {
     for (int64_t i = 0; i < op.n; ++i) y[i] += op.alpha * x[i];
   }
+}
+
+// The scalar reference: each output's sum over the rank in F32, in order.
+void CpuStream::low_rank_up(const LowRankUpOp& op) {
+  const char* name = "cpu low_rank_up";
+  require(op.b_type == DType::kF16 || op.b_type == DType::kF32, name,
+          "B's type " + std::string(dtype_name(op.b_type)) + " (F16 or F32 only)");
+  require(op.n_out > 0 && op.rank > 0 && op.n_tokens > 0, name, "n_out, rank and n_tokens must be positive");
+  const int64_t ts = op.t_stride ? op.t_stride : op.rank, ys = op.y_stride ? op.y_stride : op.n_out;
+  require(ts >= op.rank && ys >= op.n_out, name, "t_stride < rank or y_stride < n_out");
+  const uint64_t nb = static_cast<uint64_t>(op.n_out * op.rank);
+  const float* t = at<const float>(name, "t", op.t, 4ull * ((op.n_tokens - 1) * ts + op.rank));
+  float* y = at<float>(name, "y", op.y, 4ull * ((op.n_tokens - 1) * ys + op.n_out));
+  const uint16_t* bh = op.b_type == DType::kF16 ? at<const uint16_t>(name, "b", op.b, 2 * nb) : nullptr;
+  const float* bf = op.b_type == DType::kF32 ? at<const float>(name, "b", op.b, 4 * nb) : nullptr;
+  for (int64_t r = 0; r < op.n_tokens; ++r)
+    for (int64_t o = 0; o < op.n_out; ++o) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < op.rank; ++j)
+        acc += (bh ? fp16_to_fp32(bh[o * op.rank + j]) : bf[o * op.rank + j]) * t[r * ts + j];
+      y[r * ys + o] += op.alpha * acc;
+    }
 }
 
 void CpuStream::copy(const CopyOp& op) {

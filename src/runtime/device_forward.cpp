@@ -759,6 +759,11 @@ int64_t DeviceForward::n_adapter_uploads() const {
   return lora_.n_uploads();
 }
 
+int64_t DeviceForward::n_lora_ops_last_step() const {
+  std::lock_guard lock(mu_);
+  return lora_.n_ops_last_step();
+}
+
 DeviceFootprint DeviceForward::footprint() const {
   std::lock_guard lock(mu_);
   return footprint_locked();

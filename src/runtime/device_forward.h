@@ -179,6 +179,8 @@ class DeviceForward {
   // engine calls it when the registry drops a version; steps do it too).
   void collect_adapters();
   int64_t n_adapter_uploads() const;
+  // The LoRA ops the last step recorded (2 per adapter term: DeviceLora).
+  int64_t n_lora_ops_last_step() const;
 
   // ---- KV transfers (runtime/device_kv.cpp; device_kv.h has the host-side
   // helpers). A session's device KV holds position p of a layer at F16

@@ -81,24 +81,19 @@ DeviceLora::Upload DeviceLora::make_upload(const std::shared_ptr<const AdapterVe
   return u;
 }
 
-void DeviceLora::ensure_scratch(int64_t rank_p, int64_t n_out) {
-  const uint64_t B = static_cast<uint64_t>(max_batch_);
-  if (rank_p > rank_cap_) {
-    t_.reset();
-    t_ = be_.alloc(B * static_cast<uint64_t>(rank_p) * sizeof(float), MemoryPlace::kDevice);
-    rank_cap_ = rank_p;
-  }
-  if (n_out > out_cap_) {
-    u_.reset();
-    u_ = be_.alloc(B * static_cast<uint64_t>(n_out) * sizeof(float), MemoryPlace::kDevice);
-    out_cap_ = n_out;
-  }
+void DeviceLora::ensure_scratch(int64_t rank_p) {
+  if (rank_p <= rank_cap_) return;
+  t_.reset();
+  t_ = be_.alloc(static_cast<uint64_t>(max_batch_) * static_cast<uint64_t>(rank_p) * sizeof(float),
+                 MemoryPlace::kDevice);
+  rank_cap_ = rank_p;
 }
 
 bool DeviceLora::prepare(std::span<const StepSeq> seqs) {
   active_ = false;
+  n_ops_ = 0;
   std::vector<const ActiveAdapter*> bound;
-  int64_t rank_p = 0, n_out = 0;
+  int64_t rank_p = 0;
   for (const StepSeq& s : seqs) {
     if (!s.adapters) continue;
     for (const ActiveAdapter& a : *s.adapters) {
@@ -108,7 +103,6 @@ bool DeviceLora::prepare(std::span<const StepSeq> seqs) {
         if (!uploaded(p)) continue;
         active_ = true;
         rank_p = std::max(rank_p, padded_rank(p.rank));
-        n_out = std::max(n_out, p.n_out);
       }
     }
   }
@@ -135,7 +129,7 @@ bool DeviceLora::prepare(std::span<const StepSeq> seqs) {
     const Key k{a->v->name, a->v->version};
     if (!uploads_.contains(k)) uploads_.emplace(k, make_upload(a->v));
   }
-  if (active_) ensure_scratch(rank_p, n_out);
+  if (active_) ensure_scratch(rank_p);
   return active_;
 }
 
@@ -169,7 +163,7 @@ void DeviceLora::record(BackendStream& s, std::span<const StepSeq> seqs, int lay
         if (!p || a.scale == 0.0f) continue;
         const Upload& up = uploads_.at(Key{a.v->name, a.v->version});
         const PairAt& at = up.pairs[static_cast<size_t>(p - a.v->lora->pairs.data())];
-        EBB_CHECK(at.present && n <= max_batch_ && at.rank_p <= rank_cap_ && p->n_out <= out_cap_);
+        EBB_CHECK(at.present && n <= max_batch_ && at.rank_p <= rank_cap_);
         MatmulOp down;  // t = A x
         down.w_type = p->dtype;
         down.rows = at.rank_p;
@@ -180,29 +174,18 @@ void DeviceLora::record(BackendStream& s, std::span<const StepSeq> seqs, int lay
         down.n_tokens = n;
         down.y = {t_.get(), 0};
         s.matmul(down);
-        MatmulOp upm;  // u = B t
-        upm.w_type = p->dtype;
-        upm.rows = p->n_out;
-        upm.cols = at.rank_p;
-        upm.w = {up.buf.get(), at.b};
-        upm.x = {t_.get(), 0};
-        upm.n_tokens = n;
-        upm.y = {u_.get(), 0};
-        s.matmul(upm);
-        const float alpha = a.scale * p->scale;  // y += s u
-        const uint64_t y0 = y.offset + static_cast<uint64_t>(r0 * y_stride) * sizeof(float);
-        if (y_stride == p->n_out) {
-          AddOp add{{y.buf, y0}, {u_.get(), 0}, n * p->n_out};
-          add.alpha = alpha;
-          s.add(add);
-        } else {
-          for (int64_t r = 0; r < n; ++r) {
-            AddOp add{{y.buf, y0 + static_cast<uint64_t>(r * y_stride) * sizeof(float)},
-                      {u_.get(), static_cast<uint64_t>(r * p->n_out) * sizeof(float)}, p->n_out};
-            add.alpha = alpha;
-            s.add(add);
-          }
-        }
+        LowRankUpOp up_add;  // y += s B t: the up-projection and the accumulate in one dispatch
+        up_add.b_type = p->dtype;
+        up_add.n_out = p->n_out;
+        up_add.rank = at.rank_p;
+        up_add.b = {up.buf.get(), at.b};
+        up_add.t = {t_.get(), 0};
+        up_add.n_tokens = n;
+        up_add.y = {y.buf, y.offset + static_cast<uint64_t>(r0 * y_stride) * sizeof(float)};
+        up_add.y_stride = y_stride;
+        up_add.alpha = a.scale * p->scale;
+        s.low_rank_up(up_add);
+        n_ops_ += 2;
       }
     }
     r0 += n;
@@ -221,6 +204,6 @@ uint64_t DeviceLora::adapter_bytes() const {
   return t;
 }
 
-uint64_t DeviceLora::scratch_bytes() const { return (t_ ? t_->size() : 0) + (u_ ? u_->size() : 0); }
+uint64_t DeviceLora::scratch_bytes() const { return t_ ? t_->size() : 0; }
 
 }  // namespace ebb

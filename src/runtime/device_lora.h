@@ -4,9 +4,11 @@
 // adapters, each adapter adds its own term to that sequence's rows:
 //
 //   t = A x              matmul: A [rank_p, n_in], t [rows, rank_p]
-//   u = B t              matmul: B [n_out, rank_p], u [rows, n_out]
-//   y += s u             add with alpha s = user scale * the pair's alpha / rank
+//   y += s B t           low_rank_up: B [n_out, rank_p], straight into y's
+//                        rows at their stride; s = user scale * the pair's
+//                        alpha / rank
 //
+// Two dispatches per adapter per projection per group of rows.
 // with the pair's own type (F16 or F32, as the host keeps it; the shaders
 // widen F16 exactly and sum in F32). rank_p is the rank rounded up to even
 // (the matmul shaders' column step), the padding zero rows of A and zero
@@ -67,7 +69,7 @@ class DeviceLora {
   // Records y += s B (A x) of (layer, target) on the rows of every sequence
   // that binds adapters for it (sequences in step order; consecutive ones
   // binding the same versions at the same scales share one product).
-  //   x: [rows, x_stride] F32   y: [rows, y_stride] F32 (y_stride = n_out)
+  //   x: [rows, x_stride] F32   y: [rows, y_stride] F32 (y_stride >= n_out)
   // out_rows: the rows are the output head's gathered ones (all_logits ?
   // tokens : 1 per sequence), else every token's.
   void record(BackendStream& s, std::span<const StepSeq> seqs, int layer, LoraTarget target, TensorRef x,
@@ -77,7 +79,10 @@ class DeviceLora {
   void collect();
 
   uint64_t adapter_bytes() const;  // uploads
-  uint64_t scratch_bytes() const;  // t and u
+  uint64_t scratch_bytes() const;  // t
+  // Ops recorded for the step last prepared (2 per adapter, projection and
+  // group of sequences sharing terms).
+  int64_t n_ops_last_step() const { return n_ops_; }
   int64_t n_uploads() const { return static_cast<int64_t>(uploads_.size()); }
 
  private:
@@ -93,15 +98,16 @@ class DeviceLora {
   };
   using Key = std::pair<std::string, uint64_t>;  // name, version
   Upload make_upload(const std::shared_ptr<const AdapterVersion>& v);
-  void ensure_scratch(int64_t rank_p, int64_t n_out);
+  void ensure_scratch(int64_t rank_p);
 
   Backend& be_;
   const ModelConfig& cfg_;
   int64_t max_batch_;
   const LoraKernels& lk_;
   std::map<Key, Upload> uploads_;
-  std::unique_ptr<BackendBuffer> t_, u_;  // [B, rank_cap], [B, out_cap] F32
-  int64_t rank_cap_ = 0, out_cap_ = 0;
+  std::unique_ptr<BackendBuffer> t_;  // [B, rank_cap] F32
+  int64_t rank_cap_ = 0;
+  int64_t n_ops_ = 0;  // recorded since prepare()
   bool active_ = false;  // the prepared step binds adapters
 };
 

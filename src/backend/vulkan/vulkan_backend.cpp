@@ -72,6 +72,7 @@ class VulkanStream final : public BackendStream {
   void attention(const AttentionOp& op) override;
   void swiglu(const SwigluOp& op) override;
   void add(const AddOp& op) override;
+  void low_rank_up(const LowRankUpOp& op) override;
   void copy(const CopyOp& op) override;
   void submit() override { rec_.submit(); }
   void wait() override { rec_.wait(); }
@@ -128,6 +129,7 @@ class VulkanBackend final : public Backend {
   const DeviceInfo& info() const override { return ctx_->info(); }
   bool supports(OpKind op, DType type) const override {
     if (op == OpKind::kMatmul) return matmul_kernel(type) != nullptr;
+    if (op == OpKind::kLowRankUp) return type == DType::kF16 || type == DType::kF32;
     return type == DType::kF32;
   }
   std::unique_ptr<BackendBuffer> alloc(uint64_t bytes, MemoryPlace place) override {
@@ -474,6 +476,36 @@ void VulkanStream::add(const AddOp& op) {
   uint32_t gx, gy;
   groups_1d(push.n, gx, gy);
   rec_.dispatch(be_.kernels().get("add", 2), b, &push, sizeof(push), gx, gy);
+}
+
+void VulkanStream::low_rank_up(const LowRankUpOp& op) {
+  const char* name = "vulkan low_rank_up";
+  require(op.b_type == DType::kF16 || op.b_type == DType::kF32, name,
+          "B's type " + std::string(dtype_name(op.b_type)) + " (F16 or F32 only)");
+  require(op.n_out > 0 && op.rank > 0 && op.n_tokens > 0, name, "n_out, rank and n_tokens must be positive");
+  require(std::isfinite(op.alpha), name, "alpha must be finite");
+  const int64_t ts = op.t_stride ? op.t_stride : op.rank, ys = op.y_stride ? op.y_stride : op.n_out;
+  require(ts >= op.rank && ys >= op.n_out, name, "t_stride < rank or y_stride < n_out");
+  const uint32_t gx = ceil_div(static_cast<uint64_t>(op.n_out), 64), gy = ceil_div(static_cast<uint64_t>(op.n_tokens), 8);
+  require(gx <= 65535 && gy <= 65535, name, "n_out > 65535 * 64 or n_tokens > 65535 * 8");
+  const uint32_t esz = op.b_type == DType::kF16 ? 2 : 4;
+  const Binding b[3] = {
+      bind(name, "b", op.b, esz * static_cast<uint64_t>(op.n_out * op.rank), esz),
+      bind(name, "t", op.t, 4 * static_cast<uint64_t>((op.n_tokens - 1) * ts + op.rank), 4),
+      bind(name, "y", op.y, 4 * static_cast<uint64_t>((op.n_tokens - 1) * ys + op.n_out), 4),
+  };
+  struct {
+    uint32_t off[6];
+    uint32_t n_out, rank, n_tokens, t_stride, y_stride;
+    float alpha;
+  } push{};
+  push.n_out = u32(op.n_out, name, "n_out");
+  push.rank = u32(op.rank, name, "rank");
+  push.n_tokens = u32(op.n_tokens, name, "n_tokens");
+  push.t_stride = u32(ts, name, "t_stride");
+  push.y_stride = u32(ys, name, "y_stride");
+  push.alpha = op.alpha;
+  rec_.dispatch(be_.kernels().get(esz == 2 ? "lora_up_add_f16" : "lora_up_add_f32", 3), b, &push, sizeof(push), gx, gy);
 }
 
 void VulkanStream::copy(const CopyOp& op) {
