@@ -486,7 +486,8 @@ void VulkanStream::low_rank_up(const LowRankUpOp& op) {
   require(std::isfinite(op.alpha), name, "alpha must be finite");
   const int64_t ts = op.t_stride ? op.t_stride : op.rank, ys = op.y_stride ? op.y_stride : op.n_out;
   require(ts >= op.rank && ys >= op.n_out, name, "t_stride < rank or y_stride < n_out");
-  const uint32_t gx = ceil_div(static_cast<uint64_t>(op.n_out), 64), gy = ceil_div(static_cast<uint64_t>(op.n_tokens), 8);
+  const uint32_t gx = ceil_div(static_cast<uint64_t>(op.n_out), 64);     // 64 outputs a workgroup
+  const uint32_t gy = ceil_div(static_cast<uint64_t>(op.n_tokens), 8);  // TT = 8 rows a workgroup
   require(gx <= 65535 && gy <= 65535, name, "n_out > 65535 * 64 or n_tokens > 65535 * 8");
   const uint32_t esz = op.b_type == DType::kF16 ? 2 : 4;
   const Binding b[3] = {
