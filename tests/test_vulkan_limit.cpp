@@ -26,6 +26,8 @@ namespace ebb {
 namespace {
 
 using test::argmax;
+using test::greedy;
+using test::Greedy;
 using test::chunked;
 using test::copy;
 using test::cpu_options;
@@ -36,27 +38,6 @@ EngineOptions device_options(Backend* be, int ngl = -1) {
   eo.backend = be;
   eo.n_gpu_layers = ngl;
   return eo;
-}
-
-struct Greedy {
-  std::vector<int32_t> tokens;             // greedy continuation
-  std::vector<std::vector<float>> logits;  // each step's
-};
-
-// Feeds the prompt, then `n` greedy tokens one at a time; `each` runs after every step.
-template <typename F>
-Greedy greedy(Session& s, const std::vector<int32_t>& prompt, int n, F&& each) {
-  Greedy r;
-  std::vector<float> l = copy(s.feed(prompt));
-  each();
-  for (int i = 0; i < n; ++i) {
-    const int32_t t = argmax(l);
-    r.tokens.push_back(t);
-    r.logits.push_back(l);
-    l = copy(s.feed({&t, 1}));
-    each();
-  }
-  return r;
 }
 
 // The smallest limit set_memory_limit takes, from the engine's own figures:

@@ -28,25 +28,15 @@
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "support.h"
+#include "vulkan_engine_support.h"
 #include "vulkan_support.h"
 
 namespace ebb {
 namespace {
 
-EngineOptions options(const std::string& path, Backend* be) {
-  EngineOptions eo;
-  eo.model_path = path;
-  eo.n_threads = 1;
-  eo.isa = Isa::kScalar;
-  eo.backend = be;
-  return eo;
-}
-
-std::vector<float> prefill(Engine& e, const std::vector<int32_t>& prompt) {
-  Session s(e);
-  const std::span<const float> l = s.feed(prompt);
-  return {l.begin(), l.end()};
-}
+using test::prefill;
+using test::read_all;
+using test::rewrite_in_place;
 
 // The restore thread holds layer `gate_layer`'s read until the step has
 // submitted work to the device (or a deadlock breaker fires, which the
@@ -86,10 +76,10 @@ TEST_P(VulkanRestore, EvictAllThenOverlappedPrefillIsExact) {
   const std::vector<int32_t> prompt = test::load_golden(GetParam())[0].prompt_tokens;
   std::vector<float> want;
   {
-    Engine ref(options(path, be));
+    Engine ref(test::device_options(path, be));
     want = prefill(ref, prompt);
   }
-  Engine gpu(options(path, be));
+  Engine gpu(test::device_options(path, be));
   const int nl = static_cast<int>(gpu.config().n_layer);
   ASSERT_GE(nl, 2);
   const MemoryLedger held = be->ledger(MemoryPlace::kDevice);
@@ -121,7 +111,7 @@ TEST_P(VulkanRestore, EvictPartThenOverlappedPrefillIsExact) {
   EBB_REQUIRE_VULKAN(be);
   const std::string path = test::model_path(std::string(GetParam()) + ".gguf");
   const std::vector<int32_t> prompt = test::load_golden(GetParam())[0].prompt_tokens;
-  Engine gpu(options(path, be));
+  Engine gpu(test::device_options(path, be));
   const int nl = static_cast<int>(gpu.config().n_layer);
   const std::vector<float> want = prefill(gpu, prompt);
   const MemoryLedger held = be->ledger(MemoryPlace::kDevice);
@@ -157,22 +147,6 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-std::vector<char> read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// Rewrites the file in place (same inode) with `bytes`, its mtime set back
-// to `mtime` (as `rsync --inplace -t` would): only its ctime tells.
-void rewrite_in_place(const std::string& path, const std::vector<char>& bytes, const timespec& mtime) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-  const timespec times[2] = {mtime, mtime};
-  ASSERT_EQ(::futimens(fd, times), 0);
-  ::close(fd);
-}
-
 // A read that fails fails the step naming the layer; the layers stay
 // dropped (those before it are back), and once the file holds the bytes
 // that were loaded a step restores the rest and computes what it did.
@@ -185,7 +159,7 @@ TEST(VulkanRestoreErrors, ReadErrorNamesTheLayerAndALaterStepWorks) {
   const std::vector<char> original = read_all(path);
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
-  Engine gpu(options(path, be));
+  Engine gpu(test::device_options(path, be));
   const int nl = static_cast<int>(gpu.config().n_layer);
   ASSERT_GE(nl, 2);
   const std::vector<float> want = prefill(gpu, prompt);
@@ -239,7 +213,7 @@ TEST(VulkanRestoreBench, BenchTtftDeviceRows) {
   EXPECT_GT(prefill, 0.0);
   EXPECT_EQ(rows[1]["mode"], "overlap");
   EXPECT_EQ(rows[2]["mode"], "sync_restore");
-  Engine e(options(model, nullptr));
+  Engine e(test::device_options(model, nullptr));
   uint64_t file_bytes = 0;
   for (int l = 0; l < e.model().n_layers(); ++l) file_bytes += e.model().layer_unit(l).bytes();
   for (int i = 1; i <= 2; ++i) {

@@ -18,25 +18,13 @@
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "support.h"
+#include "vulkan_engine_support.h"
 #include "vulkan_support.h"
 
 namespace ebb {
 namespace {
 
-EngineOptions options(const std::string& path, Backend* be) {
-  EngineOptions eo;
-  eo.model_path = path;
-  eo.n_threads = 1;
-  eo.isa = Isa::kScalar;
-  eo.backend = be;
-  return eo;
-}
-
-std::vector<float> prefill(Engine& e, const std::vector<int32_t>& prompt) {
-  Session s(e);
-  const std::span<const float> l = s.feed(prompt);
-  return {l.begin(), l.end()};
-}
+using test::prefill;
 
 // Whether the device offers timeline semaphores (lavapipe does: Vulkan 1.3).
 bool has_timeline(Backend& be) { return be.new_timeline() != nullptr && be.new_stream()->supports_timeline(); }
@@ -56,7 +44,7 @@ TEST_P(VulkanRestoreTimeline, SegmentsNotHostWaits) {
   EBB_REQUIRE_VULKAN(be);
   const std::string path = test::model_path(std::string(GetParam()) + ".gguf");
   const std::vector<int32_t> prompt = test::load_golden(GetParam())[0].prompt_tokens;
-  Engine gpu(options(path, be));
+  Engine gpu(test::device_options(path, be));
   const int nl = static_cast<int>(gpu.config().n_layer);
   ASSERT_GE(nl, 2);
   const std::vector<float> want = prefill(gpu, prompt);
@@ -128,7 +116,7 @@ TEST(VulkanRestoreTimelineErrors, MiddleLayerReadFailsThenNextStepMatches) {
   EBB_REQUIRE_VULKAN(be);
   const std::string path = test::model_path("tiny-llama-f16.gguf");
   const std::vector<int32_t> prompt = test::load_golden("tiny-llama-f16")[0].prompt_tokens;
-  Engine gpu(options(path, be));
+  Engine gpu(test::device_options(path, be));
   const int nl = static_cast<int>(gpu.config().n_layer);
   ASSERT_GE(nl, 3);
   const std::vector<float> want = prefill(gpu, prompt);
@@ -179,7 +167,7 @@ TEST(VulkanRestoreTimelineDirect, DirectBytesEqualStaged) {
     SCOPED_TRACE(name);
     const std::string path = test::model_path(std::string(name) + ".gguf");
     const std::vector<int32_t> prompt = test::load_golden(name)[0].prompt_tokens;
-    Engine gpu(options(path, be));
+    Engine gpu(test::device_options(path, be));
     const int nl = static_cast<int>(gpu.config().n_layer);
     std::vector<std::vector<uint8_t>> loaded;
     for (int l = 0; l < nl; ++l) loaded.push_back(gpu.device()->read_layer(l));

@@ -38,6 +38,10 @@ namespace ebb {
 namespace {
 
 using test::argmax;
+using test::read_all;
+using test::rewrite_in_place;
+using test::greedy;
+using test::Greedy;
 using test::chunked;
 using test::copy;
 using test::cpu_options;
@@ -119,27 +123,6 @@ struct StreamLog {
                                events.begin());
   }
 };
-
-struct Greedy {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-};
-
-// The prompt, then n greedy tokens one at a time; each() after every step.
-template <typename F>
-Greedy greedy(Session& s, const std::vector<int32_t>& prompt, int n, F&& each) {
-  Greedy r;
-  std::vector<float> l = copy(s.feed(prompt));
-  each();
-  for (int i = 0; i < n; ++i) {
-    const int32_t t = argmax(l);
-    r.tokens.push_back(t);
-    r.logits.push_back(l);
-    l = copy(s.feed({&t, 1}));
-    each();
-  }
-  return r;
-}
 
 // windows: 2, the limit holds two windows beside what is held; 1, only one.
 void run_streaming(Backend* be, int windows) {
@@ -225,21 +208,6 @@ TEST(VulkanStream, TwoWindowsReadTheNextLayerWhileTheDeviceRunsThisOne) {
 TEST(VulkanStream, OneWindowReadsEachLayerAfterTheOneBeforeIsWaitedOn) {
   EBB_REQUIRE_VULKAN(be);
   run_streaming(be, 1);
-}
-
-std::vector<char> read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// Rewrites the file in place (same inode) with `bytes`, its mtime set back to `mtime`.
-void rewrite_in_place(const std::string& path, const std::vector<char>& bytes, const timespec& mtime) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-  const timespec times[2] = {mtime, mtime};
-  ASSERT_EQ(::futimens(fd, times), 0);
-  ::close(fd);
 }
 
 std::vector<float> prefill(Engine& e, const std::vector<int32_t>& prompt) {
