@@ -18,6 +18,9 @@ namespace ebb::test {
 
 inline constexpr const char* kKey = "test-key-123";
 
+// A TCP socket connected to 127.0.0.1:port, or -1.
+int connect_loopback(int port);
+
 // An `ebb serve` child process on stories260K (1 thread, KV chunks of 16
 // unless extra has --kv-chunk, batch 16) plus `extra` arguments; killed at
 // the end unless stopped.

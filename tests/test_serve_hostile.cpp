@@ -29,19 +29,6 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 bool send_all(int fd, const std::string& s) {
   size_t off = 0;
   while (off < s.size()) {
@@ -175,7 +162,7 @@ TEST_F(ServeHostile, SlowHeadsHoldNoWorkerAndAreClosedWhenTheirTimeIsUp) {
   Bystander by(port());
   std::vector<int> slow;
   for (int i = 0; i < 40; ++i) {
-    const int fd = connect_to(port());
+    const int fd = test::connect_loopback(port());
     ASSERT_GE(fd, 0);
     slow.push_back(fd);
   }
@@ -203,7 +190,7 @@ TEST_F(ServeHostile, SlowHeadsHoldNoWorkerAndAreClosedWhenTheirTimeIsUp) {
 // The key is checked on the head: a chunked body sent without it is
 // answered 401 before the client has sent any of the body.
 TEST_F(ServeHostile, TheKeyIsCheckedBeforeTheBodyIsRead) {
-  const int fd = connect_to(port());
+  const int fd = test::connect_loopback(port());
   ASSERT_TRUE(send_all(fd, post_head("/v1/completions", false, "Transfer-Encoding: chunked\r\n")));
   const std::string r = read_until_close(fd, 3000ms);
   EXPECT_EQ(status_of(r), 401) << r;
@@ -216,7 +203,7 @@ TEST_F(ServeHostile, TheKeyIsCheckedBeforeTheBodyIsRead) {
 // memory afterwards.
 TEST_F(ServeHostile, ChunkedBodiesAreBoundedWhileTheyAreRead) {
   const uint64_t rss0 = rss_bytes(server_->pid());
-  const int fd = connect_to(port());
+  const int fd = test::connect_loopback(port());
   ASSERT_TRUE(send_all(fd, post_head("/v1/completions", true, "Transfer-Encoding: chunked\r\n")));
   const std::string chunk(64 << 10, ' ');
   char size_line[32];
@@ -233,13 +220,13 @@ TEST_F(ServeHostile, ChunkedBodiesAreBoundedWhileTheyAreRead) {
   EXPECT_LT(rss_bytes(server_->pid()), rss0 + (16u << 20));
 
   // A declared Content-Length over the limit: 413 at once.
-  const int fd2 = connect_to(port());
+  const int fd2 = test::connect_loopback(port());
   ASSERT_TRUE(send_all(fd2, post_head("/v1/completions", true, "Content-Length: 200000000\r\n")));
   EXPECT_EQ(status_of(read_until_close(fd2, 3000ms)), 413);
   ::close(fd2);
 
   // A chunked body within the limit is decoded and answered.
-  const int fd3 = connect_to(port());
+  const int fd3 = test::connect_loopback(port());
   std::string req = post_head("/v1/completions", true, "Transfer-Encoding: chunked\r\n");
   for (size_t i = 0; i < kSmall.size(); i += 7) {
     const std::string piece = kSmall.substr(i, 7);
@@ -264,7 +251,7 @@ TEST_F(ServeHostile, DeepNestingIsRefusedWithoutAmplifyingMemory) {
   std::atomic<int> refused{0};
   for (int i = 0; i < 8; ++i) {
     ths.emplace_back([&] {
-      const int fd = connect_to(port());
+      const int fd = test::connect_loopback(port());
       send_all(fd, post_request("/v1/chat/completions", std::string((1u << 20) - 64, '[')));
       const std::vector<std::string> rs = read_responses(fd, 1, 10000ms);
       if (rs.size() == 1 && status_of(rs[0]) == 400 &&
@@ -289,7 +276,7 @@ TEST_F(ServeHostile, NumbersThatOverflowAreA400NamingTheField) {
 
 // Two requests in one write on one connection get two answers, in order.
 TEST_F(ServeHostile, PipelinedRequestsAreAllAnswered) {
-  const int fd = connect_to(port());
+  const int fd = test::connect_loopback(port());
   const std::string tok1 = R"({"content": "Once upon"})", tok2 = R"({"content": "a time there was"})";
   ASSERT_TRUE(send_all(fd, post_request("/tokenize", tok1) + post_request("/tokenize", tok2) +
                                "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
@@ -307,13 +294,13 @@ TEST_F(ServeHostile, PipelinedRequestsAreAllAnswered) {
 TEST_F(ServeHostile, ConnectionsPerClientAreCapped) {
   std::vector<int> fds;
   for (int i = 0; i < 48; ++i) {  // each one answered once, so accepted and counted
-    const int fd = connect_to(port());
+    const int fd = test::connect_loopback(port());
     ASSERT_GE(fd, 0);
     fds.push_back(fd);
     ASSERT_TRUE(send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
     ASSERT_EQ(read_responses(fd, 1, 5000ms).size(), 1u) << "connection " << i;
   }
-  const int extra = connect_to(port());
+  const int extra = test::connect_loopback(port());
   const std::string r = read_until_close(extra, 3000ms);
   EXPECT_EQ(status_of(r), 503) << r;
   ::close(extra);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "serve/http_server.h"
+#include "serve_support.h"
 
 namespace {
 
@@ -92,20 +93,6 @@ std::unique_ptr<httplib::Client> client(int port, bool keep_alive) {
 }
 
 // A raw TCP connection to 127.0.0.1:port (-1 on failure).
-int connect_raw(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Everything the peer sends until it closes (or 10 s pass); `error` gets
 // the read's errno text when the connection ends in an error (a reset).
 std::string read_all(int fd, std::string* error) {
@@ -202,7 +189,7 @@ TEST(ServeHttp, AConnectionOverTheCapIsAnswered503NotDropped) {
     ASSERT_GT(server.port(), 0);
     std::vector<int> held;
     for (int i = 0; i < 3; ++i) {
-      held.push_back(connect_raw(server.port()));
+      held.push_back(ebb::test::connect_loopback(server.port()));
       ASSERT_GE(held.back(), 0);
     }
     for (int i = 0; i < 200 && server.http().open_connections() < 3; ++i) std::this_thread::sleep_for(5ms);
@@ -210,7 +197,7 @@ TEST(ServeHttp, AConnectionOverTheCapIsAnswered503NotDropped) {
     // The request is sent at once, before the server has accepted: it is
     // in the server's receive queue when the refusal is written.
     for (int k = 0; k < 20; ++k) {
-      const int fd = connect_raw(server.port());
+      const int fd = ebb::test::connect_loopback(server.port());
       ASSERT_GE(fd, 0);
       const std::string req = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
       ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
@@ -246,7 +233,7 @@ TEST(ServeHttp, AClientThatShutsItsSideAfterTheRequestIsAnswered) {
   TestServer server(HttpLimits{});
   ASSERT_GT(server.port(), 0);
   for (int k = 0; k < 20; ++k) {
-    const int fd = connect_raw(server.port());
+    const int fd = ebb::test::connect_loopback(server.port());
     ASSERT_GE(fd, 0);
     const std::string req = "GET /hello?n=" + std::to_string(k) + " HTTP/1.1\r\nHost: x\r\n\r\n";
     ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
@@ -282,7 +269,7 @@ TEST(ServeHttp, ARefusalBeforeTheBodyIsReadByAClientStillSendingIt) {
   const std::string part(64 << 10, 'x');
   for (const auto& [path, status] : {std::pair<std::string, int>{"/echo", 413}, {"/private", 401}}) {
     SCOPED_TRACE(path);
-    const int fd = connect_raw(server.port());
+    const int fd = ebb::test::connect_loopback(server.port());
     ASSERT_GE(fd, 0);
     const std::string head = "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: " +
                              std::to_string(4 * part.size()) + "\r\n\r\n";
