@@ -34,6 +34,7 @@
 namespace ebb {
 namespace {
 
+using test::error_of;
 using test::prefill;
 using test::read_all;
 using test::rewrite_in_place;
@@ -137,15 +138,6 @@ TEST_P(VulkanRestore, EvictPartThenOverlappedPrefillIsExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, VulkanRestore, ::testing::Values("tiny-llama-f16", "tiny-qwen3-q4_k_m"));
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // A read that fails fails the step naming the layer; the layers stay
 // dropped (those before it are back), and once the file holds the bytes

@@ -24,6 +24,7 @@
 namespace ebb {
 namespace {
 
+using test::error_of;
 using test::prefill;
 
 // Whether the device offers timeline semaphores (lavapipe does: Vulkan 1.3).
@@ -97,15 +98,6 @@ TEST_P(VulkanRestoreTimeline, SegmentsNotHostWaits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, VulkanRestoreTimeline, ::testing::Values("tiny-llama-f16", "tiny-qwen3-q4_k_m"));
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // Layer m's read fails (the hook throws as a failed read would) with every
 // layer dropped: the step throws naming m once the device is done with the

@@ -12,12 +12,14 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "platform/error.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "support.h"
@@ -99,6 +101,16 @@ inline SessionOptions chunked(int64_t chunk = 4) {
   SessionOptions so;
   so.kv_chunk_size = chunk;
   return so;
+}
+
+// What f throws as an ebb::Error, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 inline std::vector<char> read_all(const std::string& path) {
